@@ -1,0 +1,32 @@
+"""grpo-core: critic-free RL for language models, every part a plugin chosen by name.
+
+Public API: :func:`create` builds a plugin by kind and name; :class:`Scores` is what a
+reward may return; :data:`PLUGIN_API_VERSION` is the plugin contract's version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_core.errors import ConfigError, PluginError, UserError
+from grpo_core.registry import PLUGIN_API_VERSION, registry
+from grpo_core.scores import Scores
+
+__all__ = ["create", "Scores", "PLUGIN_API_VERSION", "UserError", "ConfigError", "PluginError",
+           "registry"]
+__version__ = "0.1.0"
+
+
+def create(kind: str, name: str, options: dict | None = None) -> Any:
+    """Build plugin ``name`` of ``kind`` with ``options`` validated against its schema."""
+    from grpo_core.config import validate_options
+
+    info = registry().get(kind, name)
+    opts = validate_options(info.schema, options, f"{kind}.{name}.options")
+    try:
+        return info.factory(**opts)
+    except UserError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"{kind} plugin {name!r} (from {info.distribution}) could not be "
+                          f"built: {exc}") from exc

@@ -1,0 +1,203 @@
+"""The ``grpo`` command. Exit codes: 0 ok, 2 user error (one line each, no traceback),
+1 internal error (with traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+import yaml
+
+from grpo_core.errors import ConfigError, UserError
+
+
+def _config(args) -> dict:
+    from grpo_core import config
+
+    return config.load(args.config, args.set)
+
+
+def cmd_validate(args) -> int:
+    print(yaml.safe_dump(_config(args), sort_keys=False), end="")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from grpo_core.config import full_schema
+
+    print(json.dumps(full_schema(), indent=2))
+    return 0
+
+
+def cmd_plugins(args) -> int:
+    from grpo_core import plugin_tools
+
+    if args.action == "check":
+        return plugin_tools.check(args.kind, args.name)
+    if args.action == "new":
+        return plugin_tools.new(args.name, args.kind, args.out)
+    rows = plugin_tools.listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(plugin_tools.table(rows))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from grpo_core.trainer import train
+
+    cfg = _config(args)
+    resume = True if args.resume == "latest" else args.resume
+    summary = train(cfg, resume=resume, force=args.force)
+    print(json.dumps({k: v for k, v in summary.items() if k != "health"}, indent=2))
+    for line in summary["health"]:
+        print("health:", line)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from grpo_core import demo
+
+    return demo.run(args.out, steps=args.steps, baseline=args.baseline, overrides=args.set)
+
+
+def cmd_eval(args) -> int:
+    from grpo_core.evaluate import evaluate_cli
+
+    return evaluate_cli(args)
+
+
+def cmd_compare(args) -> int:
+    from grpo_core.compare import compare_cli
+
+    return compare_cli(args)
+
+
+def cmd_plot(args) -> int:
+    from grpo_core.plots import plot_runs
+
+    for path in plot_runs(args.runs, args.metrics.split(","), args.out):
+        print(path)
+    return 0
+
+
+def cmd_plan_memory(args) -> int:
+    from grpo_core.memory import plan_cli
+
+    return plan_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo", description="critic-free RL for language models")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp):
+        sp.add_argument("config", help="YAML or JSON config file")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a config value (repeatable)")
+        return sp
+
+    with_config(sub.add_parser("validate", help="check a config; print the effective config")) \
+        .set_defaults(func=cmd_validate)
+    sub.add_parser("schema", help="print the full JSON Schema").set_defaults(func=cmd_schema)
+
+    pl = sub.add_parser("plugins", help="list, check or scaffold plugins")
+    pl.add_argument("action", nargs="?", choices=["list", "check", "new"], default="list")
+    pl.add_argument("kind_or_name", nargs="*", help="check: KIND NAME; new: NAME")
+    pl.add_argument("--json", action="store_true", help="print a JSON list")
+    pl.add_argument("--kind", default="reward", help="new: the plugin kind")
+    pl.add_argument("--out", default=".", help="new: where to write the package")
+    pl.set_defaults(func=cmd_plugins)
+
+    tr = with_config(sub.add_parser("train", help="run GRPO training"))
+    tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="DIR",
+                    help="continue from the newest checkpoint (or from DIR)")
+    tr.add_argument("--force", action="store_true", help="resume despite config differences")
+    tr.set_defaults(func=cmd_train)
+
+    de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
+    de.add_argument("--out", default="runs/demo")
+    de.add_argument("--steps", type=int, default=None)
+    de.add_argument("--baseline", default="grpo")
+    de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    de.set_defaults(func=cmd_demo)
+
+    ev = with_config(sub.add_parser("eval", help="evaluate a model on held-out problems"))
+    ev.add_argument("--model", help="model directory or hub id (default: the config's)")
+    ev.add_argument("--data", help="data file (default: the config's)")
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--n", type=int, default=1, help="samples per problem")
+    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ev.add_argument("--max-problems", type=int, default=None)
+    ev.add_argument("--out", default=None, help="report directory")
+    ev.set_defaults(func=cmd_eval)
+
+    co = with_config(sub.add_parser("compare", help="run plugin variants x seeds, then compare"))
+    co.add_argument("--baselines", default=None, help="comma-separated baseline names")
+    co.add_argument("--vary", action="append", default=[], metavar="KIND=A,B",
+                    help="vary any plugin kind, e.g. kl=fixed,adaptive")
+    co.add_argument("--seeds", type=int, default=3)
+    co.add_argument("--steps", type=int, default=None)
+    co.add_argument("--threshold", type=float, default=0.9, help="reward for 'steps to reach'")
+    co.add_argument("--out", default="runs/compare")
+    co.set_defaults(func=cmd_compare)
+
+    pt = sub.add_parser("plot", help="plot metrics of run directories")
+    pt.add_argument("runs", nargs="+")
+    pt.add_argument("--metrics", default="reward,kl,entropy")
+    pt.add_argument("--out", default=None, help="output directory (default: the first run)")
+    pt.set_defaults(func=cmd_plot)
+
+    pm = sub.add_parser("plan-memory", help="estimate accelerator memory for a run")
+    pm.add_argument("--model", required=True, help="preset (qwen2.5-0.5b...) or config.json")
+    pm.add_argument("--group-size", type=int, default=8)
+    pm.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    pm.add_argument("--prompt-tokens", type=int, default=256)
+    pm.add_argument("--max-new-tokens", type=int, default=512)
+    pm.add_argument("--micro-batch", type=int, default=None, help="completions per backward")
+    pm.add_argument("--dtype", default="bfloat16")
+    pm.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3])
+    pm.add_argument("--gpus", type=int, default=1)
+    pm.add_argument("--lora-rank", type=int, default=0)
+    pm.add_argument("--gradient-checkpointing", action="store_true")
+    pm.add_argument("--no-reference", action="store_true")
+    pm.add_argument("--generation-batch-size", type=int, default=None)
+    pm.set_defaults(func=cmd_plan_memory)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "plugins":
+        rest = args.kind_or_name
+        args.kind, args.name = (rest + [None, None])[:2] if args.action == "check" else (
+            args.kind, rest[0] if rest else None)
+        if args.action == "check" and (args.kind is None or args.name is None):
+            print("error: grpo plugins check KIND NAME", file=sys.stderr)
+            return 2
+        if args.action == "new" and not args.name:
+            print("error: grpo plugins new NAME --kind KIND", file=sys.stderr)
+            return 2
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print("internal error: please report it with the traceback above", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

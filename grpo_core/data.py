@@ -1,0 +1,126 @@
+"""Prompts in, in a reproducible order that a checkpoint can resume exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from grpo_core.errors import UserError
+
+
+def read_rows(path: str, split: str = "train") -> list[dict]:
+    """Rows of a JSONL, JSON or parquet file, or of a ``datasets`` hub name / local script."""
+    if os.path.isdir(path):
+        for ext in (".jsonl", ".json", ".parquet"):
+            candidate = os.path.join(path, split + ext)
+            if os.path.exists(candidate):
+                return read_rows(candidate, split)
+        raise UserError(f"data.path: directory {path} has no {split}.jsonl/.json/.parquet")
+    if path.endswith(".jsonl"):
+        return _jsonl(path)
+    if path.endswith(".json"):
+        data = _json(path)
+        data = data.get(split, data) if isinstance(data, dict) else data
+        if not isinstance(data, list):
+            raise UserError(f"data.path: {path} must hold a list of objects (or {{split: list}})")
+        return data
+    if path.endswith(".parquet"):
+        if not os.path.exists(path):
+            raise UserError(f"data.path: file not found: {path}")
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise UserError("data.path: parquet needs pyarrow (pip install pyarrow)") from exc
+        return pq.read_table(path).to_pylist()
+    if os.path.exists(path):
+        raise UserError(f"data.path: {path} is not a .jsonl, .json or .parquet file")
+    if path.count("/") > 1 or path.startswith((".", "/")) or os.path.splitext(path)[1]:
+        raise UserError(f"data.path: file not found: {path}")
+    try:
+        import datasets
+    except ImportError as exc:
+        raise UserError(f"data.path: {path} is not a file, and loading hub datasets needs "
+                        f"`pip install datasets`") from exc
+    try:
+        return list(datasets.load_dataset(path, split=split))
+    except Exception as exc:  # hub errors come in many types
+        raise UserError(f"data.path: cannot load dataset {path!r} split {split!r}: {exc}") from exc
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        raise UserError(f"data.path: file not found: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}:{n}: invalid JSON line ({exc.msg})") from exc
+    return rows
+
+
+def _json(path: str):
+    if not os.path.exists(path):
+        raise UserError(f"data.path: file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg})") from exc
+
+
+def check_fields(rows: list[dict], fields: list[str], source: str) -> None:
+    """Every row must have every field; name the first row that does not."""
+    if not rows:
+        raise UserError(f"data.path: {source} has no rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise UserError(f"{source}: row {i} is a {type(row).__name__}, expected an object")
+        for f in fields:
+            if f not in row:
+                raise UserError(f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
+                                f"set data.prompt_field / data.columns")
+
+
+def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None) -> str:
+    """The text the model sees: the chat template when it has one (and mode allows)."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(prompt, list):  # already a conversation
+        messages = prompt
+    else:
+        messages = [{"role": "user", "content": str(prompt)}]
+    if mode == "never" or (mode == "auto" and not has_template):
+        if isinstance(prompt, list):
+            return "\n".join(m.get("content", "") for m in prompt)
+        return (system + "\n" if system else "") + str(prompt)
+    if mode == "always" and not has_template:
+        raise UserError("data.chat_template: 'always' but the tokenizer has no chat template")
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}] + messages
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+class PromptStream:
+    """Epoch-wise shuffled order fixed by the seed; ``position`` counts prompts served."""
+
+    def __init__(self, n_rows: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle, self.position = n_rows, seed, shuffle, 0
+        self._epoch, self._order = -1, []
+
+    def _index(self, k: int) -> int:
+        epoch, offset = divmod(k, self.n)
+        if epoch != self._epoch:
+            self._order = list(range(self.n))
+            if self.shuffle:
+                random.Random(self.seed * 1000003 + epoch).shuffle(self._order)
+            self._epoch = epoch
+        return self._order[offset]
+
+    def take(self, count: int) -> list[int]:
+        """The next ``count`` row indices."""
+        out = [self._index(self.position + i) for i in range(count)]
+        self.position += count
+        return out

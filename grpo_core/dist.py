@@ -1,0 +1,66 @@
+"""Data parallelism through torch.distributed (torchrun / accelerate launch set the env)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as td
+
+
+def init(device: torch.device) -> tuple[int, int]:
+    """Join the process group when launched with WORLD_SIZE > 1; returns (rank, world)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not td.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        td.init_process_group(backend)
+    if td.is_initialized():
+        return td.get_rank(), td.get_world_size()
+    return 0, 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def active() -> bool:
+    return td.is_initialized() and td.get_world_size() > 1
+
+
+def all_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (in place where possible); identity on one process."""
+    if active():
+        td.all_reduce(t, op=td.ReduceOp.SUM)
+    return t
+
+
+def all_max(t: torch.Tensor) -> float:
+    """Largest value over ranks."""
+    t = t.double().reshape(1)
+    if active():
+        td.all_reduce(t, op=td.ReduceOp.MAX)
+    return float(t)
+
+
+def reduce_gradients(params) -> None:
+    """Sum gradients over ranks: each rank's loss already divides by the global denominators."""
+    if not active():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        td.all_reduce(flat, op=td.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def barrier() -> None:
+    if active():
+        td.barrier()
+
+
+def finish() -> None:
+    if td.is_initialized():
+        td.destroy_process_group()

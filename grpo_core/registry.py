@@ -1,0 +1,147 @@
+"""Finding plugins by name: entry points in, a table of (kind, name) -> PluginInfo out."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from grpo_core import hookspecs
+from grpo_core.errors import PluginError
+
+PLUGIN_API_VERSION = 1
+ENTRY_POINT_GROUP = "grpo_core"
+BUILTIN_DISTRIBUTION = "grpo-core"
+#: Comma-separated distribution names; when set, only these external plugins load.
+ALLOW_ENV = "GRPO_CORE_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    schema: dict = field(default_factory=dict)
+    description: str = ""
+    distribution: str = ""
+    version: str = ""
+
+
+def _normalise(dist: str) -> str:
+    return dist.lower().replace("_", "-").replace(".", "-")
+
+
+def _allowed(dist: str) -> bool:
+    allow = os.environ.get(ALLOW_ENV)
+    if _normalise(dist) == BUILTIN_DISTRIBUTION or allow is None:
+        return True
+    return _normalise(dist) in {_normalise(d) for d in allow.split(",") if d.strip()}
+
+
+def _check_api(module: Any, dist: str) -> None:
+    supported = getattr(module, "GRPO_CORE_API", None)
+    if supported is None:
+        return
+    supported = tuple(supported) if isinstance(supported, (list, tuple, set)) else (supported,)
+    if PLUGIN_API_VERSION not in supported:
+        raise PluginError(
+            f"plugin distribution {dist!r} supports grpo-core plugin API {list(supported)}, "
+            f"but this grpo-core provides API {PLUGIN_API_VERSION}"
+        )
+
+
+class Registry:
+    """All registered plugins, loaded once from the ``grpo_core`` entry-point group."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[tuple[str, str], PluginInfo] = {}
+        self._dist_of: dict[str, tuple[str, str]] = {}
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist else "unknown"
+            version = ep.dist.version if ep.dist else ""
+            if not _allowed(dist):
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken third-party plugin must be named
+                raise PluginError(
+                    f"plugin entry point {ep.name!r} of distribution {dist!r} failed to import: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            self.add(module, dist, version, plugin_name=f"{dist}:{ep.name}")
+
+    def add(self, module: Any, dist: str, version: str = "", plugin_name: str | None = None):
+        """Register one plugin module (entry points call this; so may tests and notebooks)."""
+        _check_api(module, dist)
+        plugin_name = plugin_name or f"{dist}:{getattr(module, '__name__', id(module))}"
+        if self.pm.is_registered(module) or self.pm.has_plugin(plugin_name):
+            return
+        self.pm.register(module, name=plugin_name)
+        self._dist_of[plugin_name] = (dist, version)
+        for kind in hookspecs.KINDS:
+            for impl in getattr(self.pm.hook, kind).get_hookimpls():
+                if impl.plugin_name == plugin_name:
+                    impl.function(register=self._registrar(kind, dist, version))
+
+    def _registrar(self, kind: str, dist: str, version: str):
+        def register(name: str, factory: Callable[..., Any], schema: dict | None = None,
+                     description: str = "") -> None:
+            key = (kind, name)
+            if key in self.plugins:
+                other = self.plugins[key].distribution
+                raise PluginError(
+                    f"{kind} plugin {name!r} is registered twice: by distribution {other!r} "
+                    f"and by distribution {dist!r}; uninstall one or exclude it with {ALLOW_ENV}"
+                )
+            self.plugins[key] = PluginInfo(kind, name, factory, schema or {"type": "object"},
+                                           description, dist, version)
+
+        return register
+
+    def get(self, kind: str, name: str) -> PluginInfo:
+        if kind not in hookspecs.KINDS:
+            raise PluginError(f"unknown plugin kind {kind!r}; expected one of "
+                              f"{list(hookspecs.KINDS)}")
+        info = self.plugins.get((kind, name))
+        if info is None:
+            raise PluginError(unknown_name_message(kind, name, self.names(kind)))
+        return info
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(n for k, n in self.plugins if k == kind)
+
+    def all(self) -> list[PluginInfo]:
+        return sorted(self.plugins.values(), key=lambda p: (p.kind, p.name))
+
+
+def unknown_name_message(kind: str, name: Any, installed: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), installed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} plugin {name!r}; installed: {', '.join(installed) or 'none'}{hint}"
+
+
+_registry: Registry | None = None
+
+
+def registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _registry
+    if _registry is None:
+        _registry = Registry()
+    return _registry
+
+
+def reload() -> Registry:
+    """Forget loaded plugins and discover again (after installing one, or changing the env)."""
+    global _registry
+    importlib.invalidate_caches()
+    _registry = None
+    return registry()

@@ -1,0 +1,77 @@
+"""Calling a reward plugin inside the loop: shape and finiteness checks, failure policies.
+
+Policies for a reward that raises, returns the wrong length, or returns NaN/inf:
+``raise`` stops the run naming the plugin and the first bad item; ``zero`` scores the bad
+items 0; ``drop_group`` marks every completion of an affected group as missing (NaN), so the
+group gets no advantage and leaves the loss. A NaN never reaches the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo_core.errors import UserError
+
+
+class RewardFailure(UserError):
+    """A reward plugin misbehaved under the ``raise`` policy."""
+
+
+@dataclass
+class Scored:
+    rewards: torch.Tensor  # [B] float32; NaN = missing (dropped)
+    dimensions: dict = field(default_factory=dict)  # name -> [B] list
+    extras: dict = field(default_factory=dict)
+    problem: str | None = None  # first failure, for the warning
+
+
+def score(fn, name: str, prompts: list[str], completions: list[str], columns: dict,
+          group: torch.Tensor, policy: str = "raise") -> Scored:
+    """Score completions; ``group`` [B] maps each completion to its prompt's group."""
+    B = len(completions)
+    try:
+        out = fn(prompts, completions, **columns)
+        values = list(out)
+    except Exception as exc:  # a plugin's bug must not lose the run silently
+        problem = f"reward {name!r} raised {type(exc).__name__}: {exc}"
+        return _fail(problem, B, group, policy)
+    if len(values) != B:
+        problem = f"reward {name!r} returned {len(values)} scores for {B} completions"
+        return _fail(problem, B, group, policy)
+    bad = []
+    for i, v in enumerate(values):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            v = math.nan
+        values[i] = v
+        if not math.isfinite(v):
+            bad.append(i)
+    rewards = torch.tensor(values, dtype=torch.float32)
+    problem = None
+    if bad:
+        problem = (f"reward {name!r} returned {values[bad[0]]} for completion {bad[0]} "
+                   f"({len(bad)} non-finite of {B})")
+        rewards = _apply(problem, rewards, torch.tensor(bad), group, policy)
+    return Scored(rewards, dict(getattr(out, "dimensions", {}) or {}),
+                  dict(getattr(out, "extras", {}) or {}), problem)
+
+
+def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:
+    """Every completion failed (the call raised or gave the wrong length)."""
+    return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy),
+                  problem=problem)
+
+
+def _apply(problem: str, rewards: torch.Tensor, bad: torch.Tensor, group: torch.Tensor,
+           policy: str) -> torch.Tensor:
+    if policy == "raise":
+        raise RewardFailure(problem + " (train.reward_failure: raise)")
+    rewards = rewards.clone()
+    rewards[bad] = 0.0
+    if policy == "drop_group":
+        rewards[torch.isin(group, group[bad])] = torch.nan
+    return rewards
