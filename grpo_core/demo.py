@@ -150,9 +150,11 @@ def run(out: str, steps: int | None = None, baseline: str = "grpo",
     from grpo_core.metrics import read
 
     rewards = [r["reward"] for r in read(summary["run_dir"])]
-    last = sum(rewards[-5:]) / len(rewards[-5:])
-    print(f"\nGRPO demo: mean reward {first:.3f} at the first RL step -> {final:.3f} at the last "
-          f"(mean of last 5 steps {last:.3f}), {len(rewards)} steps, "
-          f"{time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s of RL)")
+    k = min(50, len(rewards))
+    start, end = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    print(f"\nGRPO demo: mean reward {first:.3f} at the first RL step -> {final:.3f} at the last; "
+          f"mean over the first {k} steps {start:.3f}, over the last {k} steps {end:.3f}; "
+          f"{len(rewards)} steps, {time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s of "
+          f"RL)")
     print(f"run directory: {summary['run_dir']} (config.yaml in {out})")
     return 0

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 
 DEFAULTS = {
-    "zero_std_frac": 0.5,  # share of groups with identical rewards
+    "zero_std_frac": 0.5,  # share of groups with identical rewards (not all at the top)
     "kl_low": 1e-3,  # KL this small for a whole window
     "kl_high": 10.0,  # KL above this
     "kl_growth": 4.0,  # KL multiplied by this over a window
@@ -25,7 +25,7 @@ DEFAULTS = {
 ADVICE = {
     "nan": "non-finite values: {what}. Lower train.lr, check the reward for NaN/inf, "
            "keep train.max_grad_norm set",
-    "zero_std": "{value:.0%} of groups have identical rewards, so they carry no signal: raise "
+    "zero_std": "{value:.0%} of groups have identical, unsolved rewards (no signal): raise "
                 "sampling.temperature or sampling.group_size, or use prompts of mixed difficulty "
                 "(or train.resample_zero_std_max)",
     "kl_low": "KL stayed below {value:g} for {window} steps: the KL coefficient is too large "
@@ -92,8 +92,15 @@ class HealthMonitor:
             return [x[key] for x in recent if isinstance(x.get(key), (int, float))
                     and math.isfinite(x[key])]
 
-        zs = series("zero_std_frac")
-        if full and zs and statistics.fmean(zs) > t["zero_std_frac"]:
+        solved = series("solved_frac")
+        converged = bool(solved) and solved[-1] > 0.5  # most groups all at the top reward
+        zs = [z - s for z, s in zip(series("zero_std_frac"), solved)] if solved \
+            else series("zero_std_frac")
+        rw = series("reward")
+        half = len(rw) // 2
+        rising = half and statistics.fmean(rw[half:]) - statistics.fmean(rw[:half]) \
+            > t["reward_flat"]
+        if full and zs and statistics.fmean(zs) > t["zero_std_frac"] and not rising:
             yield "zero_std", ADVICE["zero_std"].format(value=statistics.fmean(zs))
         kl = series("kl")
         coef = r.get("kl_coef", 0) or 0
@@ -104,7 +111,7 @@ class HealthMonitor:
         elif full and kl and kl[0] > 1e-3 and kl[-1] > t["kl_growth"] * kl[0]:
             yield "kl_growth", ADVICE["kl_growth"].format(value=kl[-1] / kl[0], window=w)
         ent = series("entropy")
-        if ent and ent[-1] < t["entropy_low"]:
+        if ent and ent[-1] < t["entropy_low"] and not converged:
             yield "entropy", ADVICE["entropy"].format(value=ent[-1])
         gn = series("grad_norm")
         if len(gn) >= 3:
@@ -112,7 +119,6 @@ class HealthMonitor:
             if med > 0 and gn[-1] > t["grad_spike"] * med:
                 yield "grad_spike", ADVICE["grad_spike"].format(value=gn[-1],
                                                                 factor=t["grad_spike"])
-        rw = series("reward")
         if full and rw and max(rw) - min(rw) < t["reward_flat"]:
             yield "reward_flat", ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w)
         ln, tr = series("completion_len"), series("truncated_frac")

@@ -13,7 +13,8 @@ What each kind's component must provide:
 
 reward
     ``reward(prompts, completions, **columns) -> list[float]``: one entry per
-    completion; ``columns`` are dataset fields repeated per completion. It may
+    completion; ``columns`` are dataset fields repeated per completion, plus
+    ``completion_tokens`` (token count) and ``group_ids`` (prompt index). It may
     return a :class:`grpo_core.Scores` (a list) that also carries per-dimension
     scores and extra per-item fields for logging. ``float("nan")`` marks a missing
     reward (excluded from its group's statistics).

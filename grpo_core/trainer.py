@@ -29,6 +29,9 @@ from grpo_core.models import load_model, load_tokenizer, pick_device
 from grpo_core.rewards import score
 from grpo_core.rollout import Rollout, SamplingParams, merge
 
+#: Columns every reward also receives: token count of each completion, and its group.
+RESERVED_COLUMNS = ("completion_tokens", "group_ids")
+
 
 class TrainingError(UserError):
     """The run cannot go on (for example, repeated non-finite losses)."""
@@ -36,8 +39,10 @@ class TrainingError(UserError):
 
 @dataclass
 class Batch:
-    """One step's data: prompts as text and token ids, reward columns per prompt."""
+    """One step's data: prompts as the dataset gives them (what rewards see), as the model
+    sees them (chat template applied) and as token ids; reward columns per prompt."""
 
+    raw: list
     prompts: list[str]
     prompt_ids: list[list[int]]
     columns: dict[str, list]
@@ -70,7 +75,7 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
                              data_cfg["system_prompt"]) for r in rows]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     columns = {c: [r[c] for r in rows] for c in data_cfg["columns"]}
-    return Batch(prompts, ids, columns)
+    return Batch([r[data_cfg["prompt_field"]] for r in rows], prompts, ids, columns)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -137,6 +142,10 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
     reference = None
     if uses_kl:  # no reference model at all when the KL coefficient is fixed at 0
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    reserved = set(cfg["data"]["columns"]) & set(RESERVED_COLUMNS)
+    if reserved:
+        raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
+                        f"passes to rewards; rename the dataset field")
     rows = read_rows(cfg["data"]["path"], cfg["data"]["split"])
     check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]], cfg["data"]["path"])
     stream = PromptStream(len(rows), tc["seed"], cfg["data"]["shuffle"])
@@ -254,7 +263,7 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                     is_weights=None if is_weights is None else is_weights[mb])
                 loss.backward()
                 if it == 0:
-                    stats["loss"] += float(loss)
+                    stats["loss"] += float(loss.detach())
                     for k in ("clip_low_frac", "clip_high_frac", "kl", "entropy", "tokens"):
                         stats[k] += s[k]
             dist.reduce_gradients(params)
@@ -308,6 +317,7 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
     summary = {"run_dir": run_dir, "steps": len(history), "seconds": time.time() - t_start,
                "first_reward": history[0]["reward"] if history else None,
                "final_reward": history[-1]["reward"] if history else None,
+               "reference_model": reference is not None,
                "health": health.summary() if health else []}
     if main and oc["save_model"]:
         final = os.path.join(run_dir, "final")
@@ -324,7 +334,9 @@ def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
                                    skip_special_tokens=True)
     g = ro.group.cpu().tolist()
     columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
-    return score(reward_fn, cfg["reward"]["name"], [batch.prompts[i] for i in g], texts, columns,
+    columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
+    columns["group_ids"] = g
+    return score(reward_fn, cfg["reward"]["name"], [batch.raw[i] for i in g], texts, columns,
                  ro.group.cpu(), cfg["train"]["reward_failure"])
 
 
@@ -335,7 +347,8 @@ def _resample(gen, reward_fn, cfg, tokenizer, batch, ro, scored, zero, sampling,
 
     idx = torch.nonzero(zero).squeeze(1).tolist()
     n = cfg["train"]["resample_zero_std_max"]
-    sub = Batch([batch.prompts[i] for i in idx], [batch.prompt_ids[i] for i in idx],
+    sub = Batch([batch.raw[i] for i in idx], [batch.prompts[i] for i in idx],
+                [batch.prompt_ids[i] for i in idx],
                 {k: [v[i] for i in idx] for k, v in batch.columns.items()})
     extra = gen.generate(sub.prompt_ids, n, sampling, seed=seed ^ 0x5BD1E995,
                          row_offset=rank * 1_000_000).to(device)
@@ -343,10 +356,13 @@ def _resample(gen, reward_fn, cfg, tokenizer, batch, ro, scored, zero, sampling,
     extra.group = torch.tensor(idx, device=device)[extra.group]
     extra.prompt_ids, extra.prompt_mask = ro.prompt_ids, ro.prompt_mask
     merged = merge(ro, extra)
-    dims = {k: list(v) + list(extra_scored.dimensions.get(k, [math.nan] * extra.size))
-            for k, v in scored.dimensions.items()}
-    return merged, Scored(torch.cat([scored.rewards, extra_scored.rewards]), dims,
-                          scored.extras, scored.problem or extra_scored.problem), extra.size
+    def cat(a: dict, b: dict, fill) -> dict:
+        return {k: list(v) + list(b.get(k, [fill] * extra.size)) for k, v in a.items()}
+
+    return merged, Scored(torch.cat([scored.rewards, extra_scored.rewards]),
+                          cat(scored.dimensions, extra_scored.dimensions, math.nan),
+                          cat(scored.extras, extra_scored.extras, None),
+                          scored.problem or extra_scored.problem), extra.size
 
 
 def _micro_batches(group: torch.Tensor, P: int, per: int):
@@ -365,9 +381,11 @@ def _metrics(step, rewards, grid, zero_groups, scored, ro, stats, kl_mean, tok, 
     within = torch.tensor([float(g[torch.isfinite(g)].std(unbiased=False))
                            if torch.isfinite(g).sum() > 0 else 0.0 for g in grid])
     lengths = ro.completion_mask.sum(-1).double().cpu()
+    top = float(r[ok].max()) if ok.any() else 0.0
+    solved = zero_groups & (torch.where(torch.isfinite(grid), grid, -torch.inf).amax(-1) >= top)
     sums = dist.all_sum(torch.tensor(
         [r.sum(), (r * r).sum(), ok.sum(), len(rewards), within.sum(), len(grid),
-         zero_groups.sum(), lengths.sum(), ro.truncated.sum().cpu(), extra],
+         zero_groups.sum(), lengths.sum(), ro.truncated.sum().cpu(), extra, solved.sum()],
         dtype=torch.float64, device=device)).tolist()
     longest = dist.all_max(lengths.max().to(device)) if lengths.numel() else 0.0
     n = max(sums[2], 1.0)
@@ -379,6 +397,7 @@ def _metrics(step, rewards, grid, zero_groups, scored, ro, stats, kl_mean, tok, 
         "reward_std": math.sqrt(max(sums[1] / n - mean * mean, 0.0)) if sums[2] else math.nan,
         "reward_within_group_std": sums[4] / max(sums[5], 1.0),
         "zero_std_frac": sums[6] / max(sums[5], 1.0),
+        "solved_frac": sums[10] / max(sums[5], 1.0),
         "dropped_rewards": int(sums[3] - sums[2]),
         "extra_completions": int(sums[9]),
         "kl": kl_mean,

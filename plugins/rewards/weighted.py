@@ -1,0 +1,101 @@
+"""``weighted``: the multi-dimensional reward.
+
+total_i = sum_k w_k * gate_k,i * d_k,i, where d_k is component k's score (optionally
+normalised within each group: (d - group mean) / (group std + eps)), and gate_k,i is 1 only
+when every dimension named in k's ``requires`` scored at least its ``pass_threshold``
+("format correct AND answer correct"). Components run concurrently in threads. Each
+dimension's raw scores are reported, so each is logged as ``reward/<name>``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import grpo_core
+from grpo_core.scores import Scores
+
+
+class WeightedReward:
+    def __init__(self, components: list[dict], normalize: str = "none", threads: int = 8):
+        self.parts = []
+        names = set()
+        for c in components:
+            dim = c.get("as") or c["name"]
+            if dim in names:
+                raise ValueError(f"two components are named {dim!r}; give one an 'as' name")
+            names.add(dim)
+            self.parts.append({"dim": dim, "fn": grpo_core.create("reward", c["name"],
+                                                                  c.get("options")),
+                               "weight": c["weight"], "requires": c["requires"],
+                               "threshold": c["pass_threshold"]})
+        for p in self.parts:
+            for r in p["requires"]:
+                if r not in names:
+                    raise ValueError(f"component {p['dim']!r} requires unknown dimension {r!r}; "
+                                     f"known: {sorted(names)}")
+        self.normalize, self.threads = normalize, threads
+
+    def __call__(self, prompts, completions, **columns) -> Scores:
+        with ThreadPoolExecutor(max_workers=min(self.threads, len(self.parts))) as pool:
+            futures = {p["dim"]: pool.submit(p["fn"], prompts, completions, **columns)
+                       for p in self.parts}
+            results = {dim: f.result() for dim, f in futures.items()}
+        dims = {}
+        for dim, out in results.items():
+            if len(out) != len(completions):
+                raise ValueError(f"component {dim!r} returned {len(out)} scores for "
+                                 f"{len(completions)} completions")
+            dims[dim] = torch.tensor([float(v) for v in out], dtype=torch.float64)
+        groups = columns.get("group_ids")
+        total = torch.zeros(len(completions), dtype=torch.float64)
+        for p in self.parts:
+            d = dims[p["dim"]]
+            if self.normalize == "group" and groups is not None:
+                d = _group_normalise(d, torch.tensor(groups))
+            gate = torch.ones_like(d)
+            for r in p["requires"]:
+                threshold = next(q["threshold"] for q in self.parts if q["dim"] == r)
+                gate = gate * (dims[r] >= threshold)
+            total += p["weight"] * gate * d
+        extras = {}
+        for out in results.values():
+            extras.update(getattr(out, "extras", {}) or {})
+        return Scores(total.tolist(), dimensions={k: v.tolist() for k, v in dims.items()},
+                      extras=extras)
+
+
+def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    out = torch.zeros_like(d)
+    for g in groups.unique():
+        m = groups == g
+        x = d[m]
+        sd = x.std(unbiased=False) if x.numel() > 1 else torch.tensor(0.0, dtype=d.dtype)
+        out[m] = (x - x.mean()) / (sd + eps)
+    return out
+
+
+COMPONENT = {
+    "type": "object", "x-plugin": "reward", "additionalProperties": False, "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "options": {"type": "object", "default": {}},
+        "weight": {"type": "number", "default": 1.0},
+        "as": {"type": ["string", "null"], "default": None, "description": "dimension name"},
+        "requires": {"type": "array", "items": {"type": "string"}, "default": [],
+                     "description": "dimensions that must pass for this one to count"},
+        "pass_threshold": {"type": "number", "default": 1.0,
+                           "description": "score at which this dimension passes a gate"},
+    },
+}
+
+SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["components"],
+    "properties": {
+        "components": {"type": "array", "items": COMPONENT, "minItems": 1},
+        "normalize": {"enum": ["none", "group"], "default": "none",
+                      "description": "normalise each dimension within its group first"},
+        "threads": {"type": "integer", "minimum": 1, "default": 8},
+    },
+}

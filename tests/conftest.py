@@ -1,0 +1,70 @@
+"""Shared fixtures: a tiny real model and tokenizer built offline, saved and loaded back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A 2-layer, 32-wide Qwen2-shaped model with a byte-level tokenizer."""
+    from grpo_core.demo import build_model
+
+    path = str(tmp_path_factory.mktemp("tiny") / "model")
+    return build_model(path, hidden=32, layers=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def addition_data(tmp_path_factory) -> str:
+    from grpo_core.demo import addition_rows, write_jsonl
+
+    path = str(tmp_path_factory.mktemp("data") / "train.jsonl")
+    write_jsonl(path, addition_rows(0)[0])
+    return path
+
+
+def make_config(model: str, data: str, out: str, **sections) -> dict:
+    """A small but complete config dict; ``sections`` override whole sub-dicts by key."""
+    cfg = {
+        "model": {"name_or_path": model},
+        "data": {"path": data, "columns": ["answer"]},
+        "sampling": {"group_size": 4, "max_new_tokens": 4},
+        "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_groups": 2, "lr": 1e-3,
+                  "device": "cpu", "seed": 0},
+        "reward": {"name": "math"},
+        "output": {"dir": out, "progress": False, "samples_every": 1},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_config(path, cfg: dict) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return str(path)
+
+
+def run_grpo(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
+    """Run the real ``grpo`` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "grpo_core.cli", *args], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, cwd=cwd)
+
+
+def needs_shared(sub: str) -> str:
+    path = os.path.join(SHARED, sub)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not present (real data lives in ../shared/data beside the repo)")
+    return path
