@@ -197,6 +197,9 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         # --- 2. score every completion (groups travel with the rows via ro.group) --------
         t1 = time.time()
         scored = _score(reward_fn, cfg, tokenizer, batch, ro)
+        if scored.problem and main:
+            print(f"\nwarning (step {step}): {scored.problem}; applied train.reward_failure: "
+                  f"{tc['reward_failure']}", file=sys.stderr)
         extra_completions = 0
         zero = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), P_local)[0])
         if tc["resample_zero_std_max"] and zero.any():  # dynamic sampling for flat groups

@@ -126,6 +126,8 @@ def _unordered(ps: list, gs: list, tol: float) -> bool:
 
 
 def _number(x):
+    if x.has(sp.oo, sp.zoo, sp.nan):  # evalf mishandles unevaluated products with infinity
+        x = x.doit()
     v = sp.N(x, PRECISION, maxn=200)
     return v if v.is_number else None
 

@@ -43,7 +43,10 @@ def last_boxed(text: str) -> str | None:
 
 
 def _clean_tail(s: str) -> str:
+    """The answer at the start of ``s``: a $...$ span, or the text up to the sentence's end."""
     s = s.strip()
+    math = re.match(r"^\$+([^$]+)\$+", s)
+    s = math.group(1) if math else re.split(r"\.(?:\s|$)", s, maxsplit=1)[0]
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     inner = last_boxed(s)
