@@ -14,11 +14,13 @@ import shutil
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from grpo_core.errors import UserError
 
 PREFIX = "step-"
+FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
 #: Config parts that must match for a resume (others, like steps or lr, may change).
 COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
                       ("train", "prompts_per_step"), ("train", "seed"))
@@ -71,12 +73,15 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in os.listdir(root):  # left by a crash mid-write; never loaded
+        if stale.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
     try:
         os.makedirs(tmp)
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(_untie(state), os.path.join(tmp, "model.safetensors"))
         _fsync_file(os.path.join(tmp, "model.safetensors"))
+        _fault_pause()
         _write(os.path.join(tmp, "trainer.pt"), lambda f: torch.save(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state()}, f))
@@ -87,13 +92,24 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # disk full, quota, permissions
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {exc.strerror or exc}; "
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UserError(f"cannot write checkpoint {final}: {reason}; "
                         f"earlier checkpoints are intact") from exc
     for old in sorted(list_checkpoints(root))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fault_pause() -> None:
+    """Fault injection for tests: sleep mid-write when GRPO_CORE_FAULT_CHECKPOINT_PAUSE is set,
+    so a test can kill the process while a checkpoint is half written."""
+    pause = os.environ.get(FAULT_PAUSE_ENV)
+    if pause:
+        import time
+
+        time.sleep(float(pause))
 
 
 def _fsync_file(path: str) -> None:

@@ -97,6 +97,9 @@ CORE_SCHEMA: dict = {
             "resample_zero_std_max": {"type": "integer", "minimum": 0, "default": 0,
                                       "description": "extra completions per zero-std group"},
             "reward_failure": {"enum": ["raise", "zero", "drop_group"], "default": "raise"},
+            "reward_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                               "default": 600, "description": "seconds before a reward call "
+                               "counts as failed (null: wait forever)"},
             "max_nonfinite_steps": {**POS_INT, "default": 3},
             "logprob_chunk": {**POS_INT, "default": 1024},
             "seed": {"type": "integer", "default": 0},

@@ -9,6 +9,7 @@ group gets no advantage and leaves the loss. A NaN never reaches the loss.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -28,12 +29,35 @@ class Scored:
     problem: str | None = None  # first failure, for the warning
 
 
+def _call(fn, args, kwargs, timeout: float | None):
+    """Call ``fn`` in a daemon thread and wait at most ``timeout`` seconds (None: forever).
+    A hung reward cannot be killed from Python; its thread is abandoned, the run goes on."""
+    if timeout is None:
+        return fn(*args, **kwargs)
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller below
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name="reward")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"did not return within {timeout:g} s (train.reward_timeout)")
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
 def score(fn, name: str, prompts: list[str], completions: list[str], columns: dict,
-          group: torch.Tensor, policy: str = "raise") -> Scored:
+          group: torch.Tensor, policy: str = "raise", timeout: float | None = None) -> Scored:
     """Score completions; ``group`` [B] maps each completion to its prompt's group."""
     B = len(completions)
     try:
-        out = fn(prompts, completions, **columns)
+        out = _call(fn, (prompts, completions), columns, timeout)
         values = list(out)
     except Exception as exc:  # a plugin's bug must not lose the run silently
         problem = f"reward {name!r} raised {type(exc).__name__}: {exc}"

@@ -274,6 +274,9 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
             if not (math.isfinite(float(gnorm)) and math.isfinite(stats["loss"])):
                 opt.zero_grad(set_to_none=True)  # NaN guard: skip this update
                 stats["skipped"] += 1
+                if main:
+                    print(f"\nwarning (step {step}): non-finite loss or gradient; update "
+                          f"skipped", file=sys.stderr)
                 continue
             opt.step()
             sched.step()
@@ -340,7 +343,7 @@ def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
     columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
     columns["group_ids"] = g
     return score(reward_fn, cfg["reward"]["name"], [batch.raw[i] for i in g], texts, columns,
-                 ro.group.cpu(), cfg["train"]["reward_failure"])
+                 ro.group.cpu(), cfg["train"]["reward_failure"], cfg["train"]["reward_timeout"])
 
 
 def _resample(gen, reward_fn, cfg, tokenizer, batch, ro, scored, zero, sampling, seed, rank,
