@@ -22,6 +22,7 @@ import grpo_core
 from grpo_core import checkpoint, dist
 from grpo_core.data import PromptStream, check_fields, read_rows, render_prompt
 from grpo_core.errors import UserError
+from grpo_core.evaluate import evaluate
 from grpo_core.health import HealthMonitor
 from grpo_core.losses import Normaliser, kl_penalty, policy_loss, token_logprobs
 from grpo_core.metrics import MetricsWriter
@@ -172,6 +173,14 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
             _truncate_metrics(run_dir, start_step)
     metrics_out = MetricsWriter(run_dir, tc["steps"], oc["progress"] and main) if main else None
     health = HealthMonitor(window=cfg["health"]["window"]) if cfg["health"]["enabled"] else None
+    ec = cfg["eval"]
+    eval_rows = None
+    if ec["data"] and ec["every_n_steps"]:
+        eval_rows = read_rows(ec["data"], ec["split"])
+        check_fields(eval_rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
+                     ec["data"])
+        eval_rows = eval_rows[:ec["max_problems"]] if ec["max_problems"] else eval_rows
+    best = None
     P, G = tc["prompts_per_step"], sc["group_size"]
     if P % world:
         raise UserError(f"train.prompts_per_step: {P} is not divisible by the {world} processes")
@@ -300,6 +309,26 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         record.update({"lr": sched.get_last_lr()[0], "time/generate": t_gen,
                        "time/reward": t_reward, "time/greedy": t_greedy, "time/train": t_train,
                        "time/step": time.time() - t0})
+        if eval_rows is not None and ((step + 1) % ec["every_n_steps"] == 0
+                                      or step + 1 == tc["steps"]):
+            if main:  # validation on held-out problems, into the same metrics stream
+                with torch.no_grad(), autocast:
+                    report, _ = evaluate(policy, tokenizer, gen, eval_rows, cfg["data"],
+                                         reward_fn, n=ec["n"], temperature=ec["temperature"],
+                                         max_new_tokens=sc["max_new_tokens"],
+                                         pass_threshold=ec["pass_threshold"],
+                                         correct_dimension=ec["correct_dimension"])
+                record.update({f"eval/{k}": v for k, v in report.items()
+                               if isinstance(v, float) and k != "temperature"})
+                metric = ec["keep_best"]
+                if metric and record.get(f"eval/{metric}") is not None and (
+                        best is None or record[f"eval/{metric}"] > best):
+                    best = record[f"eval/{metric}"]
+                    policy.save_pretrained(os.path.join(run_dir, "best"))
+                    tokenizer.save_pretrained(os.path.join(run_dir, "best"))
+                    with open(os.path.join(run_dir, "best", "best.json"), "w") as f:
+                        json.dump({"step": step, metric: best}, f)
+            dist.barrier()
         if health:
             warnings = health.observe(record)
             record["health"] = warnings

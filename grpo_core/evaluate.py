@@ -1,0 +1,131 @@
+"""Held-out evaluation: accuracy, unbiased pass@k, reward per dimension, completion length."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from grpo_core.rollout import SamplingParams
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021):
+    1 - C(n - c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def ks_for(n: int) -> list[int]:
+    return [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n]
+
+
+def evaluate(model, tokenizer, generator, rows: list[dict], data_cfg: dict, reward_fn,
+             n: int = 1, temperature: float = 0.0, max_new_tokens: int = 64,
+             batch_prompts: int = 16, pass_threshold: float = 1.0,
+             correct_dimension: str | None = None, seed: int = 1234,
+             progress: bool = False) -> tuple[dict, list[dict]]:
+    """Generate ``n`` completions per problem and score them; returns (report, records)."""
+    from grpo_core.trainer import make_batch
+
+    sampling = SamplingParams(max_new_tokens, temperature or 1.0, greedy=temperature == 0)
+    records, per_problem = [], []
+    dims: dict[str, list[float]] = {}
+    t0 = time.time()
+    for s in range(0, len(rows), batch_prompts):
+        chunk = rows[s:s + batch_prompts]
+        batch = make_batch(chunk, data_cfg, tokenizer)
+        ro = generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n)
+        texts = tokenizer.batch_decode(
+            ro.completion_ids * ro.completion_mask
+            + tokenizer.pad_token_id * (1 - ro.completion_mask), skip_special_tokens=True)
+        g = ro.group.cpu().tolist()
+        columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
+        columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
+        columns["group_ids"] = g
+        scores = reward_fn([batch.raw[i] for i in g], texts, **columns)
+        dimensions = getattr(scores, "dimensions", {}) or {}
+        judged = dimensions.get(correct_dimension, scores) if correct_dimension else scores
+        lengths = ro.completion_mask.sum(-1).tolist()
+        correct_by_prompt = [0] * len(chunk)
+        for i, text in enumerate(texts):
+            ok = float(judged[i]) >= pass_threshold
+            correct_by_prompt[g[i]] += ok
+            records.append({"problem": s + g[i], "prompt": batch.raw[g[i]], "completion": text,
+                            "reward": float(scores[i]), "correct": ok, "tokens": lengths[i],
+                            "dimensions": {k: float(v[i]) for k, v in dimensions.items()},
+                            **{k: columns[k][i] for k in batch.columns}})
+            for k, v in dimensions.items():
+                dims.setdefault(k, []).append(float(v[i]))
+        per_problem += correct_by_prompt
+        if progress:
+            done = min(s + batch_prompts, len(rows))
+            print(f"\reval [{done}/{len(rows)}] {time.time() - t0:.0f}s", end="",
+                  file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    total = len(records)
+    report = {
+        "problems": len(rows), "samples_per_problem": n, "temperature": temperature,
+        "accuracy": sum(r["correct"] for r in records) / max(total, 1),
+        "reward": sum(r["reward"] for r in records) / max(total, 1),
+        "completion_len": sum(r["tokens"] for r in records) / max(total, 1),
+        **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in per_problem) / max(len(rows), 1)
+           for k in ks_for(n)},
+        **{f"reward/{k}": sum(v) / len(v) for k, v in dims.items()},
+        "seconds": time.time() - t0,
+    }
+    return report, records
+
+
+def write(out_dir: str, report: dict, records: list[dict]) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, "completions.jsonl"), "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
+
+
+def evaluate_cli(args) -> int:
+    """``grpo eval``: the config gives the reward, data layout and generator."""
+    import grpo_core
+    from grpo_core import config as config_mod
+    from grpo_core.data import check_fields, read_rows
+    from grpo_core.models import load_model, load_tokenizer, pick_device
+
+    cfg = config_mod.load(args.config, args.set)
+    if args.model:
+        cfg["model"]["name_or_path"] = args.model
+    if args.n < 1:
+        from grpo_core.errors import UserError
+
+        raise UserError("--n: expected a number >= 1")
+    device = pick_device(cfg["train"]["device"])
+    tokenizer = load_tokenizer(cfg["model"])
+    model = load_model(cfg["model"], device).eval()
+    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
+    gen.setup(model, tokenizer, device)
+    reward_fn = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
+    rows = read_rows(args.data or cfg["data"]["path"], args.split)
+    check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
+                 args.data or cfg["data"]["path"])
+    rows = rows[:args.max_problems] if args.max_problems else rows
+    with torch.no_grad():
+        report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
+                                   temperature=args.temperature,
+                                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
+                                   progress=True)
+    report["model"] = cfg["model"]["name_or_path"]
+    out = args.out or os.path.join(cfg["output"]["dir"], "eval")
+    write(out, report, records)
+    print(json.dumps(report, indent=2))
+    print(f"wrote {out}/report.json and {out}/completions.jsonl")
+    return 0
