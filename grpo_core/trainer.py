@@ -353,6 +353,7 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                "first_reward": history[0]["reward"] if history else None,
                "final_reward": history[-1]["reward"] if history else None,
                "reference_model": reference is not None,
+               "peak_memory_mb": peak_memory_mb(device),
                "health": health.summary() if health else []}
     if main and oc["save_model"]:
         final = os.path.join(run_dir, "final")
@@ -361,6 +362,15 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
     return summary
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory allocated (CUDA) or the process's peak resident size (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
