@@ -117,6 +117,9 @@ CORE_SCHEMA: dict = {
             "keep_last": {**POS_INT, "default": 2},
             "samples_every": {"type": "integer", "minimum": 0, "default": 10},
             "progress": {"type": "boolean", "default": True},
+            "tensorboard": {"enum": ["auto", "off"], "default": "auto",
+                            "description": "auto: log to <dir>/tensorboard when installed"},
+            "wandb_project": {"type": ["string", "null"], "default": None},
         }),
         "eval": _obj({
             "data": {"type": ["string", "null"], "default": None,

@@ -14,10 +14,30 @@ SHOWN = ("reward", "kl", "entropy", "completion_len", "time/step")
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str, total_steps: int, progress: bool = True):
+    """JSONL always; TensorBoard when installed (``tensorboard``: auto/off); Weights & Biases
+    when a project is named."""
+
+    def __init__(self, run_dir: str, total_steps: int, progress: bool = True,
+                 tensorboard: str = "auto", wandb_project: str | None = None,
+                 config: dict | None = None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.total, self.progress, self.start = total_steps, progress, time.time()
         self.tty = sys.stderr.isatty()
+        self.tb = self.wandb = None
+        if tensorboard == "auto":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            except ImportError:
+                pass
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise UserError("output.wandb_project is set but wandb is not installed "
+                                "(pip install wandb)") from exc
+            self.wandb = wandb.init(project=wandb_project, config=config, dir=run_dir)
 
     def write(self, record: dict) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()})
@@ -26,6 +46,14 @@ class MetricsWriter:
                 f.write(line + "\n")
         except OSError as exc:
             raise UserError(f"cannot write metrics to {self.path}: {exc.strerror or exc}") from exc
+        scalars = {k: v for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, record["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
         if self.progress:
             self._show(record)
 

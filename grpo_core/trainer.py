@@ -171,7 +171,8 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         stream.position, start_step = meta["data_position"], meta["step"]
         if main:
             _truncate_metrics(run_dir, start_step)
-    metrics_out = MetricsWriter(run_dir, tc["steps"], oc["progress"] and main) if main else None
+    metrics_out = MetricsWriter(run_dir, tc["steps"], oc["progress"] and main, oc["tensorboard"],
+                                oc["wandb_project"], cfg) if main else None
     health = HealthMonitor(window=cfg["health"]["window"]) if cfg["health"]["enabled"] else None
     ec = cfg["eval"]
     eval_rows = None
