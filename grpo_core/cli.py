@@ -35,7 +35,11 @@ def cmd_plugins(args) -> int:
     from grpo_core import plugin_tools
 
     if args.action == "check":
-        return plugin_tools.check(args.kind, args.name)
+        try:
+            options = json.loads(args.options) if args.options else None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--options: not JSON ({exc.msg})") from exc
+        return plugin_tools.check(args.kind, args.name, options)
     if args.action == "new":
         return plugin_tools.new(args.name, args.kind, args.out)
     rows = plugin_tools.listing()
@@ -110,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print a JSON list")
     pl.add_argument("--kind", default="reward", help="new: the plugin kind")
     pl.add_argument("--out", default=".", help="new: where to write the package")
+    pl.add_argument("--options", default=None, help="check: plugin options as JSON")
     pl.set_defaults(func=cmd_plugins)
 
     tr = with_config(sub.add_parser("train", help="run GRPO training"))

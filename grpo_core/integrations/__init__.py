@@ -1,0 +1,1 @@
+"""Adapters that let other RL libraries use grpo-core plugins."""
