@@ -137,6 +137,8 @@ CORE_SCHEMA: dict = {
             "keep_best": {"type": ["string", "null"], "default": None,
                           "description": "eval metric whose best value keeps a model in best/"},
         }),
+        "deepspeed": {"type": ["object", "string", "null"], "default": None,
+                      "description": "DeepSpeed config (ZeRO 1/2) or a path to its JSON"},
         "health": _obj({
             "enabled": {"type": "boolean", "default": True},
             "window": {**POS_INT, "default": 10},

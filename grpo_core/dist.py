@@ -23,6 +23,10 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def world_size() -> int:
+    return td.get_world_size() if td.is_initialized() else 1
+
+
 def active() -> bool:
     return td.is_initialized() and td.get_world_size() > 1
 
@@ -54,6 +58,19 @@ def reduce_gradients(params) -> None:
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+def weights_in_sync(params) -> bool:
+    """Whether every rank holds the same weights (a float64 checksum per rank, compared)."""
+    if not active():
+        return True
+    with torch.no_grad():
+        local = torch.stack([p.detach().double().sum() for p in params]).reshape(-1)
+        mine = torch.cat([local, (local * torch.arange(1, len(local) + 1,
+                                                        dtype=torch.float64)).sum().reshape(1)])
+    everyone = [torch.empty_like(mine) for _ in range(td.get_world_size())]
+    td.all_gather(everyone, mine)
+    return all(torch.equal(everyone[0], e) for e in everyone[1:])
 
 
 def barrier() -> None:

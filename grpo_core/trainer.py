@@ -29,6 +29,7 @@ from grpo_core.metrics import MetricsWriter
 from grpo_core.models import load_model, load_tokenizer, pick_device
 from grpo_core.rewards import score
 from grpo_core.rollout import Rollout, SamplingParams, merge
+from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
 
 #: Columns every reward also receives: token count of each completion, and its group.
 RESERVED_COLUMNS = ("completion_tokens", "group_ids")
@@ -186,6 +187,16 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
     if P % world:
         raise UserError(f"train.prompts_per_step: {P} is not divisible by the {world} processes")
     P_local = P // world
+    ds_cfg = deepspeed_config(cfg["deepspeed"])
+    if ds_cfg is not None:
+        if oc["checkpoint_every"]:
+            raise UserError("output.checkpoint_every: checkpoints are not yet supported with "
+                            "deepspeed; set it to 0")
+        n_micro = -(-P_local // tc["micro_batch_groups"])
+        update = DeepSpeedUpdate(policy, params, opt, sched, ds_cfg, n_micro,
+                                 tc["micro_batch_groups"] * G, tc["max_grad_norm"])
+    else:
+        update = TorchUpdate(params, opt, sched, tc["max_grad_norm"])
     sampling = SamplingParams(sc["max_new_tokens"], sc["temperature"], sc["top_p"], sc["top_k"],
                               batch_size=sc["generation_batch_size"])
     autocast = torch.autocast("cuda", dtype=torch.bfloat16,
@@ -262,7 +273,8 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                  "entropy": 0.0, "tokens": 0.0, "grad_norm": 0.0, "skipped": 0}
         policy.train()
         for it in range(tc["inner_iterations"]):
-            opt.zero_grad(set_to_none=True)
+            update.zero_grad()
+            loss_sum = 0.0
             for mb in _micro_batches(ro.group, P_local, tc["micro_batch_groups"]):
                 sub = ro.rows(mb)
                 with autocast:
@@ -274,23 +286,21 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                     kl_coef=kl_coef, kl_estimator=tc["kl_estimator"], entropy=ent,
                     entropy_coef=tc["entropy_coef"], aggregation=tc["aggregation"], norm=norm,
                     is_weights=None if is_weights is None else is_weights[mb])
-                loss.backward()
+                update.backward(loss)
+                loss_sum += float(loss.detach())
                 if it == 0:
-                    stats["loss"] += float(loss.detach())
                     for k in ("clip_low_frac", "clip_high_frac", "kl", "entropy", "tokens"):
                         stats[k] += s[k]
-            dist.reduce_gradients(params)
-            gnorm = torch.nn.utils.clip_grad_norm_(params, tc["max_grad_norm"] or float("inf"))
-            if not (math.isfinite(float(gnorm)) and math.isfinite(stats["loss"])):
-                opt.zero_grad(set_to_none=True)  # NaN guard: skip this update
+            if it == 0:
+                stats["loss"] = loss_sum
+            gnorm, applied = update.step(math.isfinite(loss_sum))
+            if not applied:  # NaN guard: this update was skipped
                 stats["skipped"] += 1
                 if main:
                     print(f"\nwarning (step {step}): non-finite loss or gradient; update "
                           f"skipped", file=sys.stderr)
                 continue
-            opt.step()
-            sched.step()
-            stats["grad_norm"] = float(gnorm)
+            stats["grad_norm"] = gnorm
         gen.sync_weights(policy)
         nonfinite_run = nonfinite_run + 1 if stats["skipped"] else 0
         if nonfinite_run >= tc["max_nonfinite_steps"]:
@@ -300,8 +310,9 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
 
         # --- 6. KL controller, metrics, samples, checkpoint ---------------------------------
         tok = dist.all_sum(torch.tensor([stats["tokens"], stats["kl"], stats["entropy"],
-                                         stats["clip_low_frac"], stats["clip_high_frac"]],
-                                        dtype=torch.float64)).tolist()
+                                         stats["clip_low_frac"], stats["clip_high_frac"],
+                                         stats["loss"]], dtype=torch.float64)).tolist()
+        stats["loss"] = tok[5]  # each rank's part of the global loss, summed
         ntok = max(tok[0], 1.0)
         kl_mean = tok[1] / ntok
         kl_ctl.update(kl_mean, P * G)
@@ -350,7 +361,11 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                     "data_position": stream.position}, oc["keep_last"])
             dist.barrier()
 
+    in_sync = dist.weights_in_sync([p.to(device) for p in policy.parameters()])
+    if not in_sync and main:
+        print("\nwarning: ranks ended with different weights", file=sys.stderr)
     summary = {"run_dir": run_dir, "steps": len(history), "seconds": time.time() - t_start,
+               "world_size": world, "ranks_in_sync": in_sync,
                "first_reward": history[0]["reward"] if history else None,
                "final_reward": history[-1]["reward"] if history else None,
                "reference_model": reference is not None,
@@ -362,6 +377,7 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         tokenizer.save_pretrained(final)
         with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
+    dist.barrier()
     return summary
 
 
