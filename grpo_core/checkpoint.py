@@ -78,7 +78,9 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
             shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
     try:
         os.makedirs(tmp)
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        # trainable weights only: the whole model, or just the adapter of a LoRA run
+        state = {k: v.detach().contiguous().cpu() for k, v in model.named_parameters()
+                 if v.requires_grad}
         save_file(_untie(state), os.path.join(tmp, "model.safetensors"))
         _fsync_file(os.path.join(tmp, "model.safetensors"))
         _fault_pause()

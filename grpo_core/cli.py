@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--gpus", type=int, default=1)
     pm.add_argument("--lora-rank", type=int, default=0)
     pm.add_argument("--gradient-checkpointing", action="store_true")
-    pm.add_argument("--no-reference", action="store_true")
+    pm.add_argument("--no-reference", action="store_true", help="KL coefficient 0")
+    pm.add_argument("--reference-on-cpu", action="store_true", help="model.reference_device: cpu")
     pm.add_argument("--generation-batch-size", type=int, default=None)
     pm.set_defaults(func=cmd_plan_memory)
     return p

@@ -112,7 +112,8 @@ def plan_cli(args) -> int:
     shape = load_shape(args.model)
     est = plan(shape, args.group_size, args.prompts, args.prompt_tokens, args.max_new_tokens,
                args.micro_batch, args.dtype, args.zero_stage, args.gpus, args.lora_rank,
-               args.gradient_checkpointing, not args.no_reference, args.generation_batch_size)
+               args.gradient_checkpointing,
+               not (args.no_reference or args.reference_on_cpu), args.generation_batch_size)
     print(f"model: {args.model} ({shape.params() / 1e9:.2f} B parameters), {args.dtype}, "
           f"{args.prompts} prompts x G={args.group_size}, {args.prompt_tokens}+"
           f"{args.max_new_tokens} tokens, ZeRO-{args.zero_stage} on {args.gpus} GPU(s)"

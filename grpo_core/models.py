@@ -47,13 +47,57 @@ def load_model(model_cfg: dict, device: torch.device):
                 f.endswith((".bin", ".pt", ".pth")) for f in files):
             raise UserError(f"model.name_or_path: {path} has only pickle weights (.bin); "
                             f"convert to safetensors or set model.allow_unsafe_weights: true")
+    extra = {}
+    if model_cfg.get("quantization"):
+        extra["quantization_config"] = _quantization(model_cfg["quantization"], device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=model_cfg["trust_remote_code"],
-            use_safetensors=None if model_cfg["allow_unsafe_weights"] else True)
+            use_safetensors=None if model_cfg["allow_unsafe_weights"] else True, **extra)
     except (OSError, ValueError) as exc:
         raise UserError(f"model.name_or_path: cannot load a model from {path!r}: "
                         f"{str(exc).splitlines()[0]}") from exc
+    if not extra:
+        model = model.to(device)
     if model_cfg.get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device)
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if model_cfg.get("lora"):
+        model = add_lora(model, model_cfg["lora"])
+    return model
+
+
+def _quantization(kind: str, device: torch.device):
+    if device.type != "cuda":
+        raise UserError(f"model.quantization: {kind} base weights need CUDA (bitsandbytes)")
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError as exc:
+        raise UserError("model.quantization: needs bitsandbytes (pip install bitsandbytes)") \
+            from exc
+    if kind == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def add_lora(model, lora: dict):
+    """Wrap ``model`` with LoRA adapters; only they train, the base stays frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise UserError("model.lora: needs peft (pip install 'grpo-core[lora]')") from exc
+    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                     target_modules=lora["target_modules"], task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, cfg)
+    except ValueError as exc:
+        raise UserError(f"model.lora.target_modules: {exc}") from exc
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")

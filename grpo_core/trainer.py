@@ -26,7 +26,7 @@ from grpo_core.evaluate import evaluate
 from grpo_core.health import HealthMonitor
 from grpo_core.losses import Normaliser, kl_penalty, policy_loss, token_logprobs
 from grpo_core.metrics import MetricsWriter
-from grpo_core.models import load_model, load_tokenizer, pick_device
+from grpo_core.models import is_peft, load_model, load_tokenizer, pick_device
 from grpo_core.rewards import score
 from grpo_core.rollout import Rollout, SamplingParams, merge
 from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
@@ -70,6 +70,19 @@ def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int,
                              rollout.completion_ids[sel], temperature, chunk)
     zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if entropy else None)
+
+
+@torch.no_grad()
+def reference_logprobs(reference, ro: Rollout, temperature: float, chunk: int, autocast):
+    """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
+    policy itself with its adapter disabled."""
+    with autocast:
+        if is_peft(reference):
+            with reference.disable_adapter():
+                return completion_logprobs(reference, ro, temperature, chunk)[0]
+        where = next(reference.parameters()).device
+        out = completion_logprobs(reference, ro.to(where), temperature, chunk)[0]
+    return out.to(ro.completion_ids.device)
 
 
 def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
@@ -143,7 +156,11 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
     uses_kl = not (getattr(kl_ctl, "constant", False) and kl_ctl.value == 0)
     reference = None
     if uses_kl:  # no reference model at all when the KL coefficient is fixed at 0
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        if is_peft(policy):  # LoRA: the base model with the adapter disabled, no second copy
+            reference = policy
+        else:
+            where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
+            reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
     reserved = set(cfg["data"]["columns"]) & set(RESERVED_COLUMNS)
     if reserved:
         raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
@@ -240,9 +257,8 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         mask = ro.completion_mask.float()
         ref_logp = None
         if reference is not None:
-            with torch.no_grad(), autocast:
-                ref_logp = completion_logprobs(reference, ro, sc["temperature"],
-                                               tc["logprob_chunk"])[0]
+            ref_logp = reference_logprobs(reference, ro, sc["temperature"], tc["logprob_chunk"],
+                                          autocast)
         is_weights = None
         if getattr(gen, "recompute_old_logprobs", False):  # sampler != trainer numerics
             with torch.no_grad(), autocast:
@@ -373,8 +389,12 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
                "health": health.summary() if health else []}
     if main and oc["save_model"]:
         final = os.path.join(run_dir, "final")
-        policy.save_pretrained(final)
+        policy.save_pretrained(final)  # a LoRA run writes the adapter
         tokenizer.save_pretrained(final)
+        if is_peft(policy) and cfg["model"]["lora"]["save_merged"]:
+            merged = os.path.join(run_dir, "final", "merged")
+            policy.merge_and_unload().save_pretrained(merged)
+            tokenizer.save_pretrained(merged)
         with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
     dist.barrier()

@@ -34,6 +34,8 @@ class HFGenerator:
         self.model = None
 
     def setup(self, model, tokenizer, device) -> None:
+        # a LoRA model's adapters live inside its base model: call that directly
+        model = model.get_base_model() if hasattr(model, "disable_adapter") else model
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.eos = torch.tensor(eos_ids(model, tokenizer), device=device)
         pad = tokenizer.pad_token_id

@@ -31,11 +31,11 @@ def addition_data(tmp_path_factory) -> str:
     return path
 
 
-def make_config(model: str, data: str, out: str, **sections) -> dict:
-    """A small but complete config dict; ``sections`` override whole sub-dicts by key."""
+def make_config(model_path: str, data_path: str, out: str, **sections) -> dict:
+    """A small but complete config dict; ``sections`` are merged into its sections."""
     cfg = {
-        "model": {"name_or_path": model},
-        "data": {"path": data, "columns": ["answer"]},
+        "model": {"name_or_path": model_path},
+        "data": {"path": data_path, "columns": ["answer"]},
         "sampling": {"group_size": 4, "max_new_tokens": 4},
         "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_groups": 2, "lr": 1e-3,
                   "device": "cpu", "seed": 0},
