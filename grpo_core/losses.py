@@ -20,21 +20,23 @@ class _LMHeadLogProb(torch.autograd.Function):
     """log p(target) and entropy of softmax(h W^T / temperature), ``chunk`` rows at a time.
 
     Only ``[chunk, V]`` logits exist at once, in forward and in backward (which recomputes
-    them), so memory is O(chunk * V) instead of O(N * V).
+    them, in place), so memory is O(chunk * V) instead of O(N * V).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int):
-        n = hidden.shape[0]
-        logp = torch.empty(n, dtype=_acc(hidden), device=hidden.device)
-        ent = torch.empty_like(logp)
+    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, with_entropy: bool):
+        n, acc = hidden.shape[0], _acc(hidden)
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        ent = torch.zeros_like(logp)
         lse_all = torch.empty_like(logp)
         for s in range(0, n, chunk):
-            z = (hidden[s:s + chunk] @ weight.T).to(_acc(hidden)) * inv_temp
+            z = (hidden[s:s + chunk] @ weight.T).to(acc)
+            if inv_temp != 1.0:
+                z.mul_(inv_temp)
             lse = torch.logsumexp(z, dim=-1)
-            p = torch.exp(z - lse[:, None])
             logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
-            ent[s:s + chunk] = lse - (p * z).sum(-1)
+            if with_entropy:  # H = lse - sum p z
+                ent[s:s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
             lse_all[s:s + chunk] = lse
         ctx.save_for_backward(hidden, weight, targets, lse_all, ent)
         ctx.inv_temp, ctx.chunk = inv_temp, chunk
@@ -44,37 +46,51 @@ class _LMHeadLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         hidden, weight, targets, lse_all, ent = ctx.saved_tensors
+        acc = _acc(hidden)
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) \
             if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], ctx.chunk):
-            h = hidden[s:s + ctx.chunk]
-            z = (h @ weight.T).to(_acc(hidden)) * ctx.inv_temp
-            lse = lse_all[s:s + ctx.chunk, None]
-            p = torch.exp(z - lse)
-            g = torch.zeros_like(z)
+            e = min(s + ctx.chunk, hidden.shape[0])
+            h = hidden[s:e]
+            g = (h @ weight.T).to(acc)  # z, then turned into dLoss/dz in place
+            if ctx.inv_temp != 1.0:
+                g.mul_(ctx.inv_temp)
+            g.sub_(lse_all[s:e, None])  # log p
+            if g_ent is not None:  # d H / dz = -p (log p + H)
+                logp_full = g.clone()
+                g.exp_()
+                coef = logp_full.add_(ent[s:e, None]).mul_(g).mul_(-g_ent[s:e, None])
+            else:
+                g.exp_()
+                coef = None
             if g_logp is not None:  # d logp / dz = onehot - p
-                gl = g_logp[s:s + ctx.chunk, None]
-                g -= gl * p
-                g.scatter_add_(1, targets[s:s + ctx.chunk, None], gl)
-            if g_ent is not None:  # d H / dz = -p (z - lse + H)
-                g -= g_ent[s:s + ctx.chunk, None] * p * (z - lse + ent[s:s + ctx.chunk, None])
-            g = (g * ctx.inv_temp).to(weight.dtype)
+                gl = g_logp[s:e, None]
+                g.mul_(-gl).scatter_add_(1, targets[s:e, None], gl)
+            else:
+                g.zero_()
+            if coef is not None:
+                g.add_(coef)
+            if ctx.inv_temp != 1.0:
+                g.mul_(ctx.inv_temp)
+            g = g.to(weight.dtype)
             if grad_h is not None:
-                grad_h[s:s + ctx.chunk] = g @ weight
+                grad_h[s:e] = g @ weight
             if grad_w is not None:
-                grad_w += g.T.to(grad_w.dtype) @ h.to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
+                grad_w.addmm_(g.T.to(grad_w.dtype), h.to(grad_w.dtype))
+        return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
+                None, None, None, None)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0, chunk: int = 1024):
+                   temperature: float = 1.0, chunk: int = 1024, entropy: bool = True):
     """Log-prob of each target token and the entropy at that position.
 
     hidden [N, H], weight [V, H] (the LM head), targets [N] -> (logp [N], entropy [N]), fp32.
-    Logits are divided by ``temperature`` so they match the sampling distribution.
+    Logits are divided by ``temperature`` so they match the sampling distribution. With
+    ``entropy=False`` the entropy is not computed (zeros), which saves a pass over the logits.
     """
-    return _LMHeadLogProb.apply(hidden, weight, targets, 1.0 / temperature, chunk)
+    return _LMHeadLogProb.apply(hidden, weight, targets, 1.0 / temperature, chunk, entropy)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -67,7 +67,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int,
     h = hidden[:, Lp - 1:Lp - 1 + T]
     sel = rollout.completion_mask.bool()
     lp, ent = token_logprobs(h[sel], base.get_output_embeddings().weight,
-                             rollout.completion_ids[sel], temperature, chunk)
+                             rollout.completion_ids[sel], temperature, chunk, entropy)
     zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if entropy else None)
 
