@@ -1,7 +1,9 @@
-"""Batch-invariant sampling: the noise for a token depends only on (seed, row, step, token id).
+"""Batch-invariant sampling: the randomness for a token depends only on (seed, row, step).
 
-Gumbel-max with counter-based noise gives the same completions whether a group is generated
-in one batch or in pieces, on one process or several, and needs no RNG state to checkpoint.
+Each row draws one uniform number from a counter-based hash of (seed, completion id,
+position) and picks the token where the cumulative probability passes it (inverse-CDF
+sampling). The same seed gives the same completions whether a group is generated in one
+batch or in pieces, on one process or several, and there is no RNG state to checkpoint.
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: int, rows: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise [len(rows), vocab] determined by (seed, row id, step, token id)."""
-    dev = rows.device
-    key = _hash32(torch.tensor(seed & _M32, device=dev) ^ _hash32(rows.long() * 0x9E3779B1 + step))
-    h = _hash32(key[:, None] * 0x85EBCA77 + torch.arange(vocab, device=dev)[None, :])
-    h = _hash32(h ^ key[:, None])
-    u = (h.double() + 0.5) / 4294967296.0
-    return -torch.log(-torch.log(u))
+def uniform(seed: int, rows: torch.Tensor, step: int) -> torch.Tensor:
+    """One float64 in (0, 1) per row, determined by (seed, row id, step); 53 random bits."""
+    key = _hash32(torch.tensor(seed & _M32, device=rows.device)
+                  ^ _hash32(rows.long() * 0x9E3779B1 + step))
+    hi = _hash32(key * 0x85EBCA77 + 1)
+    lo = _hash32(key * 0xC2B2AE3D + 2) >> 11  # 21 bits
+    return ((hi * 2097152 + lo).double() + 0.5) / 9007199254740992.0
 
 
 def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -38,8 +39,8 @@ def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.
         z = z.masked_fill(z < kth, float("-inf"))
     if top_p < 1.0:
         sorted_z, order = torch.sort(z, descending=True, dim=-1)
-        cum = torch.softmax(sorted_z, dim=-1).cumsum(-1)
-        drop_sorted = cum - torch.softmax(sorted_z, dim=-1) > top_p  # keep the token crossing p
+        probs = torch.softmax(sorted_z, dim=-1)
+        drop_sorted = probs.cumsum(-1) - probs > top_p  # keep the token crossing p
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         z = z.masked_fill(drop, float("-inf"))
     return z
@@ -49,4 +50,7 @@ def sample(z: torch.Tensor, seed: int, rows: torch.Tensor, step: int, top_k: int
            top_p: float = 1.0) -> torch.Tensor:
     """Sample one token per row from temperature-scaled logits z [R, V] -> [R]."""
     z = filter_logits(z.float(), top_k, top_p)
-    return torch.argmax(z.double() + gumbel_noise(seed, rows, step, z.shape[-1]), dim=-1)
+    cdf = torch.softmax(z.double(), dim=-1).cumsum(-1)
+    u = uniform(seed, rows, step) * cdf[:, -1]
+    tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
+    return tok.clamp(max=z.shape[-1] - 1)
