@@ -26,6 +26,8 @@ EXTRACT = [
     ("we get **42** apples", "42"),
     ("after 3 steps we have 17 left", "17"),
     ("-3.5", "-3.5"),
+    ("<think>2+2</think><answer> 4 </answer>", "4"),
+    ("<answer>so the answer is 12, as computed above in the long reasoning</answer>", "12"),
 ]
 
 

@@ -1,6 +1,7 @@
 """Finding the final answer in a completion (or in a worked gold solution).
 
-Patterns, most explicit first: the last ``\\boxed{}``/``\\fbox{}`` (nested braces), GSM8K's
+Patterns, most explicit first: the last ``\\boxed{}``/``\\fbox{}`` (nested braces), the last
+``<answer>...</answer>``, GSM8K's
 ``#### N``, "Final Answer: ...", "the answer is ...", ``A: N``, the last markdown bold, and
 (unless strict) the last number in the text.
 """
@@ -18,6 +19,7 @@ _FINAL_RE = re.compile(r"final\s+answer\s*(?:is)?\s*[:：]?\s*([^\n]+)", re.IGNO
 _ANSWER_IS_RE = re.compile(r"(?:the\s+)?answer\s+is\s*[:：]?\s*([^\n]+)", re.IGNORECASE)
 _A_COLON_RE = re.compile(r"(?:^|\n)\s*A\s*[:：]\s*([^\n]+)")
 _BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
+_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def last_boxed(text: str) -> str | None:
@@ -47,6 +49,9 @@ def _clean_tail(s: str) -> str:
     s = s.strip()
     math = re.match(r"^\$+([^$]+)\$+", s)
     s = math.group(1) if math else re.split(r"\.(?:\s|$)", s, maxsplit=1)[0]
+    lead = re.match(r"^([-−+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)(?=[\s,;]+[A-Za-z])", s)
+    if lead:  # "12, as computed above" -> "12"
+        return lead.group(1).rstrip(",")
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     inner = last_boxed(s)
@@ -66,6 +71,10 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
+    tagged = _TAG_RE.findall(text)
+    if tagged and tagged[-1].strip():  # <answer>...</answer> (R1-style format)
+        return extract_answer(tagged[-1].strip(), strict=False) if len(tagged[-1]) > 40 \
+            else _clean_tail(tagged[-1])
     for pattern in (_HASH_RE, _FINAL_RE, _ANSWER_IS_RE, _A_COLON_RE):
         matches = pattern.findall(text)
         if matches:
