@@ -5,7 +5,7 @@
 Each variant runs in its own process (so peak memory is its own), on the same random inputs:
 the naive path materialises [tokens, vocab] logits and their log-softmax; ours
 (``grpo_core.losses.token_logprobs``) never holds more than [chunk, vocab]. Prints peak
-resident memory growth, median time of 3 runs after a warm-up, and the relative difference of
+resident memory growth, median time of the timed runs after a warm-up, and the difference of
 the gradients (hidden states and head weight), with the ratios.
 """
 
@@ -23,7 +23,7 @@ CHILD = r'''
 import json, os, resource, sys, time
 import torch
 from grpo_core.losses import token_logprobs
-variant, n, h, v, chunk, out = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
+variant, n, h, v, chunk, out, reps = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6], int(sys.argv[7])
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
 g = torch.Generator().manual_seed(0)
 hidden = (torch.randn(n, h, generator=g) * 0.5).requires_grad_(True)
@@ -46,7 +46,7 @@ def step():
 base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 step()  # warm-up
 times = []
-for _ in range(3):
+for _ in range(reps):
     t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 torch.save({"h": hidden.grad, "w": weight.grad}, out)
@@ -60,6 +60,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up")
     args = ap.parse_args()
     import torch
 
@@ -68,7 +69,8 @@ def main() -> int:
     for variant in ("naive", "chunked"):
         path = os.path.join(work, f"{variant}.pt")
         out = subprocess.run([sys.executable, "-c", CHILD, variant, str(args.tokens),
-                              str(args.hidden), str(args.vocab), str(args.chunk), path],
+                              str(args.hidden), str(args.vocab), str(args.chunk), path,
+                              str(args.repeats)],
                              capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{variant} failed: {out.stderr.strip().splitlines()[-1:]}")
