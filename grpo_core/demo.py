@@ -109,7 +109,8 @@ def demo_config(out: str, steps: int, baseline: str) -> dict:
         "data": {"path": os.path.join(out, "data", "train.jsonl"), "columns": ["answer"]},
         "sampling": {"group_size": 16, "max_new_tokens": 4, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": 16, "micro_batch_groups": 16,
-                  "lr": 1e-3, "max_grad_norm": 1.0, "seed": 0, "device": "cpu", "threads": 2},
+                  "lr": 1.5e-3, "lr_schedule": "cosine", "max_grad_norm": 1.0, "seed": 0,
+                  "device": "cpu", "threads": 2},
         "reward": {"name": "math", "options": {"strict": True}},
         "baseline": {"name": baseline},
         "kl": {"name": "fixed", "options": {"coef": 0.0}},
@@ -139,7 +140,7 @@ def run(out: str, steps: int | None = None, baseline: str = "grpo",
     import yaml
 
     with open(cfg_path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(demo_config(out, steps or 1500, baseline), f, sort_keys=False)
+        yaml.safe_dump(demo_config(out, steps or 2000, baseline), f, sort_keys=False)
     cfg = config_mod.load(cfg_path, overrides)
     from grpo_core.trainer import train
 

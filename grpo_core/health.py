@@ -119,7 +119,7 @@ class HealthMonitor:
             if med > 0 and gn[-1] > t["grad_spike"] * med:
                 yield "grad_spike", ADVICE["grad_spike"].format(value=gn[-1],
                                                                 factor=t["grad_spike"])
-        if full and rw and max(rw) - min(rw) < t["reward_flat"]:
+        if full and rw and max(rw) - min(rw) < t["reward_flat"] and not converged:
             yield "reward_flat", ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w)
         ln, tr = series("completion_len"), series("truncated_frac")
         if full and ln and ln[0] > 0 and ln[-1] > t["length_growth"] * ln[0] and tr \
