@@ -187,8 +187,12 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> d
         if meta.get("baseline") is not None and hasattr(baseline, "load_state_dict"):
             baseline.load_state_dict(meta["baseline"])
         stream.position, start_step = meta["data_position"], meta["step"]
-        if main:
-            _truncate_metrics(run_dir, start_step)
+    if main:  # a fresh run starts its metrics over; a resumed one drops steps it will redo
+        _truncate_metrics(run_dir, start_step)
+        if not resume:
+            for name in ("samples.jsonl", "samples.txt"):
+                if os.path.exists(os.path.join(run_dir, name)):
+                    os.remove(os.path.join(run_dir, name))
     metrics_out = MetricsWriter(run_dir, tc["steps"], oc["progress"] and main, oc["tensorboard"],
                                 oc["wandb_project"], cfg) if main else None
     health = HealthMonitor(window=cfg["health"]["window"]) if cfg["health"]["enabled"] else None
