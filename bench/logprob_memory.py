@@ -23,7 +23,9 @@ CHILD = r'''
 import json, os, resource, sys, time
 import torch
 from grpo_core.losses import token_logprobs
-variant, n, h, v, chunk, out, reps = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6], int(sys.argv[7])
+variant, out = sys.argv[1], sys.argv[6]
+n, h, v, chunk = map(int, sys.argv[2:6])
+reps = int(sys.argv[7])
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
 g = torch.Generator().manual_seed(0)
 hidden = (torch.randn(n, h, generator=g) * 0.5).requires_grad_(True)

@@ -34,7 +34,8 @@ def config_hash(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync(path: str) -> None:
+    """Flush a file's or a directory's entry to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -82,18 +83,18 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
         state = {k: v.detach().contiguous().cpu() for k, v in model.named_parameters()
                  if v.requires_grad}
         save_file(_untie(state), os.path.join(tmp, "model.safetensors"))
-        _fsync_file(os.path.join(tmp, "model.safetensors"))
+        _fsync(os.path.join(tmp, "model.safetensors"))
         _fault_pause()
         _write(os.path.join(tmp, "trainer.pt"), lambda f: torch.save(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state()}, f))
         _write(os.path.join(tmp, "state.json"),
                lambda f: f.write(json.dumps({**meta, "step": step, "rng": rng_state()}).encode()))
-        _fsync_dir(tmp)
+        _fsync(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        _fsync(root)
     except (OSError, SafetensorError) as exc:  # disk full, quota, permissions
         shutil.rmtree(tmp, ignore_errors=True)
         reason = getattr(exc, "strerror", None) or str(exc)
@@ -112,14 +113,6 @@ def _fault_pause() -> None:
         import time
 
         time.sleep(float(pause))
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _untie(state: dict) -> dict:

@@ -16,6 +16,9 @@ import sympy as sp
 from grpo_core_plugins.math_reward.parse import Equation, ParseError, Seq, Text, Union, parse
 
 PRECISION = 50
+#: what parsing or comparing hostile text may raise; each such item simply does not match
+FAILURES = (ParseError, RecursionError, TypeError, ValueError, AttributeError,
+            ZeroDivisionError, OverflowError)
 
 
 @lru_cache(maxsize=4096)
@@ -42,20 +45,13 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
     for g_text in _variants(gold):
         try:
             g = parse_cached(g_text, max_length)
-        except (ParseError, RecursionError, TypeError, ValueError, AttributeError,
-                ZeroDivisionError):
+        except FAILURES:
             continue
         for p_text in _variants(pred):
             try:
-                p = parse(p_text, max_length)
-            except (ParseError, RecursionError, TypeError, ValueError, AttributeError,
-                    ZeroDivisionError):
-                continue
-            try:
-                if same(p, g, rel_tol):
+                if same(parse(p_text, max_length), g, rel_tol):
                     return True
-            except (TypeError, ValueError, AttributeError, ZeroDivisionError, RecursionError,
-                    OverflowError):
+            except FAILURES:
                 continue
     return False
 
