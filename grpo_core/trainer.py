@@ -530,9 +530,12 @@ def _write_samples(run_dir, step, batch, ro, scored, rewards, adv, tokenizer, k:
 
 
 def _truncate_metrics(run_dir: str, step: int) -> None:
-    """On resume, forget metric lines from steps that will be run again."""
+    """Forget metric lines from steps that will be run again (all of them for a fresh run)."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
+    if not os.path.isfile(path):  # absent, or a device or pipe: nothing to read back
+        return
+    if step == 0:
+        open(path, "w", encoding="utf-8").close()
         return
     with open(path, encoding="utf-8") as f:
         kept = [line for line in f if line.strip() and json.loads(line)["step"] < step]
