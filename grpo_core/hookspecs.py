@@ -24,10 +24,12 @@ baseline
     that sets ``needs_greedy = True`` gets ``greedy_rewards`` ``[prompts]``.
 kl
     ``value`` (current coefficient), ``update(kl, n_samples)``, ``state_dict()``,
-    ``load_state_dict(state)``.
+    ``load_state_dict(state)``; ``constant = True`` with value 0 means "no reference model".
 generator
-    ``generate(prompt_ids, n, sampling) -> Rollout``, and ``sync_weights(model)``
-    called after optimizer steps (see ``grpo_core.rollout``).
+    ``setup(model, tokenizer, device)`` once, ``generate(prompt_ids, n, sampling, seed,
+    row_offset) -> Rollout`` per step (see ``grpo_core.rollout``), ``sync_weights(model)``
+    after the step's updates. ``recompute_old_logprobs = True`` (and ``tis_cap``) when its
+    sampling log-probs come from other numerics than the trainer's.
 
 A plugin module may declare ``GRPO_CORE_API = (1,)``: the plugin-API versions it
 supports. A plugin whose set excludes :data:`grpo_core.PLUGIN_API_VERSION` is refused.
