@@ -79,7 +79,9 @@ def table(results: dict[str, list[dict]], threshold: float) -> str:
             rec = run["records"]
             tail = rec[-max(1, len(rec) // 10):]
             finals.append(statistics.fmean(r["reward"] for r in tail))
-            hit = next((r["step"] for r in rec if r["reward"] >= threshold), None)
+            hit = next((r["step"] for i, r in enumerate(rec)
+                        if statistics.fmean(x["reward"] for x in rec[max(0, i - 19):i + 1])
+                        >= threshold), None)
             reach.append(hit)
             kls.append(statistics.fmean(r["kl"] for r in rec))
         sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
@@ -109,7 +111,9 @@ def compare_cli(args) -> int:
     md = table(results, args.threshold)
     wall = time.time() - t0
     report = (f"# grpo compare\n\nconfig: {args.config}; {args.seeds} seeds; total wall time "
-              f"{wall:.0f} s\n\n{md}\n\nFinal reward: mean over the last 10% of steps.\n")
+              f"{wall:.0f} s\n\n{md}\n\nFinal reward: mean over the last 10% of steps. Steps to "
+              f"reach: the first step where the mean reward of the last 20 steps reaches the "
+              f"threshold.\n")
     with open(os.path.join(args.out, "compare.md"), "w", encoding="utf-8") as f:
         f.write(report)
     groups = {name: [r["records"] for r in runs] for name, runs in results.items()}
