@@ -11,7 +11,11 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "$VPY" -m pip install -q "torch>=2.4"
   else
-    "$VPY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    # PyTorch's CPU index; few retries, so a machine without it falls back fast to a local
+    # wheel (pip's find-links) or, last, to PyPI's default build
+    "$VPY" -m pip install -q --retries 1 --timeout 20 torch==2.13.0 \
+        --index-url https://download.pytorch.org/whl/cpu \
+      || "$VPY" -m pip install -q torch==2.13.0
   fi
 fi
 "$VPY" -m pip install -q -e ".[dev]"
