@@ -114,7 +114,7 @@ class HealthMonitor:
         if ent and ent[-1] < t["entropy_low"] and not converged:
             yield "entropy", ADVICE["entropy"].format(value=ent[-1])
         gn = series("grad_norm")
-        if len(gn) >= 3:
+        if len(gn) >= 3 and not converged:  # once solved, the median norm falls towards 0
             med = statistics.median(gn[:-1])
             if med > 0 and gn[-1] > t["grad_spike"] * med:
                 yield "grad_spike", ADVICE["grad_spike"].format(value=gn[-1],
