@@ -80,9 +80,10 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
     try:
         os.makedirs(tmp)
         # trainable weights only: the whole model, or just the adapter of a LoRA run
+        # (named_parameters lists a tied weight once, so no two entries share storage)
         state = {k: v.detach().contiguous().cpu() for k, v in model.named_parameters()
                  if v.requires_grad}
-        save_file(_untie(state), os.path.join(tmp, "model.safetensors"))
+        save_file(state, os.path.join(tmp, "model.safetensors"))
         _fsync(os.path.join(tmp, "model.safetensors"))
         _fault_pause()
         _write(os.path.join(tmp, "trainer.pt"), lambda f: torch.save(
@@ -113,16 +114,6 @@ def _fault_pause() -> None:
         import time
 
         time.sleep(float(pause))
-
-
-def _untie(state: dict) -> dict:
-    """safetensors refuses shared storage (tied embeddings): give each tensor its own."""
-    seen, out = set(), {}
-    for k, v in state.items():
-        ptr = v.untyped_storage().data_ptr()
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out
 
 
 def list_checkpoints(root: str) -> list[str]:

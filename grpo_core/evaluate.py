@@ -33,7 +33,7 @@ def evaluate(model, tokenizer, generator, rows: list[dict], data_cfg: dict, rewa
              correct_dimension: str | None = None, seed: int = 1234,
              progress: bool = False) -> tuple[dict, list[dict]]:
     """Generate ``n`` completions per problem and score them; returns (report, records)."""
-    from grpo_core.trainer import make_batch
+    from grpo_core.trainer import make_batch, reward_inputs
 
     sampling = SamplingParams(max_new_tokens, temperature or 1.0, greedy=temperature == 0)
     records, per_problem = [], []
@@ -43,17 +43,11 @@ def evaluate(model, tokenizer, generator, rows: list[dict], data_cfg: dict, rewa
         chunk = rows[s:s + batch_prompts]
         batch = make_batch(chunk, data_cfg, tokenizer)
         ro = generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n)
-        texts = tokenizer.batch_decode(
-            ro.completion_ids * ro.completion_mask
-            + tokenizer.pad_token_id * (1 - ro.completion_mask), skip_special_tokens=True)
-        g = ro.group.cpu().tolist()
-        columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
-        columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
-        columns["group_ids"] = g
-        scores = reward_fn([batch.raw[i] for i in g], texts, **columns)
+        prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+        g, lengths = columns["group_ids"], columns["completion_tokens"]
+        scores = reward_fn(prompts, texts, **columns)
         dimensions = getattr(scores, "dimensions", {}) or {}
         judged = dimensions.get(correct_dimension, scores) if correct_dimension else scores
-        lengths = ro.completion_mask.sum(-1).tolist()
         correct_by_prompt = [0] * len(chunk)
         for i, text in enumerate(texts):
             ok = float(judged[i]) >= pass_threshold

@@ -414,7 +414,9 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
+def reward_inputs(tokenizer, batch: Batch, ro: Rollout) -> tuple[list, list[str], dict]:
+    """What a reward is called with, one entry per completion: the dataset prompts, the
+    decoded completions, and the columns (dataset fields plus the reserved ones)."""
     texts = tokenizer.batch_decode(ro.completion_ids * ro.completion_mask
                                    + tokenizer.pad_token_id * (1 - ro.completion_mask),
                                    skip_special_tokens=True)
@@ -422,8 +424,13 @@ def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
     columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
     columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
     columns["group_ids"] = g
-    return score(reward_fn, cfg["reward"]["name"], [batch.raw[i] for i in g], texts, columns,
-                 ro.group.cpu(), cfg["train"]["reward_failure"], cfg["train"]["reward_timeout"])
+    return [batch.raw[i] for i in g], texts, columns
+
+
+def _score(reward_fn, cfg: dict, tokenizer, batch: Batch, ro: Rollout):
+    prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+    return score(reward_fn, cfg["reward"]["name"], prompts, texts, columns, ro.group.cpu(),
+                 cfg["train"]["reward_failure"], cfg["train"]["reward_timeout"])
 
 
 def _resample(gen, reward_fn, cfg, tokenizer, batch, ro, scored, zero, sampling, seed, rank,
