@@ -30,7 +30,7 @@ CHILD = r'''
 import json, os, resource, sys
 import torch
 from grpo_core import config
-from grpo_core.memory import load_shape, plan
+from grpo_core.cli.memory import load_shape, plan
 from grpo_core.trainer import train
 torch.set_num_threads(1)
 cfg = config.validate(json.loads(sys.argv[1]))
@@ -42,7 +42,7 @@ est = plan(load_shape(m["name_or_path"]), s["group_size"], t["prompts_per_step"]
            s["max_new_tokens"], dtype="float32", lora_rank=(m["lora"] or {}).get("r", 0),
            gradient_checkpointing=m["gradient_checkpointing"],
            reference=cfg["kl"]["options"].get("coef", 0) > 0,
-           generation_batch=s["generation_batch_size"], logprob_chunk=t["logprob_chunk"])
+           generation_batch=s["generation_batch_size"], logprob_chunk=cfg["runtime"]["logprob_chunk"])
 print(json.dumps({"measured": peak - base, "estimated": est["total"]}))
 '''
 
@@ -57,7 +57,7 @@ def merge(a: dict, b: dict) -> dict:
 def main() -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.demo import addition_rows, build_tokenizer, write_jsonl
+    from grpo_core.cli.demo import addition_rows, build_tokenizer, write_jsonl
 
     work = tempfile.mkdtemp(prefix="memsw_")
     tok = build_tokenizer()
@@ -71,7 +71,8 @@ def main() -> int:
     base = {"model": {"name_or_path": os.path.join(work, "m")},
             "data": {"path": os.path.join(work, "train.jsonl"), "columns": ["answer"]},
             "sampling": {"group_size": 16, "max_new_tokens": 64},
-            "train": {"steps": 1, "prompts_per_step": 4, "device": "cpu", "threads": 1},
+            "train": {"steps": 1, "prompts_per_step": 4},
+            "runtime": {"device": "cpu", "threads": 1},
             "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
             "kl": {"name": "fixed", "options": {"coef": 0.04}},
             "output": {"dir": os.path.join(work, "run"), "progress": False,

@@ -31,8 +31,8 @@ def step_times(model: str, data: str, out: str, group: int, new_tokens: int,
     cfg = config.validate({
         "model": {"name_or_path": model}, "data": {"path": data, "columns": ["answer"]},
         "sampling": {"group_size": group, "max_new_tokens": new_tokens},
-        "train": {"steps": steps + 1, "prompts_per_step": 2, "micro_batch_groups": 1,
-                  "device": "cpu", "threads": 1, "lr": 1e-5},
+        "train": {"steps": steps + 1, "prompts_per_step": 2, "micro_batch_groups": 1},
+        "optimizer": {"lr": 1e-5}, "runtime": {"device": "cpu", "threads": 1},
         "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
         "kl": {"name": "fixed", "options": {"coef": 0.04}},
         "output": {"dir": out, "progress": False, "save_model": False, "samples_every": 0,
@@ -74,7 +74,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from grpo_core.demo import build_model, write_jsonl
+    from grpo_core.cli.demo import build_model, write_jsonl
 
     work = tempfile.mkdtemp(prefix="scaling_")
     model = build_model(os.path.join(work, "model"), hidden=256, layers=4, max_positions=1024)

@@ -28,7 +28,7 @@ WARMUP = 2
 
 
 def build(path: str, hidden: int, layers: int) -> str:
-    from grpo_core.demo import build_model
+    from grpo_core.cli.demo import build_model
 
     return build_model(path, hidden=hidden, layers=layers, max_positions=512)
 
@@ -80,7 +80,7 @@ def trl_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, out
 
 def ours_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, out: str):
     from grpo_core import config
-    from grpo_core.demo import write_jsonl
+    from grpo_core.cli.demo import write_jsonl
     from grpo_core.trainer import train
 
     data = os.path.join(out, "data.jsonl")
@@ -89,8 +89,9 @@ def ours_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, ou
         "model": {"name_or_path": model_dir},
         "data": {"path": data, "columns": ["answer"]},
         "sampling": {"group_size": 8, "max_new_tokens": new_tokens, "temperature": 1.0},
-        "train": {"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 4, "lr": 1e-4,
-                  "device": "cpu", "threads": 1, "max_grad_norm": 1.0},
+        "train": {"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 4},
+        "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
+        "runtime": {"device": "cpu", "threads": 1},
         "reward": {"name": "math"},
         "kl": {"name": "fixed", "options": {"coef": 0.04}},
         "output": {"dir": os.path.join(out, "run"), "progress": False, "save_model": False,

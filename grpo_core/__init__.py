@@ -24,9 +24,25 @@ def create(kind: str, name: str, options: dict | None = None) -> Any:
     info = registry().get(kind, name)
     opts = validate_options(info.schema, options, f"{kind}.{name}.options")
     try:
-        return info.factory(**opts)
+        component = info.factory(**opts)
     except UserError:
         raise
     except (TypeError, ValueError) as exc:
         raise PluginError(f"{kind} plugin {name!r} (from {info.distribution}) could not be "
                           f"built: {exc}") from exc
+    return _checked(kind, name, info.distribution, component)
+
+
+def _checked(kind: str, name: str, distribution: str, component: Any) -> Any:
+    """The component, if it honours its kind's contract (a plain function becomes a reward)."""
+    from grpo_core.hookspecs import CONTRACTS, FunctionReward
+
+    base = CONTRACTS[kind]
+    if isinstance(component, base):
+        return component
+    if kind == "reward" and callable(component) and not isinstance(component, type):
+        return FunctionReward(component)
+    raise PluginError(f"{kind} plugin {name!r} (from {distribution}) built a "
+                      f"{type(component).__name__}, which does not derive from "
+                      f"grpo_core.hookspecs.{base.__name__} (plugin API {PLUGIN_API_VERSION}; "
+                      f"see docs/plugins.md)")

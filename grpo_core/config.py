@@ -1,9 +1,10 @@
 """One config file, validated at once: the core schema plus each selected plugin's schema.
 
-A value whose schema carries ``"x-plugin": KIND`` is a plugin reference
-``{name, options}``; its options are checked against that plugin's own schema, and
-the walk continues into that schema, so composite plugins (a weighted reward of
-rewards) are checked all the way down.
+A value whose schema carries ``"x-plugin": KIND`` is a plugin reference ``{name, options}``;
+its options are checked against that plugin's own schema, and the walk continues into that
+schema, so composite plugins (a weighted reward of rewards) are checked all the way down.
+Keys that moved between sections (``schema.MOVED``) are read at their old place too, with a
+one-line notice naming the new place.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from typing import Any
 
 import jsonschema
@@ -18,151 +20,54 @@ import yaml
 
 from grpo_core.errors import ConfigError
 from grpo_core.registry import registry, unknown_name_message
+from grpo_core.schema import CORE_SCHEMA, MOVED
+
+_noticed: set[str] = set()
 
 
-def plugin_ref(kind: str, default: str | None = None, description: str = "") -> dict:
-    """Schema of a reference to a plugin of ``kind``: ``{name: ..., options: {...}}``."""
-    ref: dict[str, Any] = {
-        "type": "object",
-        "x-plugin": kind,
-        "description": description or f"a {kind} plugin, by name, with its options",
-        "properties": {"name": {"type": "string"}, "options": {"type": "object", "default": {}}},
-        "required": ["name"],
-        "additionalProperties": False,
-    }
-    if default is not None:
-        ref["default"] = {"name": default}
-    return ref
+def _notice(old: str, new: str) -> None:
+    """Say once per process that ``old`` is deprecated in favour of ``new``."""
+    if old not in _noticed:
+        _noticed.add(old)
+        print(f"notice: config key {old} is deprecated; use {new}", file=sys.stderr)
 
 
-def _obj(props: dict, required: tuple = ()) -> dict:
-    return {"type": "object", "properties": props, "required": list(required),
-            "additionalProperties": False, "default": {}}
+def moved_path(path: str) -> str:
+    """The current place of a dotted key path (itself unless it moved; with a notice)."""
+    for old, new in MOVED.items():
+        if path == old or path.startswith(old + "."):
+            _notice(old, new)
+            return new + path[len(old):]
+    return path
 
 
-NUM = {"type": "number"}
-POS_INT = {"type": "integer", "minimum": 1}
-
-CORE_SCHEMA: dict = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "grpo-core run configuration",
-    **_obj({
-        "model": _obj({
-            "name_or_path": {"type": "string", "description": "hub id or local directory"},
-            "dtype": {"enum": ["auto", "float32", "bfloat16", "float16"], "default": "auto"},
-            "trust_remote_code": {"type": "boolean", "default": False},
-            "allow_unsafe_weights": {"type": "boolean", "default": False,
-                                     "description": "allow pickle (.bin) weights"},
-            "gradient_checkpointing": {"type": "boolean", "default": False},
-            "lora": {"type": ["object", "null"], "default": None,
-                     "description": "LoRA adapters through peft; the reference is the base model",
-                     "additionalProperties": False,
-                     "properties": {
-                         "r": {**POS_INT, "default": 16},
-                         "alpha": {"type": "number", "exclusiveMinimum": 0, "default": 32},
-                         "dropout": {"type": "number", "minimum": 0, "maximum": 1,
-                                     "default": 0.0},
-                         "target_modules": {"type": ["array", "string"],
-                                            "items": {"type": "string"},
-                                            "default": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-                         "save_merged": {"type": "boolean", "default": False,
-                                         "description": "also write merged weights at the end"},
-                     }},
-            "quantization": {"enum": [None, "4bit", "8bit"], "default": None,
-                             "description": "QLoRA base weights (needs bitsandbytes and CUDA)"},
-            "reference_device": {"enum": ["same", "cpu"], "default": "same",
-                                 "description": "where the frozen reference model lives"},
-        }, required=("name_or_path",)),
-        "data": _obj({
-            "path": {"type": "string", "description": "JSONL/JSON/parquet file or datasets name"},
-            "split": {"type": "string", "default": "train"},
-            "prompt_field": {"type": "string", "default": "prompt"},
-            "columns": {"type": "array", "items": {"type": "string"}, "default": [],
-                        "description": "dataset fields passed to rewards, by name"},
-            "chat_template": {"enum": ["auto", "always", "never"], "default": "auto"},
-            "system_prompt": {"type": ["string", "null"], "default": None},
-            "shuffle": {"type": "boolean", "default": True},
-        }, required=("path",)),
-        "sampling": _obj({
-            "group_size": {**POS_INT, "default": 8},
-            "max_new_tokens": {**POS_INT, "default": 64},
-            "temperature": {"type": "number", "exclusiveMinimum": 0, "default": 1.0},
-            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0},
-            "top_k": {"type": "integer", "minimum": 0, "default": 0},
-            "generation_batch_size": {"type": ["integer", "null"], "minimum": 1, "default": None},
-        }),
-        "train": _obj({
-            "steps": {**POS_INT, "default": 100},
-            "prompts_per_step": {**POS_INT, "default": 8},
-            "inner_iterations": {**POS_INT, "default": 1, "description": "mu: updates per rollout"},
-            "micro_batch_groups": {**POS_INT, "default": 8,
-                                   "description": "groups per forward/backward (whole groups)"},
-            "lr": {"type": "number", "exclusiveMinimum": 0, "default": 1e-6},
-            "weight_decay": {"type": "number", "minimum": 0, "default": 0.0},
-            "betas": {"type": "array", "items": NUM, "minItems": 2, "maxItems": 2,
-                      "default": [0.9, 0.99]},
-            "lr_schedule": {"enum": ["constant", "cosine"], "default": "constant"},
-            "warmup_steps": {"type": "integer", "minimum": 0, "default": 0},
-            "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0},
-            "clip_low": {"type": "number", "minimum": 0, "default": 0.2},
-            "clip_high": {"type": "number", "minimum": 0, "default": 0.2},
-            "entropy_coef": {"type": "number", "default": 0.0},
-            "aggregation": {"enum": ["token_mean", "seq_mean_token_mean",
-                                     "seq_mean_token_sum_norm"], "default": "token_mean"},
-            "kl_estimator": {"enum": ["k1", "k2", "k3"], "default": "k3"},
-            "kl_placement": {"enum": ["loss", "reward"], "default": "loss"},
-            "drop_zero_std_groups": {"type": "boolean", "default": False},
-            "resample_zero_std_max": {"type": "integer", "minimum": 0, "default": 0,
-                                      "description": "extra completions per zero-std group"},
-            "reward_failure": {"enum": ["raise", "zero", "drop_group"], "default": "raise"},
-            "reward_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                               "default": 600, "description": "seconds before a reward call "
-                               "counts as failed (null: wait forever)"},
-            "max_nonfinite_steps": {**POS_INT, "default": 3},
-            "logprob_chunk": {**POS_INT, "default": 1024},
-            "seed": {"type": "integer", "default": 0},
-            "device": {"enum": ["auto", "cpu", "cuda"], "default": "auto"},
-            "threads": {"type": ["integer", "null"], "minimum": 1, "default": None},
-        }),
-        "reward": plugin_ref("reward"),
-        "baseline": plugin_ref("baseline", default="grpo"),
-        "kl": plugin_ref("kl", default="fixed"),
-        "generator": plugin_ref("generator", default="hf"),
-        "output": _obj({
-            "dir": {"type": "string", "default": "runs/latest"},
-            "save_model": {"type": "boolean", "default": True},
-            "checkpoint_every": {"type": "integer", "minimum": 0, "default": 0},
-            "keep_last": {**POS_INT, "default": 2},
-            "samples_every": {"type": "integer", "minimum": 0, "default": 10},
-            "progress": {"type": "boolean", "default": True},
-            "tensorboard": {"enum": ["auto", "off"], "default": "auto",
-                            "description": "auto: log to <dir>/tensorboard when installed"},
-            "wandb_project": {"type": ["string", "null"], "default": None},
-        }),
-        "eval": _obj({
-            "data": {"type": ["string", "null"], "default": None,
-                     "description": "held-out data (file, or directory with <split>.jsonl)"},
-            "split": {"type": "string", "default": "test"},
-            "every_n_steps": {"type": "integer", "minimum": 0, "default": 0},
-            "n": {**POS_INT, "default": 1, "description": "samples per problem"},
-            "temperature": {"type": "number", "minimum": 0, "default": 0.0,
-                            "description": "0: greedy"},
-            "max_problems": {"type": ["integer", "null"], "minimum": 1, "default": None},
-            "pass_threshold": {"type": "number", "default": 1.0,
-                               "description": "a completion is correct at this reward"},
-            "correct_dimension": {"type": ["string", "null"], "default": None,
-                                  "description": "judge correctness on this reward dimension"},
-            "keep_best": {"type": ["string", "null"], "default": None,
-                          "description": "eval metric whose best value keeps a model in best/"},
-        }),
-        "deepspeed": {"type": ["object", "string", "null"], "default": None,
-                      "description": "DeepSpeed config (ZeRO 1/2) or a path to its JSON"},
-        "health": _obj({
-            "enabled": {"type": "boolean", "default": True},
-            "window": {**POS_INT, "default": 10},
-        }),
-    }, required=("model", "data", "reward")),
-}
+def migrate(config: dict) -> dict:
+    """Move keys from their deprecated places (``schema.MOVED``) to the current ones; a key
+    set at both places is an error, since either reading could be the wrong one."""
+    config = copy.deepcopy(config)
+    problems = []
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        if not isinstance(config.get(section), dict) or key not in config[section]:
+            continue
+        value = config[section].pop(key)
+        _notice(old, new)
+        *parents, last = new.split(".")
+        node = config
+        for i, part in enumerate(parents):
+            if not isinstance(node.get(part), dict):
+                default = CORE_SCHEMA["properties"][part].get("default", {}) if i == 0 else {}
+                node[part] = copy.deepcopy(default) if node.get(part) is None else node[part]
+            if not isinstance(node[part], dict):
+                break
+            node = node[part]
+        else:
+            if last in node:
+                problems.append(f"{old}: deprecated and also set as {new}; keep only {new}")
+            node[last] = value
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 def full_schema() -> dict:
@@ -209,6 +114,7 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError([f"--set {item!r}: expected key.path=value"])
         key, raw = item.split("=", 1)
+        key = moved_path(key)
         value = _scalar(raw)
         node: Any = config
         parts = key.split(".")
@@ -333,7 +239,7 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
 
 def validate(config: dict) -> dict:
     """Return the effective config (defaults filled) or raise ConfigError listing every problem."""
-    config = fill_defaults(CORE_SCHEMA, copy.deepcopy(config))
+    config = fill_defaults(CORE_SCHEMA, migrate(config))
     problems: list[str] = []
     _validate_node(CORE_SCHEMA, config, "", problems)
     config = _walk_plugins(CORE_SCHEMA, config, "", problems)
@@ -356,4 +262,4 @@ def validate_options(schema: dict, options: dict | None, where: str) -> dict:
 
 def load(path: str, overrides: list[str] | None = None) -> dict:
     """Read, override and validate a config file."""
-    return validate(apply_overrides(read_file(path), overrides or []))
+    return validate(apply_overrides(migrate(read_file(path)), overrides or []))

@@ -1,12 +1,18 @@
-"""Prompts in, in a reproducible order that a checkpoint can resume exactly."""
+"""Prompts in, in a reproducible order that a checkpoint can resume exactly; and what a
+reward is called with for each completion."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+from dataclasses import dataclass
 
 from grpo_core.errors import UserError
+from grpo_core.rollout import Rollout
+
+#: Columns every reward also receives: token count of each completion, and its group.
+RESERVED_COLUMNS = ("completion_tokens", "group_ids")
 
 
 def read_rows(path: str, split: str = "train") -> list[dict]:
@@ -124,3 +130,43 @@ class PromptStream:
         out = [self._index(self.position + i) for i in range(count)]
         self.position += count
         return out
+
+
+@dataclass
+class Batch:
+    """One step's prompts: as the dataset gives them (what rewards see), as the model sees
+    them (chat template applied) and as token ids; reward columns per prompt."""
+
+    raw: list
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    columns: dict[str, list]
+
+    def select(self, idx: list[int]) -> Batch:
+        """The prompts at ``idx``, in that order."""
+        return Batch([self.raw[i] for i in idx], [self.prompts[i] for i in idx],
+                     [self.prompt_ids[i] for i in idx],
+                     {k: [v[i] for i in idx] for k, v in self.columns.items()})
+
+
+def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
+    """Render and tokenize dataset rows (``data`` config section) into a :class:`Batch`."""
+    field = data_cfg["prompt_field"]
+    prompts = [render_prompt(tokenizer, r[field], data_cfg["chat_template"],
+                             data_cfg["system_prompt"]) for r in rows]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    columns = {c: [r[c] for r in rows] for c in data_cfg["columns"]}
+    return Batch([r[field] for r in rows], prompts, ids, columns)
+
+
+def reward_inputs(tokenizer, batch: Batch, ro: Rollout) -> tuple[list, list[str], dict]:
+    """What a reward is called with, one entry per completion: the dataset prompts, the
+    decoded completions, and the columns (dataset fields plus the reserved ones)."""
+    texts = tokenizer.batch_decode(ro.completion_ids * ro.completion_mask
+                                   + tokenizer.pad_token_id * (1 - ro.completion_mask),
+                                   skip_special_tokens=True)
+    g = ro.group.cpu().tolist()
+    columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
+    columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
+    columns["group_ids"] = g
+    return [batch.raw[i] for i in g], texts, columns

@@ -38,6 +38,13 @@ def all_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def sum_named(values: dict[str, float], device: torch.device | str = "cpu") -> dict[str, float]:
+    """Sum each named number over ranks, in one all-reduce; identity on one process."""
+    names = sorted(values)
+    t = torch.tensor([float(values[k]) for k in names], dtype=torch.float64, device=device)
+    return dict(zip(names, all_sum(t).tolist()))
+
+
 def all_max(t: torch.Tensor) -> float:
     """Largest value over ranks."""
     t = t.double().reshape(1)

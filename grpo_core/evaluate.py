@@ -8,9 +8,10 @@ import os
 import sys
 import time
 
-import torch
-
+from grpo_core.data import make_batch, reward_inputs
+from grpo_core.hookspecs import Generator, Reward
 from grpo_core.rollout import SamplingParams
+from grpo_core.scores import Scores
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -27,14 +28,13 @@ def ks_for(n: int) -> list[int]:
     return [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n]
 
 
-def evaluate(model, tokenizer, generator, rows: list[dict], data_cfg: dict, reward_fn,
+def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg: dict,
+             reward_fn: Reward,
              n: int = 1, temperature: float = 0.0, max_new_tokens: int = 64,
              batch_prompts: int = 16, pass_threshold: float = 1.0,
              correct_dimension: str | None = None, seed: int = 1234,
              progress: bool = False) -> tuple[dict, list[dict]]:
     """Generate ``n`` completions per problem and score them; returns (report, records)."""
-    from grpo_core.trainer import make_batch, reward_inputs
-
     sampling = SamplingParams(max_new_tokens, temperature or 1.0, greedy=temperature == 0)
     records, per_problem = [], []
     dims: dict[str, list[float]] = {}
@@ -46,7 +46,7 @@ def evaluate(model, tokenizer, generator, rows: list[dict], data_cfg: dict, rewa
         prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
         g, lengths = columns["group_ids"], columns["completion_tokens"]
         scores = reward_fn(prompts, texts, **columns)
-        dimensions = getattr(scores, "dimensions", {}) or {}
+        dimensions = scores.dimensions if isinstance(scores, Scores) else {}
         judged = dimensions.get(correct_dimension, scores) if correct_dimension else scores
         correct_by_prompt = [0] * len(chunk)
         for i, text in enumerate(texts):
@@ -86,40 +86,3 @@ def write(out_dir: str, report: dict, records: list[dict]) -> None:
     with open(os.path.join(out_dir, "completions.jsonl"), "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")
-
-
-def evaluate_cli(args) -> int:
-    """``grpo eval``: the config gives the reward, data layout and generator."""
-    import grpo_core
-    from grpo_core import config as config_mod
-    from grpo_core.data import check_fields, read_rows
-    from grpo_core.models import load_model, load_tokenizer, pick_device
-
-    cfg = config_mod.load(args.config, args.set)
-    if args.model:
-        cfg["model"]["name_or_path"] = args.model
-    if args.n < 1:
-        from grpo_core.errors import UserError
-
-        raise UserError("--n: expected a number >= 1")
-    device = pick_device(cfg["train"]["device"])
-    tokenizer = load_tokenizer(cfg["model"])
-    model = load_model(cfg["model"], device).eval()
-    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
-    gen.setup(model, tokenizer, device)
-    reward_fn = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
-    rows = read_rows(args.data or cfg["data"]["path"], args.split)
-    check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
-                 args.data or cfg["data"]["path"])
-    rows = rows[:args.max_problems] if args.max_problems else rows
-    with torch.no_grad():
-        report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
-                                   temperature=args.temperature,
-                                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                                   progress=True)
-    report["model"] = cfg["model"]["name_or_path"]
-    out = args.out or os.path.join(cfg["output"]["dir"], "eval")
-    write(out, report, records)
-    print(json.dumps(report, indent=2))
-    print(f"wrote {out}/report.json and {out}/completions.jsonl")
-    return 0

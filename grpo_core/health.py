@@ -79,7 +79,7 @@ class HealthMonitor:
 
     def _checks(self, r: dict):
         t, w = self.t, self.window
-        bad = [k for k in ("reward", "kl", "entropy", "grad_norm", "policy_loss")
+        bad = [k for k in ("reward", "kl", "entropy", "grad_norm", "loss")
                if isinstance(r.get(k), float) and not math.isfinite(r[k])]
         if r.get("skipped_updates"):
             bad.append("skipped updates")

@@ -1,43 +1,35 @@
-"""The whole plugin contract.
+"""The whole plugin contract: the hooks a plugin module implements, and the base class each
+kind of component derives from.
 
-A plugin is a module (or object) with one or more of the hooks below, published
-under the entry-point group ``grpo_core``. Each hook receives ``register`` and calls
-it once per component it provides::
+A plugin is a module (or object) with one or more of the hooks below, published under the
+entry-point group ``grpo_core``. Each hook receives ``register`` and calls it once per
+component it provides::
 
     register(name, factory, schema=None, description="")
 
-``factory(**options)`` builds the component; ``options`` were validated against
-``schema`` (a JSON Schema for an object) and have its defaults filled in.
+``factory(**options)`` builds the component; ``options`` were validated against ``schema``
+(a JSON Schema for an object) and have its defaults filled in. What ``factory`` returns must
+be an instance of the kind's base class below (a reward may also be a plain function). The
+base classes carry the declarations the trainer reads (what a component needs, what it has),
+with defaults, so the trainer never has to guess by probing attributes.
 
-What each kind's component must provide:
-
-reward
-    ``reward(prompts, completions, **columns) -> list[float]``: one entry per
-    completion; ``columns`` are dataset fields repeated per completion, plus
-    ``completion_tokens`` (token count) and ``group_ids`` (prompt index). It may
-    return a :class:`grpo_core.Scores` (a list) that also carries per-dimension
-    scores and extra per-item fields for logging. ``float("nan")`` marks a missing
-    reward (excluded from its group's statistics).
-baseline
-    ``advantages(rewards, greedy_rewards=None) -> Tensor``: ``rewards`` is
-    ``[prompts, G]`` (NaN = missing), the result has the same shape. A baseline
-    that sets ``needs_greedy = True`` gets ``greedy_rewards`` ``[prompts]``.
-kl
-    ``value`` (current coefficient), ``update(kl, n_samples)``, ``state_dict()``,
-    ``load_state_dict(state)``; ``constant = True`` with value 0 means "no reference model".
-generator
-    ``setup(model, tokenizer, device)`` once, ``generate(prompt_ids, n, sampling, seed,
-    row_offset) -> Rollout`` per step (see ``grpo_core.rollout``), ``sync_weights(model)``
-    after the step's updates. ``recompute_old_logprobs = True`` (and ``tis_cap``) when its
-    sampling log-probs come from other numerics than the trainer's.
-
-A plugin module may declare ``GRPO_CORE_API = (1,)``: the plugin-API versions it
-supports. A plugin whose set excludes :data:`grpo_core.PLUGIN_API_VERSION` is refused.
+A plugin module may declare ``GRPO_CORE_API = (2,)``: the plugin-API versions it supports. A
+plugin whose set excludes :data:`grpo_core.PLUGIN_API_VERSION` is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo_core.rollout import Rollout, SamplingParams
+    from grpo_core.scores import Scores
 
 PROJECT = "grpo_core"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -46,22 +38,147 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def reward(register):
-    """Register reward functions."""
+    """Register reward functions (:class:`Reward`)."""
 
 
 @hookspec
 def baseline(register):
-    """Register advantage estimators."""
+    """Register advantage estimators (:class:`Baseline`)."""
 
 
 @hookspec
 def kl(register):
-    """Register KL-coefficient controllers."""
+    """Register KL-coefficient controllers (:class:`KLController`)."""
 
 
 @hookspec
 def generator(register):
-    """Register rollout backends."""
+    """Register rollout backends (:class:`Generator`)."""
 
 
-KINDS = ("reward", "baseline", "kl", "generator")
+@hookspec
+def objective(register):
+    """Register policy objectives (:class:`Objective`)."""
+
+
+KINDS = ("reward", "baseline", "kl", "generator", "objective")
+
+
+class Reward:
+    """Scores completions: ``reward(prompts, completions, **columns)`` returns one float per
+    completion, or a :class:`grpo_core.Scores` that also carries named dimensions and extras.
+
+    ``columns`` are the dataset fields named in ``data.columns``, repeated per completion,
+    plus ``completion_tokens`` (token count) and ``group_ids`` (prompt index). ``nan`` marks a
+    missing reward (left out of its group's statistics).
+    """
+
+    #: dataset columns this reward reads; ``grpo validate`` checks the data has them
+    columns: tuple[str, ...] = ()
+    #: the best score a completion can get, when there is one; a group whose completions all
+    #: reach it counts as solved (the health monitor then stops expecting a learning signal)
+    max_value: float | None = None
+
+    def __call__(self, prompts: list, completions: list[str], **columns: list) \
+            -> list[float] | Scores:
+        raise NotImplementedError
+
+
+class FunctionReward(Reward):
+    """A plain function registered as a reward: no declared columns, no known maximum."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, prompts, completions, **columns):
+        return self.fn(prompts, completions, **columns)
+
+
+class Baseline:
+    """Turns a ``[prompts, G]`` reward grid (``nan`` = missing) into advantages of the same
+    shape: ``advantages(rewards, greedy_rewards)``."""
+
+    #: the trainer generates and scores one greedy completion per prompt (ReMax) and passes
+    #: their rewards, ``[prompts]``, as ``greedy_rewards``
+    needs_greedy: bool = False
+
+    def advantages(self, rewards: torch.Tensor,
+                   greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """State that a checkpoint must keep (a running mean, say); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class KLController:
+    """The KL coefficient ``value``, moved by ``update(kl, n_samples)`` after each step."""
+
+    value: float = 0.0
+
+    def needs_reference(self) -> bool:
+        """Whether the coefficient can be non-zero; if not, no reference model is loaded."""
+        return True
+
+    def update(self, kl: float, n_samples: int) -> None:
+        """``kl``: the step's mean per-token KL; ``n_samples``: completions in the step."""
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+class Generator:
+    """Samples G completions per prompt: ``setup`` once, ``generate`` each step,
+    ``sync_weights`` after each step's updates."""
+
+    #: its sampling log-probs come from other numerics than the trainer's (another engine):
+    #: the trainer recomputes them and weights the objective by min(pi_train / pi_gen, tis_cap)
+    recompute_old_logprobs: bool = False
+    tis_cap: float = 2.0
+
+    def setup(self, model: Any, tokenizer: Any, device: torch.device) -> None:
+        raise NotImplementedError
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 seed: int = 0, row_offset: int = 0) -> Rollout:
+        """``n`` completions of each prompt; completion ``row_offset + p * n + j`` draws the
+        noise of that row id, so a batch split across calls or ranks samples the same."""
+        raise NotImplementedError
+
+    def sync_weights(self, model: Any) -> None:
+        """Make the next ``generate`` sample from ``model``'s current weights."""
+
+
+@dataclass
+class PolicyTerm:
+    """An objective's output. ``loss``: the per-token policy loss ``[B, T]`` (before
+    aggregation, any value on padding); ``counts``: named ``[B, T]`` indicators (1 where a
+    clip bound was active, say), summed over valid tokens and logged as fractions."""
+
+    loss: torch.Tensor
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Objective:
+    """The policy-gradient term of the loss: ``objective(logp, old_logp, advantages, mask)``
+    with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]``. The trainer
+    adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""
+
+    #: how per-token losses become one number when the config does not say (``token_mean``,
+    #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.losses.aggregate)
+    aggregation: str = "token_mean"
+
+    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor) -> PolicyTerm:
+        raise NotImplementedError
+
+
+#: the base class a component of each kind must derive from
+CONTRACTS: dict[str, type] = {"reward": Reward, "baseline": Baseline, "kl": KLController,
+                              "generator": Generator, "objective": Objective}

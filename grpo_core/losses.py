@@ -1,7 +1,8 @@
-"""The GRPO objective as pure tensor functions.
+"""The loss around the policy objective, as pure tensor functions: KL estimators, the
+aggregation of per-token losses, and their sum with the KL and entropy terms.
 
-Shapes: ``B`` completions, ``T`` completion positions, ``N`` valid completion tokens,
-``H`` hidden size, ``V`` vocabulary. ``mask`` is 1 on completion tokens (EOS included).
+Shapes: ``B`` completions, ``T`` completion positions; ``mask`` [B, T] is 1 on completion
+tokens (EOS included). The policy term itself is an objective plugin (plugins/objectives.py).
 """
 
 from __future__ import annotations
@@ -10,87 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _acc(t: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float64 stays float64, everything else computes in float32."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-class _LMHeadLogProb(torch.autograd.Function):
-    """log p(target) and entropy of softmax(h W^T / temperature), ``chunk`` rows at a time.
-
-    Only ``[chunk, V]`` logits exist at once, in forward and in backward (which recomputes
-    them, in place), so memory is O(chunk * V) instead of O(N * V).
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, with_entropy: bool):
-        n, acc = hidden.shape[0], _acc(hidden)
-        logp = torch.empty(n, dtype=acc, device=hidden.device)
-        ent = torch.zeros_like(logp)
-        lse_all = torch.empty_like(logp)
-        for s in range(0, n, chunk):
-            z = (hidden[s:s + chunk] @ weight.T).to(acc)
-            if inv_temp != 1.0:
-                z.mul_(inv_temp)
-            lse = torch.logsumexp(z, dim=-1)
-            logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
-            if with_entropy:  # H = lse - sum p z
-                ent[s:s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-            lse_all[s:s + chunk] = lse
-        ctx.save_for_backward(hidden, weight, targets, lse_all, ent)
-        ctx.inv_temp, ctx.chunk = inv_temp, chunk
-        ctx.set_materialize_grads(False)
-        return logp, ent
-
-    @staticmethod
-    def backward(ctx, g_logp, g_ent):
-        hidden, weight, targets, lse_all, ent = ctx.saved_tensors
-        acc = _acc(hidden)
-        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) \
-            if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            e = min(s + ctx.chunk, hidden.shape[0])
-            h = hidden[s:e]
-            g = (h @ weight.T).to(acc)  # z, then turned into dLoss/dz in place
-            if ctx.inv_temp != 1.0:
-                g.mul_(ctx.inv_temp)
-            g.sub_(lse_all[s:e, None])  # log p
-            if g_ent is not None:  # d H / dz = -p (log p + H)
-                logp_full = g.clone()
-                g.exp_()
-                coef = logp_full.add_(ent[s:e, None]).mul_(g).mul_(-g_ent[s:e, None])
-            else:
-                g.exp_()
-                coef = None
-            if g_logp is not None:  # d logp / dz = onehot - p
-                gl = g_logp[s:e, None]
-                g.mul_(-gl).scatter_add_(1, targets[s:e, None], gl)
-            else:
-                g.zero_()
-            if coef is not None:
-                g.add_(coef)
-            if ctx.inv_temp != 1.0:
-                g.mul_(ctx.inv_temp)
-            g = g.to(weight.dtype)
-            if grad_h is not None:
-                grad_h[s:e] = g @ weight
-            if grad_w is not None:
-                grad_w.addmm_(g.T.to(grad_w.dtype), h.to(grad_w.dtype))
-        return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
-                None, None, None, None)
-
-
-def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0, chunk: int = 1024, entropy: bool = True):
-    """Log-prob of each target token and the entropy at that position.
-
-    hidden [N, H], weight [V, H] (the LM head), targets [N] -> (logp [N], entropy [N]), fp32.
-    Logits are divided by ``temperature`` so they match the sampling distribution. With
-    ``entropy=False`` the entropy is not computed (zeros), which saves a pass over the logits.
-    """
-    return _LMHeadLogProb.apply(hidden, weight, targets, 1.0 / temperature, chunk, entropy)
+from grpo_core.hookspecs import PolicyTerm
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -141,41 +62,37 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                kl_estimator: str = "k3", entropy: torch.Tensor | None = None,
-                entropy_coef: float = 0.0, aggregation: str = "token_mean",
-                norm: Normaliser | None = None, is_weights: torch.Tensor | None = None):
-    """Clipped surrogate with KL to a reference and an entropy bonus.
+def objective_loss(term: PolicyTerm, mask: torch.Tensor, aggregation: str, norm: Normaliser, *,
+                   logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                   kl_coef: float = 0.0, kl_estimator: str = "k3",
+                   entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
+                   is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """The loss of one micro-batch: policy term (times the truncated importance weight when
+    the sampler's numerics differ), plus KL to the reference, minus the entropy bonus:
 
-    logp, old_logp, ref_logp, entropy, is_weights, mask: [B, T]; advantages: [B].
-    per-token loss = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) * w
-                     + kl_coef * KL_est - entropy_coef * H, with r = exp(logp - old_logp)
-    and w an optional truncated importance weight (sampler/trainer mismatch).
-    Returns (loss, stats) where stats are detached per-batch sums for logging.
+        l_t = w_t * policy_t + kl_coef * KL_t - entropy_coef * H_t,   loss = aggregate(l)
+
+    term.loss, logp, ref_logp, entropy, is_weights, mask: [B, T]. Returns (loss, stats):
+    stats are detached sums for logging: each term's share of the loss (``loss/policy``,
+    ``loss/kl``, ``loss/entropy``; they add up to the loss, and over micro-batches to the
+    step's), the token sums of KL and entropy, the token count and the objective's counts.
     """
-    mask = mask.to(logp.dtype)
-    norm = norm or Normaliser.of(mask, mask.shape[1])
-    adv = advantages[:, None].to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    per_token = -surrogate
-    if is_weights is not None:
-        per_token = per_token * is_weights
+    mask = mask.to(term.loss.dtype)
+    policy_pt = term.loss if is_weights is None else term.loss * is_weights
+    policy = aggregate(policy_pt, mask, aggregation, norm)
+    loss, parts = policy, {"loss/policy": policy}
     kl = None
     if ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
-        per_token = per_token + kl_coef * kl
+        parts["loss/kl"] = kl_coef * aggregate(kl, mask, aggregation, norm)
+        loss = loss + parts["loss/kl"]
     if entropy is not None and entropy_coef:
-        per_token = per_token - entropy_coef * entropy
-    loss = aggregate(per_token, mask, aggregation, norm)
+        parts["loss/entropy"] = -entropy_coef * aggregate(entropy, mask, aggregation, norm)
+        loss = loss + parts["loss/entropy"]
     with torch.no_grad():
-        stats = {
-            "clip_low_frac": float((((ratio < 1 - clip_low) & (adv < 0)) * mask).sum()),
-            "clip_high_frac": float((((ratio > 1 + clip_high) & (adv > 0)) * mask).sum()),
-            "kl": float((kl * mask).sum()) if kl is not None else 0.0,
-            "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
-            "tokens": float(mask.sum()),
-        }
+        stats = {k: float(v) for k, v in parts.items()}
+        stats["kl"] = float((kl * mask).sum()) if kl is not None else 0.0
+        stats["entropy"] = float((entropy * mask).sum()) if entropy is not None else 0.0
+        stats["tokens"] = float(mask.sum())
+        stats.update({k: float((v * mask).sum()) for k, v in term.counts.items()})
     return loss, stats

@@ -15,7 +15,7 @@ import pluggy
 from grpo_core import hookspecs
 from grpo_core.errors import PluginError
 
-PLUGIN_API_VERSION = 1
+PLUGIN_API_VERSION = 2
 ENTRY_POINT_GROUP = "grpo_core"
 BUILTIN_DISTRIBUTION = "grpo-core"
 #: Comma-separated distribution names; when set, only these external plugins load.

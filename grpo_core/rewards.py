@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_core.data import Batch, reward_inputs
 from grpo_core.errors import UserError
+from grpo_core.hookspecs import Reward
+from grpo_core.rollout import Rollout
+from grpo_core.scores import Scores
 
 
 class RewardFailure(UserError):
@@ -52,7 +56,7 @@ def _call(fn, args, kwargs, timeout: float | None):
     return box["out"]
 
 
-def score(fn, name: str, prompts: list[str], completions: list[str], columns: dict,
+def score(fn: Reward, name: str, prompts: list[str], completions: list[str], columns: dict,
           group: torch.Tensor, policy: str = "raise", timeout: float | None = None) -> Scored:
     """Score completions; ``group`` [B] maps each completion to its prompt's group."""
     B = len(completions)
@@ -80,8 +84,18 @@ def score(fn, name: str, prompts: list[str], completions: list[str], columns: di
         problem = (f"reward {name!r} returned {values[bad[0]]} for completion {bad[0]} "
                    f"({len(bad)} non-finite of {B})")
         rewards = _apply(problem, rewards, torch.tensor(bad), group, policy)
-    return Scored(rewards, dict(getattr(out, "dimensions", {}) or {}),
-                  dict(getattr(out, "extras", {}) or {}), problem)
+    if isinstance(out, Scores):
+        return Scored(rewards, dict(out.dimensions), dict(out.extras), problem)
+    return Scored(rewards, problem=problem)
+
+
+def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
+                  ro: Rollout) -> Scored:
+    """Decode a rollout and score it as the ``reward`` config section says (failure policy,
+    time limit)."""
+    prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+    return score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
+                 reward_cfg["failure"], reward_cfg["timeout"])
 
 
 def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:

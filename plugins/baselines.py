@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from grpo_core import hookspecs
 from grpo_core.hookspecs import hookimpl
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
 def _valid(rewards: torch.Tensor):
@@ -92,10 +93,8 @@ def reinforce_pp_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.T
     return whiten(dr_grpo_advantages(rewards), torch.isfinite(rewards), eps)
 
 
-class Baseline:
-    """Wraps a pure estimator as a plugin object."""
-
-    needs_greedy = False
+class Estimator(hookspecs.Baseline):
+    """A pure estimator ``fn(rewards, **options)`` as a plugin object."""
 
     def __init__(self, fn, **kw):
         self.fn, self.kw = fn, kw
@@ -104,11 +103,8 @@ class Baseline:
         return self.fn(rewards, **self.kw)
 
 
-class ReMax(Baseline):
+class ReMax(hookspecs.Baseline):
     needs_greedy = True
-
-    def __init__(self):
-        super().__init__(remax_advantages)
 
     def advantages(self, rewards, greedy_rewards=None):
         if greedy_rewards is None:
@@ -116,7 +112,7 @@ class ReMax(Baseline):
         return remax_advantages(rewards, greedy_rewards)
 
 
-class Mixed:
+class Mixed(hookspecs.Baseline):
     """Shrinkage baseline for small groups.
 
     b_i = w * mean_{j != i} r_j + (1 - w) * m,  w = (G - 1) / (G - 1 + k),
@@ -126,8 +122,6 @@ class Mixed:
     baseline stays independent of the sample it is subtracted from (unbiased). With G = 1 it
     is a pure running baseline; with large G it tends to RLOO. Before any EMA exists, w = 1.
     """
-
-    needs_greedy = False
 
     def __init__(self, prior_weight: float = 2.0, decay: float = 0.9):
         self.k, self.decay, self.ema = prior_weight, decay, None
@@ -162,17 +156,17 @@ NO_OPTIONS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 @hookimpl
 def baseline(register):
-    register("grpo", lambda eps, std: Baseline(grpo_advantages, eps=eps, std=std), schema={
+    register("grpo", lambda eps, std: Estimator(grpo_advantages, eps=eps, std=std), schema={
         "type": "object", "additionalProperties": False,
         "properties": {"eps": EPS, "std": {"enum": ["sample", "population"], "default": "sample"}},
     }, description="(r - group mean) / (group std + eps)")
-    register("rloo", lambda: Baseline(rloo_advantages), schema=NO_OPTIONS,
+    register("rloo", lambda: Estimator(rloo_advantages), schema=NO_OPTIONS,
              description="r - mean of the other G-1 rewards")
     register("remax", ReMax, schema=NO_OPTIONS,
              description="r - reward of a greedy completion of the same prompt")
-    register("dr_grpo", lambda: Baseline(dr_grpo_advantages), schema=NO_OPTIONS,
+    register("dr_grpo", lambda: Estimator(dr_grpo_advantages), schema=NO_OPTIONS,
              description="r - group mean, no std division")
-    register("reinforce_pp", lambda eps: Baseline(reinforce_pp_advantages, eps=eps), schema={
+    register("reinforce_pp", lambda eps: Estimator(reinforce_pp_advantages, eps=eps), schema={
         "type": "object", "additionalProperties": False, "properties": {"eps": EPS},
     }, description="r - group mean, whitened over the batch")
     register("mixed", Mixed, schema={

@@ -10,11 +10,11 @@ import inspect
 
 import torch
 
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import Generator, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
 from grpo_core.sampling import sample
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -26,7 +26,7 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-class HFGenerator:
+class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
 
     def __init__(self, check_every: int = 8):

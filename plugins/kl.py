@@ -4,53 +4,44 @@ from __future__ import annotations
 
 import math
 
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import KLController, hookimpl
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
-class Fixed:
-    """A constant coefficient (``constant``: at 0 the trainer loads no reference model)."""
-
-    constant = True
+class Fixed(KLController):
+    """A constant coefficient; at 0 the trainer loads no reference model."""
 
     def __init__(self, coef: float = 0.0):
         self.value = coef
 
-    def update(self, kl: float, n_samples: int) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
+    def needs_reference(self) -> bool:
+        return self.value != 0
 
 
-class Adaptive(Fixed):
+class Adaptive(KLController):
     """Ziegler et al. 2019: err = clip(KL / target - 1, -clip, clip);
     coef <- coef * (1 + err * n_samples / horizon)."""
 
-    constant = False
-
     def __init__(self, init_coef: float = 0.05, target: float = 0.02, horizon: int = 10000,
                  clip: float = 0.2):
-        super().__init__(init_coef)
+        self.value = init_coef
         self.target, self.horizon, self.clip = target, horizon, clip
 
     def update(self, kl: float, n_samples: int) -> None:
         err = min(max(kl / self.target - 1.0, -self.clip), self.clip)
         self.value *= 1.0 + err * n_samples / self.horizon
 
+    def needs_reference(self) -> bool:
+        return self.value != 0  # a multiplicative controller never leaves 0
 
-class Schedule(Fixed):
+
+class Schedule(KLController):
     """From ``start`` to ``end`` over ``steps`` updates, linearly or on a half cosine."""
-
-    constant = False
 
     def __init__(self, start: float = 0.1, end: float = 0.0, steps: int = 1000,
                  shape: str = "linear"):
-        super().__init__(start)
+        self.value = start
         self.start, self.end, self.steps, self.shape, self.t = start, end, steps, shape, 0
 
     def update(self, kl: float, n_samples: int) -> None:
@@ -59,6 +50,9 @@ class Schedule(Fixed):
         if self.shape == "cosine":
             frac = 0.5 * (1 - math.cos(math.pi * frac))
         self.value = self.start + (self.end - self.start) * frac
+
+    def needs_reference(self) -> bool:
+        return self.start != 0 or self.end != 0
 
     def state_dict(self) -> dict:
         return {"value": self.value, "t": self.t}

@@ -15,13 +15,13 @@ import os
 import torch
 
 from grpo_core.errors import UserError
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import Generator, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
-class VLLMGenerator:
+class VLLMGenerator(Generator):
     recompute_old_logprobs = True
 
     def __init__(self, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,

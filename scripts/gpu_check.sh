@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-exec "$PY" -m grpo_core.gpu_check "$@"
+exec "$PY" -m grpo_core.cli.gpu_check "$@"

@@ -16,7 +16,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A 2-layer, 32-wide Qwen2-shaped model with a byte-level tokenizer."""
-    from grpo_core.demo import build_model
+    from grpo_core.cli.demo import build_model
 
     path = str(tmp_path_factory.mktemp("tiny") / "model")
     return build_model(path, hidden=32, layers=2, seed=0)
@@ -24,7 +24,7 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def addition_data(tmp_path_factory) -> str:
-    from grpo_core.demo import addition_rows, write_jsonl
+    from grpo_core.cli.demo import addition_rows, write_jsonl
 
     path = str(tmp_path_factory.mktemp("data") / "train.jsonl")
     write_jsonl(path, addition_rows(0)[0])
@@ -37,8 +37,9 @@ def make_config(model_path: str, data_path: str, out: str, **sections) -> dict:
         "model": {"name_or_path": model_path},
         "data": {"path": data_path, "columns": ["answer"]},
         "sampling": {"group_size": 4, "max_new_tokens": 4},
-        "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_groups": 2, "lr": 1e-3,
-                  "device": "cpu", "seed": 0},
+        "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 0},
+        "optimizer": {"lr": 1e-3},
+        "runtime": {"device": "cpu"},
         "reward": {"name": "math"},
         "output": {"dir": out, "progress": False, "samples_every": 1},
     }

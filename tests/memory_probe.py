@@ -9,8 +9,8 @@ import tempfile
 import torch
 
 from grpo_core import config
-from grpo_core.demo import addition_rows, build_tokenizer, write_jsonl
-from grpo_core.memory import load_shape, plan
+from grpo_core.cli.demo import addition_rows, build_tokenizer, write_jsonl
+from grpo_core.cli.memory import load_shape, plan
 from grpo_core.trainer import train
 
 
@@ -32,8 +32,8 @@ def main() -> None:
         "model": {"name_or_path": d + "/m"},
         "data": {"path": d + "/train.jsonl", "columns": ["answer"]},
         "sampling": {"group_size": 8, "max_new_tokens": 8},
-        "train": {"steps": 1, "prompts_per_step": 2, "device": "cpu", "threads": 1,
-                  "logprob_chunk": 64},
+        "train": {"steps": 1, "prompts_per_step": 2},
+        "runtime": {"device": "cpu", "threads": 1, "logprob_chunk": 64},
         "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
         "kl": {"name": "fixed", "options": {"coef": 0.1}},
         "output": {"dir": d + "/run", "progress": False, "save_model": False,

@@ -21,7 +21,7 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
     cfg = write_config(tmp_path / "c.json", make_config(
         tiny_model, addition_data, str(tmp_path / "unused"),
         reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-        train={"steps": 3, "prompts_per_step": 2, "device": "cpu", "lr": 1e-2}))
+        train={"steps": 3, "prompts_per_step": 2}, optimizer={"lr": 1e-2}))
     out = tmp_path / "cmp"
     p = run_grpo("compare", cfg, "--baselines", "grpo,rloo", "--seeds", "2", "--steps", "3",
                  "--threshold", "0.5", "--out", str(out), cwd=ROOT, timeout=900)

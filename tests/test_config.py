@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
-from conftest import run_grpo
+from conftest import ROOT, run_grpo, write_config
 
 from grpo_core import config
-from grpo_core.cli import main
+from grpo_core.cli.main import main
 
 GOOD = {"model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"}, "reward": {"name": "math"}}
 
@@ -36,7 +37,7 @@ CASES = [
     ("wrong type bool", with_(model__trust_remote_code="no"),
      "model.trust_remote_code: found \"no\" (str), expected boolean"),
     ("below minimum", with_(sampling__group_size=0), "sampling.group_size: found 0 (int), expected a number >= 1"),
-    ("bad enum", with_(train__aggregation="mean"), "train.aggregation: found \"mean\" (str), expected one of"),
+    ("bad enum", with_(objective={"name": "grpo", "aggregation": "mean"}), "objective.aggregation: found \"mean\" (str), expected one of"),
     ("unknown top key", with_(trainer={"steps": 3}), "(top level): unknown key(s) ['trainer']"),
     ("unknown nested key", with_(train__lr_rate=0.1), "train: unknown key(s) ['lr_rate']"),
     ("missing model", {k: v for k, v in GOOD.items() if k != "model"},
@@ -114,10 +115,10 @@ def test_all_errors_reported_at_once(tmp_path, capsys):
 def test_defaults_filled_and_overrides(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(GOOD))
-    assert main(["validate", str(path), "--set", "train.lr=3e-4", "--set",
+    assert main(["validate", str(path), "--set", "optimizer.lr=3e-4", "--set",
                  "baseline.name=rloo", "--set", "reward.options.strict=true"]) == 0
     eff = yaml.safe_load(capsys.readouterr().out)
-    assert eff["train"]["lr"] == 3e-4 and eff["baseline"] == {"name": "rloo", "options": {}}
+    assert eff["optimizer"]["lr"] == 3e-4 and eff["baseline"] == {"name": "rloo", "options": {}}
     assert eff["reward"]["options"]["strict"] is True
     assert eff["reward"]["options"]["timeout"] == 2.0  # plugin default filled
     assert eff["sampling"]["group_size"] == 8 and eff["kl"]["name"] == "fixed"
@@ -148,3 +149,72 @@ def test_subprocess_user_error_has_no_traceback(tmp_path):
 def test_validate_is_pure_function():
     cfg = config.validate(GOOD)
     assert cfg["output"]["dir"] == "runs/latest" and GOOD["data"] == {"path": "d.jsonl"}
+
+
+OLD_LAYOUT = {"model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"},
+              "reward": {"name": "math"},
+              "train": {"steps": 7, "lr": 3e-4, "lr_schedule": "cosine", "clip_high": 0.28,
+                        "aggregation": "seq_mean_token_sum_norm", "kl_placement": "reward",
+                        "kl_estimator": "k1", "reward_failure": "zero", "reward_timeout": 5,
+                        "drop_zero_std_groups": True, "device": "cpu", "logprob_chunk": 64}}
+
+
+def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(OLD_LAYOUT))
+    assert main(["validate", str(path), "--set", "train.entropy_coef=0.01"]) == 0
+    captured = capsys.readouterr()
+    eff = yaml.safe_load(captured.out)
+    assert eff["train"] == {"steps": 7, "prompts_per_step": 8, "inner_iterations": 1,
+                            "micro_batch_groups": 8, "max_nonfinite_steps": 3, "seed": 0}
+    assert eff["optimizer"]["lr"] == 3e-4 and eff["optimizer"]["lr_schedule"] == "cosine"
+    assert eff["objective"] == {"name": "grpo", "aggregation": "seq_mean_token_sum_norm",
+                                "entropy_coef": 0.01,
+                                "options": {"clip_low": 0.2, "clip_high": 0.28,
+                                            "dual_clip": None, "log_ratio_clamp": 20.0}}
+    assert eff["kl"]["placement"] == "reward" and eff["kl"]["estimator"] == "k1"
+    assert eff["reward"]["failure"] == "zero" and eff["reward"]["timeout"] == 5
+    assert eff["groups"]["drop_zero_std"] is True
+    assert eff["runtime"]["device"] == "cpu" and eff["runtime"]["logprob_chunk"] == 64
+    notices = [line for line in captured.err.splitlines() if line.startswith("notice:")]
+    assert "notice: config key train.lr is deprecated; use optimizer.lr" in captured.err
+    assert "use objective.entropy_coef" in captured.err  # the --set path moved too
+    assert all(len(line) < 120 for line in notices) and "error" not in captured.err
+
+
+def test_deprecated_and_new_key_together_is_an_error(tmp_path, capsys):
+    cfg = {**OLD_LAYOUT, "optimizer": {"lr": 1e-5}}
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(path)]) == 2
+    assert "error: train.lr: deprecated and also set as optimizer.lr; keep only optimizer.lr" \
+        in capsys.readouterr().err
+
+
+def test_old_layout_trains_and_resumes_as_the_new_one(tiny_model, addition_data, tmp_path):
+    """A run configured with the old keys writes its config in the new layout, and a
+    checkpoint it wrote resumes under the new-layout config."""
+    out = str(tmp_path / "run")
+    old = {"model": {"name_or_path": tiny_model}, "reward": {"name": "math"},
+           "data": {"path": addition_data, "columns": ["answer"]},
+           "sampling": {"group_size": 2, "max_new_tokens": 3},
+           "train": {"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "device": "cpu"},
+           "output": {"dir": out, "checkpoint_every": 1, "progress": False}}
+    p = run_grpo("train", write_config(tmp_path / "old.json", old), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "train.lr is deprecated" in p.stderr
+    written = json.load(open(os.path.join(out, "config.json")))
+    assert written["optimizer"]["lr"] == 1e-3 and "lr" not in written["train"]
+    written["train"]["steps"] = 3
+    p = run_grpo("train", write_config(tmp_path / "new.json", written), "--resume", cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    steps = [json.loads(x)["step"] for x in open(os.path.join(out, "metrics.jsonl"))]
+    assert steps == [0, 1, 2]
+
+
+def test_config_reference_is_generated_from_the_schema():
+    """docs/config.md is `grpo schema --markdown`: regenerate it when the schema changes."""
+    from grpo_core.cli.docs import config_reference
+
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+        assert f.read() == config_reference(), "run: grpo schema --markdown > docs/config.md"

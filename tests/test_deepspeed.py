@@ -28,7 +28,7 @@ def torchrun(cfg_path):
 
 
 def losses(run_dir):
-    return [json.loads(x)["policy_loss"] for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [json.loads(x)["loss"] for x in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_
 def test_validation_during_training(tiny_model, addition_data, tmp_path):
     cfg = config.validate(make_config(
         tiny_model, addition_data, str(tmp_path / "run"),
-        train={"steps": 5, "prompts_per_step": 2, "device": "cpu"},
+        train={"steps": 5, "prompts_per_step": 2},
         eval={"data": addition_data, "every_n_steps": 2, "max_problems": 4, "n": 2,
               "temperature": 1.0, "keep_best": "accuracy"}))
     train(cfg)

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, make_config
 
 from grpo_core import config
-from grpo_core.gpu_check import parse
+from grpo_core.cli.gpu_check import parse
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,8 +39,7 @@ def test_bf16_training_on_cuda(tiny_model, addition_data, tmp_path):
 
     cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
                                       kl={"name": "fixed", "options": {"coef": 0.05}},
-                                      train={"steps": 2, "prompts_per_step": 4,
-                                             "device": "cuda"}))
+                                      train={"steps": 2, "prompts_per_step": 4}, runtime={"device": "cuda"}))
     summary = train(cfg)
     assert summary["steps"] == 2 and summary["peak_memory_mb"] > 0
 
@@ -55,7 +54,7 @@ def test_vllm_generator_trains_and_syncs(tiny_model, addition_data, tmp_path):
         tiny_model, addition_data, str(tmp_path / "r"),
         generator={"name": "vllm", "options": {"gpu_memory_utilization": 0.2,
                                                "enforce_eager": True}},
-        train={"steps": 2, "prompts_per_step": 4, "device": "cuda"}))
+        train={"steps": 2, "prompts_per_step": 4}, runtime={"device": "cuda"}))
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
     assert len(rows) == 2 and all(r["samples"] == 16 for r in rows)

@@ -11,7 +11,7 @@ def healthy(step: int) -> dict:
     return {"step": step, "reward": 0.2 + 0.01 * step, "zero_std_frac": 0.1, "solved_frac": 0.05,
             "kl": 0.01 + 0.0001 * step, "kl_coef": 0.04, "entropy": 1.2 - 0.002 * step,
             "grad_norm": 1.0 + 0.05 * (step % 3), "completion_len": 100 + step * 0.1,
-            "truncated_frac": 0.02, "policy_loss": 0.01, "skipped_updates": 0}
+            "truncated_frac": 0.02, "loss": 0.01, "skipped_updates": 0}
 
 
 def stream(n: int = 30, **changes) -> list[str]:
@@ -75,8 +75,8 @@ def test_length_running_away():
 
 
 def test_nan():
-    w = stream(policy_loss=lambda s: math.nan if s == 5 else 0.1)
-    assert fired(w, "non-finite values: policy_loss")
+    w = stream(loss=lambda s: math.nan if s == 5 else 0.1)
+    assert fired(w, "non-finite values: loss")
 
 
 def test_warnings_repeat_once_per_window_and_summarise():

@@ -44,4 +44,7 @@ def test_schedules():
 def test_fixed_is_constant():
     f = grpo_core.create("kl", "fixed", {"coef": 0.04})
     f.update(100.0, 10)
-    assert f.value == 0.04 and f.constant
+    assert f.value == 0.04 and f.needs_reference()
+    assert not grpo_core.create("kl", "fixed", {"coef": 0.0}).needs_reference()
+    assert not grpo_core.create("kl", "adaptive", {"init_coef": 0.0}).needs_reference()
+    assert grpo_core.create("kl", "schedule", {"start": 0.0, "end": 0.1}).needs_reference()

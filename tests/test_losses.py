@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from grpo_core_plugins.objectives import clipped_ratio
 
-from grpo_core.losses import Normaliser, aggregate, kl_penalty, policy_loss, token_logprobs
+from grpo_core.logprobs import token_logprobs
+from grpo_core.losses import Normaliser, aggregate, kl_penalty, objective_loss
 
 # 2 prompts x 3 completions, T = 3; lengths 3, 2, 1 | 2, 3, 1
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]],
@@ -18,6 +20,14 @@ OLD = LOGP + torch.tensor([[0.0, 0.5, -0.1], [0.1, 0.0, 0], [-0.3, 0, 0],
                            [0.0, 0.0, 0], [0.2, -0.2, 0.0], [0.0, 0, 0]], dtype=torch.float64)
 REF = LOGP + 0.25 * MASK
 ADV = torch.tensor([1.0, -0.5, -0.5, 0.8, -1.2, 0.4], dtype=torch.float64)
+
+
+def policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, ref_logp=None, kl_coef=0.0,
+                aggregation="token_mean", norm=None):
+    """The GRPO objective (token-level clipped ratio) with the trainer's KL and aggregation."""
+    term = clipped_ratio(logp, old, adv, mask, clip_low, clip_high)
+    return objective_loss(term, mask, aggregation, norm or Normaliser.of(mask, mask.shape[1]),
+                          logp=logp, ref_logp=ref_logp, kl_coef=kl_coef)
 
 
 def hand_per_token(kl_coef: float):
@@ -66,7 +76,7 @@ def test_clip_fractions_count_binding_clips():
     # ratio e^0.5 > 1.2 with A > 0 clips high; ratio e^-0.5 < 0.8 with A < 0 clips low
     logp = torch.tensor([[0.5], [-0.5], [0.5]])
     _, s = policy_loss(logp, torch.zeros(3, 1), torch.tensor([1.0, -1.0, -1.0]), torch.ones(3, 1))
-    assert s["clip_high_frac"] == 1 and s["clip_low_frac"] == 1
+    assert s["clip_high"] == 1 and s["clip_low"] == 1
 
 
 def test_separate_clip_ranges():

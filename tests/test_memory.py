@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, run_grpo
 
-from grpo_core.memory import PRESETS, Shape, plan
+from grpo_core.cli.memory import PRESETS, Shape, plan
 
 
 def test_parameter_counts_match_the_published_sizes():

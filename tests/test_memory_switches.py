@@ -9,14 +9,16 @@ import os
 import pytest
 import torch
 from conftest import make_config
+from grpo_core_plugins.objectives import clipped_ratio
 from safetensors.torch import load_file
 
 import grpo_core
 from grpo_core import config
-from grpo_core.losses import policy_loss
+from grpo_core.logprobs import completion_logprobs, reference_logprobs
+from grpo_core.losses import Normaliser, objective_loss
 from grpo_core.models import load_model, load_tokenizer
 from grpo_core.rollout import SamplingParams
-from grpo_core.trainer import completion_logprobs, reference_logprobs, train
+from grpo_core.trainer import train
 
 DIGIT = {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}}
 CPU = torch.device("cpu")
@@ -47,7 +49,7 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
         model={"name_or_path": tiny_model, "lora": {**lora, "save_merged": True}},
         kl={"name": "fixed", "options": {"coef": 0.05}},
         sampling={"group_size": 8, "max_new_tokens": 6},
-        train={"steps": 3, "prompts_per_step": 4, "lr": 5e-2, "device": "cpu"},
+        train={"steps": 3, "prompts_per_step": 4}, optimizer={"lr": 5e-2},
         output={"dir": str(tmp_path / "run"), "checkpoint_every": 3, "progress": False}))
     summary = train(cfg)
     assert summary["reference_model"]
@@ -86,8 +88,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
         model.train()
         logp, ent = completion_logprobs(model, ro, 1.0, 16, entropy=True)
         adv = torch.linspace(-1, 1, ro.size)
-        loss, _ = policy_loss(logp, ro.logprobs, adv, ro.completion_mask.float(), entropy=ent,
-                              entropy_coef=0.01)
+        mask = ro.completion_mask.float()
+        loss, _ = objective_loss(clipped_ratio(logp, ro.logprobs, adv, mask), mask, "token_mean",
+                                 Normaliser.of(mask, mask.shape[1]), entropy=ent,
+                                 entropy_coef=0.01)
         loss.backward()
         on = getattr(model, "is_activation_checkpointing", None)
         assert (on if on is not None else model.is_gradient_checkpointing) == gc
@@ -114,7 +118,7 @@ def test_reference_on_cpu_trains(tiny_model, addition_data, tmp_path):
         model={"name_or_path": tiny_model, "reference_device": "cpu"},
         kl={"name": "fixed", "options": {"coef": 0.1}},
         sampling={"group_size": 8, "max_new_tokens": 6},
-        train={"steps": 2, "prompts_per_step": 4, "lr": 1e-2, "device": "cpu"}))
+        train={"steps": 2, "prompts_per_step": 4}, optimizer={"lr": 1e-2}))
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert rows[-1]["kl"] > 0

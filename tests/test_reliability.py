@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from grpo_core import config
 from grpo_core.checkpoint import FAULT_PAUSE_ENV
 from grpo_core.errors import UserError
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import Baseline, Generator, hookimpl
 from grpo_core.registry import registry
 from grpo_core.rollout import Rollout
 from grpo_core.trainer import TrainingError, train
@@ -33,9 +33,7 @@ def resumable_config(tiny_model, addition_data, out, steps=8):
                        sampling={"group_size": 4, "max_new_tokens": 6},
                        baseline={"name": "mixed"},
                        kl={"name": "adaptive", "options": {"init_coef": 0.05}},
-                       train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2,
-                              "lr": 1e-2, "device": "cpu", "threads": 1, "seed": 3,
-                              "lr_schedule": "cosine", "warmup_steps": 2},
+                       train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3}, optimizer={"lr": 1e-2, "lr_schedule": "cosine", "warmup_steps": 2}, runtime={"device": "cpu", "threads": 1},
                        output={"dir": out, "checkpoint_every": 1, "keep_last": 2,
                                "progress": False, "samples_every": 0})
 
@@ -178,20 +176,19 @@ def test_hanging_reward_is_cut_off(tiny_model, addition_data, tmp_path):
         time.sleep(30)
 
     register("reward", "hang", lambda: hang, "test-hang")
-    base = make_config(tiny_model, addition_data, str(tmp_path / "a"), reward={"name": "hang"},
-                       train={"steps": 1, "prompts_per_step": 2, "device": "cpu",
-                              "reward_timeout": 0.5, "reward_failure": "zero"})
+    base = make_config(tiny_model, addition_data, str(tmp_path / "a"), reward={"name": "hang", "timeout": 0.5, "failure": "zero"},
+                       train={"steps": 1, "prompts_per_step": 2})
     t0 = time.monotonic()
     summary = train(config.validate(base))
     assert summary["steps"] == 1 and time.monotonic() - t0 < 20
-    base["train"]["reward_failure"] = "raise"
+    base["reward"]["failure"] = "raise"
     base["output"]["dir"] = str(tmp_path / "b")
     with pytest.raises(UserError, match="did not return within 0.5 s"):
         train(config.validate(base))
 
 
 def test_empty_completions_do_not_break_the_step(tiny_model, addition_data, tmp_path):
-    class Empty:
+    class Empty(Generator):
         def setup(self, model, tokenizer, device):
             self.pad = tokenizer.pad_token_id
 
@@ -213,26 +210,22 @@ def test_empty_completions_do_not_break_the_step(tiny_model, addition_data, tmp_
     cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
                                       generator={"name": "empty"},
                                       kl={"name": "fixed", "options": {"coef": 0.1}},
-                                      train={"steps": 2, "prompts_per_step": 2,
-                                             "device": "cpu"}))
+                                      train={"steps": 2, "prompts_per_step": 2}))
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
-    assert all(r["completion_len"] == 0 and r["reward"] == 0 and r["policy_loss"] == 0
+    assert all(r["completion_len"] == 0 and r["reward"] == 0 and r["loss"] == 0
                for r in rows)
 
 
 def test_nan_guard_skips_then_stops(tiny_model, addition_data, tmp_path, capsys):
-    class Inf:
-        needs_greedy = False
-
+    class Inf(Baseline):
         def advantages(self, rewards, greedy_rewards=None):
             return torch.full_like(rewards, float("inf"))
 
     register("baseline", "inf", Inf, "test-inf")
     cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
                                       baseline={"name": "inf"},
-                                      train={"steps": 5, "prompts_per_step": 2, "device": "cpu",
-                                             "max_nonfinite_steps": 2}))
+                                      train={"steps": 5, "prompts_per_step": 2, "max_nonfinite_steps": 2}))
     with pytest.raises(TrainingError, match="non-finite loss or gradient in 2 steps in a row"):
         train(cfg)
     assert "update skipped" in capsys.readouterr().err

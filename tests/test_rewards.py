@@ -65,7 +65,7 @@ def test_length_reward_dapo_overlong():
 def tiny_classifier(tmp_path_factory):
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from grpo_core.demo import build_tokenizer
+    from grpo_core.cli.demo import build_tokenizer
 
     path = str(tmp_path_factory.mktemp("rm"))
     tok = build_tokenizer()
@@ -233,8 +233,7 @@ def test_weighted_dimensions_in_training_metrics(tiny_model, addition_data, tmp_
         {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "as": "digit"},
         {"name": "math", "requires": ["digit"]}]}}
     cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                                      reward=reward, train={"steps": 2, "prompts_per_step": 2,
-                                                            "device": "cpu"}))
+                                      reward=reward, train={"steps": 2, "prompts_per_step": 2}))
     train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     for r in rows:
@@ -261,10 +260,9 @@ def test_nan_reward_never_reaches_the_loss(tiny_model, addition_data, tmp_path):
     module.reward = reward
     registry().add(module, "test-nan")
     cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                                      reward={"name": "half_nan"},
-                                      train={"steps": 2, "prompts_per_step": 4, "device": "cpu",
-                                             "reward_failure": "drop_group"}))
+                                      reward={"name": "half_nan", "failure": "drop_group"},
+                                      train={"steps": 2, "prompts_per_step": 4}))
     summary = train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert all(math.isfinite(r["policy_loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     assert all(r["dropped_rewards"] > 0 for r in rows) and summary["steps"] == 2

@@ -59,8 +59,7 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
         reward={"name": "weighted", "options": {"components": [
             {"name": "no_repetition", "options": {"n": 1, "min_words": 1}},
             {"name": "math"}]}},
-        baseline={"name": "grpo_median"}, train={"steps": 2, "prompts_per_step": 2,
-                                                 "device": "cpu"}))
+        baseline={"name": "grpo_median"}, train={"steps": 2, "prompts_per_step": 2}))
     trained = run(venv, "-m", "grpo_core.cli", "train", cfg)
     assert trained.returncode == 0, trained.stderr
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
@@ -74,7 +73,7 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
     assert gone.returncode == 2 and "unknown baseline plugin 'grpo_median'" in gone.stderr
 
 
-@pytest.mark.parametrize("kind", ["reward", "baseline", "kl"])
+@pytest.mark.parametrize("kind", ["reward", "baseline", "kl", "objective"])
 def test_new_skeleton_passes_check_as_written(venv, tmp_path, kind):
     name = f"my_{kind}_thing"
     made = run(venv, "-m", "grpo_core.cli", "plugins", "new", name, "--kind", kind, "--out",

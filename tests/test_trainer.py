@@ -13,12 +13,13 @@ from conftest import make_config
 from safetensors.torch import load_file
 
 from grpo_core import config
+from grpo_core.groups import micro_batches
 from grpo_core.hookspecs import hookimpl
 from grpo_core.registry import registry
-from grpo_core.trainer import _micro_batches, train
+from grpo_core.trainer import train
 
 METRICS = ["reward", "reward_std", "reward_within_group_std", "zero_std_frac", "kl", "entropy",
-           "policy_loss", "clip_low_frac", "clip_high_frac", "grad_norm", "completion_len",
+           "loss", "loss/policy", "clip_low_frac", "clip_high_frac", "grad_norm", "completion_len",
            "completion_len_max", "truncated_frac", "kl_coef", "time/generate", "time/reward",
            "time/train", "time/step", "samples"]
 
@@ -76,13 +77,12 @@ def test_three_steps_change_weights_and_write_metrics(tiny_model, addition_data,
 def test_equal_rewards_give_zero_gradient_and_no_nan(tiny_model, addition_data, tmp_path):
     constant_plugin()
     cfg, summary = run(tiny_model, addition_data, tmp_path, reward={"name": "constant"},
-                       train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2,
-                              "lr": 1e-2, "device": "cpu", "weight_decay": 0.0})
+                       train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2}, optimizer={"lr": 1e-2, "weight_decay": 0.0})
     assert summary["reference_model"] is False  # KL coefficient 0: no reference at all
     rows = [json.loads(line) for line in open(os.path.join(cfg["output"]["dir"],
                                                            "metrics.jsonl"))]
     assert all(r["grad_norm"] == 0.0 and r["zero_std_frac"] == 1.0 for r in rows)
-    assert all(math.isfinite(r["policy_loss"]) for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows)
     before, after = load_file(os.path.join(tiny_model, "model.safetensors")), weights(
         cfg["output"]["dir"])
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -91,7 +91,7 @@ def test_equal_rewards_give_zero_gradient_and_no_nan(tiny_model, addition_data, 
 def test_micro_batches_hold_whole_groups():
     group = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 0, 2])  # rows of a group need not be adjacent
     seen = []
-    for rows in _micro_batches(group, 4, 3):
+    for rows in micro_batches(group, 4, 3):
         groups = set(group[rows].tolist())
         for g in groups:  # every row of each group present in this micro-batch
             assert set(torch.nonzero(group == g).squeeze(1).tolist()) <= set(rows.tolist())
@@ -103,8 +103,7 @@ def test_micro_batching_does_not_change_the_update(tiny_model, addition_data, tm
     results = []
     for i, mb in enumerate((1, 4)):
         cfg, _ = run(tiny_model, addition_data, tmp_path / str(i),
-                     train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": mb,
-                            "lr": 1e-3, "device": "cpu"})
+                     train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": mb}, optimizer={"lr": 1e-3})
         results.append(weights(cfg["output"]["dir"]))
     for k in results[0]:
         torch.testing.assert_close(results[0][k], results[1][k], rtol=1e-4, atol=1e-6)
@@ -114,7 +113,7 @@ def test_micro_batching_does_not_change_the_update(tiny_model, addition_data, tm
                                       "reinforce_pp"])
 def test_every_baseline_trains(tiny_model, addition_data, tmp_path, baseline):
     cfg, summary = run(tiny_model, addition_data, tmp_path, baseline={"name": baseline},
-                       train={"steps": 2, "prompts_per_step": 4, "device": "cpu"})
+                       train={"steps": 2, "prompts_per_step": 4})
     rows = [json.loads(line) for line in open(os.path.join(cfg["output"]["dir"],
                                                            "metrics.jsonl"))]
     assert len(rows) == 2
@@ -127,10 +126,10 @@ def test_every_baseline_trains(tiny_model, addition_data, tmp_path, baseline):
 @pytest.mark.parametrize("placement", ["loss", "reward"])
 def test_every_kl_controller_and_placement_trains(tiny_model, addition_data, tmp_path, kl,
                                                   placement):
-    cfg, summary = run(tiny_model, addition_data, tmp_path, kl=kl, reward=DIGIT,
+    cfg, summary = run(tiny_model, addition_data, tmp_path, kl={**kl, "placement": placement},
+                       reward=DIGIT,
                        sampling={"group_size": 8, "max_new_tokens": 6},
-                       train={"steps": 2, "prompts_per_step": 4, "device": "cpu",
-                              "kl_placement": placement, "lr": 1e-2})
+                       train={"steps": 2, "prompts_per_step": 4}, optimizer={"lr": 1e-2})
     rows = [json.loads(line) for line in open(os.path.join(cfg["output"]["dir"],
                                                            "metrics.jsonl"))]
     assert summary["reference_model"]
@@ -141,8 +140,7 @@ def test_every_kl_controller_and_placement_trains(tiny_model, addition_data, tmp
 
 def test_dynamic_groups_drop_and_resample(tiny_model, addition_data, tmp_path):
     cfg, _ = run(tiny_model, addition_data, tmp_path,
-                 train={"steps": 2, "prompts_per_step": 4, "device": "cpu",
-                        "drop_zero_std_groups": True, "resample_zero_std_max": 4})
+                 train={"steps": 2, "prompts_per_step": 4}, groups={"drop_zero_std": True, "resample_zero_std_max": 4})
     rows = [json.loads(line) for line in open(os.path.join(cfg["output"]["dir"],
                                                            "metrics.jsonl"))]
     assert all(r["extra_completions"] == 4 * round(r["extra_completions"] / 4) for r in rows)

@@ -5,18 +5,19 @@ from __future__ import annotations
 from grpo_core_plugins.math_reward.extract import extract_answer, gold_answer
 from grpo_core_plugins.math_reward.verify import Verifier
 
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import Reward, hookimpl
 from grpo_core.scores import Scores
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
-class MathReward:
+class MathReward(Reward):
     """Scores each completion 1.0 (equivalent answer) or 0.0; extracted answers go to extras."""
 
     def __init__(self, answer_column: str = "answer", strict: bool = False, rel_tol: float = 0.0,
                  timeout: float = 2.0, workers: int = 2, max_length: int = 2000):
         self.column, self.strict = answer_column, strict
+        self.columns, self.max_value = (answer_column,), 1.0
         self.verifier = Verifier(rel_tol=rel_tol, timeout=timeout, workers=workers,
                                  max_length=max_length)
 

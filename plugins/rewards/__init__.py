@@ -8,7 +8,7 @@ from grpo_core_plugins.rewards import http, json_schema, reward_model, weighted
 
 from grpo_core.hookspecs import hookimpl
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
 @hookimpl

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from grpo_core.errors import UserError
+from grpo_core.hookspecs import Reward
 from grpo_core.scores import Scores
 
 
-class RewardModel:
+class RewardModel(Reward):
     """Batched scoring on the training device; the chat template joins prompt and completion
     when the tokenizer has one. Safetensors only and no remote code unless opted in."""
 

@@ -14,10 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import grpo_core
+from grpo_core.hookspecs import Reward
 from grpo_core.scores import Scores
 
 
-class WeightedReward:
+class WeightedReward(Reward):
     def __init__(self, components: list[dict], normalize: str = "none", threads: int = 8):
         self.parts = []
         names = set()
@@ -36,6 +37,13 @@ class WeightedReward:
                     raise ValueError(f"component {p['dim']!r} requires unknown dimension {r!r}; "
                                      f"known: {sorted(names)}")
         self.normalize, self.threads = normalize, threads
+        self.columns = tuple(dict.fromkeys(c for p in self.parts for c in p["fn"].columns))
+        # the best total is known when every component's best is and nothing is normalised;
+        # a component with a negative weight is a penalty whose best is taken to be 0
+        maxima = [p["fn"].max_value for p in self.parts]
+        known = normalize == "none" and None not in maxima
+        self.max_value = sum(max(p["weight"] * m, 0.0) for p, m in zip(self.parts, maxima)) \
+            if known else None
 
     def __call__(self, prompts, completions, **columns) -> Scores:
         with ThreadPoolExecutor(max_workers=min(self.threads, len(self.parts))) as pool:
@@ -61,7 +69,8 @@ class WeightedReward:
             total += p["weight"] * gate * d
         extras = {}
         for out in results.values():
-            extras.update(getattr(out, "extras", {}) or {})
+            if isinstance(out, Scores):
+                extras.update(out.extras)
         return Scores(total.tolist(), dimensions={k: v.tolist() for k, v in dims.items()},
                       extras=extras)
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from grpo_core.hookspecs import hookimpl
+from grpo_core.hookspecs import Baseline, Reward, hookimpl
 
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 
-class NoRepetition:
+class NoRepetition(Reward):
+    max_value = 1.0  # no n-gram repeats
+
     def __init__(self, n: int = 3, min_words: int = 6):
         self.n, self.min_words = n, min_words
 
@@ -29,9 +31,7 @@ class NoRepetition:
         return [self.score(c) for c in completions]
 
 
-class MedianBaseline:
-    needs_greedy = False
-
+class MedianBaseline(Baseline):
     def __init__(self, eps: float = 1e-6):
         self.eps = eps
 

@@ -34,8 +34,8 @@ def build(path: str) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.demo import build_tokenizer
-    from grpo_core.memory import PRESETS
+    from grpo_core.cli.demo import build_tokenizer
+    from grpo_core.cli.memory import PRESETS
 
     s = PRESETS["qwen2.5-0.5b"]
     tok = build_tokenizer()
@@ -57,8 +57,10 @@ def run_backend(backend: str, model: str, data: str, args, out: str) -> dict:
         "model": {"name_or_path": model},
         "data": {"path": data, "columns": ["answer"]},
         "sampling": {"group_size": args.group_size, "max_new_tokens": args.max_new_tokens},
-        "train": {"steps": args.steps, "prompts_per_step": args.prompts, "lr": 1e-6,
-                  "device": "cuda", "micro_batch_groups": 2},
+        "train": {"steps": args.steps, "prompts_per_step": args.prompts,
+                  "micro_batch_groups": 2},
+        "optimizer": {"lr": 1e-6},
+        "runtime": {"device": "cuda"},
         "reward": {"name": "math"},
         "kl": {"name": "fixed", "options": {"coef": 0.04}},
         "generator": {"name": backend},
@@ -70,7 +72,8 @@ def run_backend(backend: str, model: str, data: str, args, out: str) -> dict:
     gen_tokens = sum(r["samples"] * r["completion_len"] for r in rows)
     return {"backend": backend,
             "generate_tokens_per_s": gen_tokens / sum(r["time/generate"] for r in rows),
-            "train_tokens_per_s": gen_tokens / sum(r["time/train"] for r in rows),
+            "train_tokens_per_s": gen_tokens / sum(r["time/train"] + r["time/reference"]
+                                                   for r in rows),
             "step_s": sum(r["time/step"] for r in rows) / len(rows),
             "peak_memory_gib": summary["peak_memory_mb"] / 1024}
 
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="gpu_check_")
     model = os.path.join(work, "model")
     build(model)
-    from grpo_core.demo import addition_rows, write_jsonl
+    from grpo_core.cli.demo import addition_rows, write_jsonl
 
     data = os.path.join(work, "train.jsonl")
     write_jsonl(data, addition_rows()[0])

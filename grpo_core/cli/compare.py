@@ -13,12 +13,12 @@ import time
 import yaml
 
 from grpo_core import config as config_mod
+from grpo_core.cli.plots import plot_groups
 from grpo_core.errors import UserError
 from grpo_core.metrics import read
-from grpo_core.plots import plot_groups
 from grpo_core.registry import registry
 
-KINDS = ("baseline", "kl", "reward", "generator")
+KINDS = ("baseline", "kl", "reward", "generator", "objective")
 
 
 def variants(args) -> list[dict[str, str]]:

@@ -35,13 +35,19 @@ def _sample_call(kind: str, plugin):
     if kind == "baseline":
         rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [2.0, 2.0, 2.0, 2.0],
                                 [0.3, 0.9, 0.1, 0.7]])
-        greedy = torch.tensor([0.5, 2.0, 0.4]) if getattr(plugin, "needs_greedy", False) \
-            else None
+        greedy = torch.tensor([0.5, 2.0, 0.4]) if plugin.needs_greedy else None
         return plugin.advantages(rewards, greedy), (rewards, greedy)
     if kind == "kl":
         start = plugin.value
         plugin.update(0.05, 32)
         return (start, plugin.value), None
+    if kind == "objective":
+        logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.1]], requires_grad=True)
+        old = torch.tensor([[-1.1, -0.4, -2.0], [-0.3, -1.0, -0.3]])
+        mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+        term = plugin(logp, old, torch.tensor([1.0, -1.0]), mask)
+        (term.loss * mask).sum().backward()
+        return term, (logp.grad, mask)
     return None, None
 
 
@@ -77,16 +83,15 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         record("schema is valid JSON Schema", False, exc.message)
     try:
         plugin = grpo_core.create(kind, name, options)
-        record("builds with default options", True)
+        record("builds with default options and derives from its kind's base class", True)
     except Exception as exc:  # the report, not a traceback, is the point here
-        record("builds with default options", False, f"{type(exc).__name__}: {exc}")
+        record("builds with default options and derives from its kind's base class", False,
+               f"{type(exc).__name__}: {exc}")
         return _report(kind, name, results)
-    if kind == "generator":
-        missing = [m for m in ("setup", "generate", "sync_weights") if not hasattr(plugin, m)]
-        record("has setup, generate, sync_weights", not missing, f"missing {missing}")
+    if kind == "generator":  # a generator needs a model: the contract is all that is checked
         return _report(kind, name, results)
     try:
-        first, _ = _sample_call(kind, plugin)
+        first, extra = _sample_call(kind, plugin)
         ok, detail = True, ""
         if kind == "reward":
             ok = len(first) == 4 and all(isinstance(v, (int, float)) for v in first)
@@ -95,6 +100,12 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
             ok = isinstance(first, torch.Tensor) and first.shape == (3, 4) and bool(
                 torch.isfinite(first).all())
             detail = f"returned {type(first).__name__} {getattr(first, 'shape', '')}"
+        elif kind == "objective":
+            grad, mask = extra
+            ok = (first.loss.shape == mask.shape and bool(torch.isfinite(first.loss).all())
+                  and all(v.shape == mask.shape for v in first.counts.values())
+                  and bool((grad[mask.bool()] != 0).any()))
+            detail = f"loss {tuple(first.loss.shape)}, counts {list(first.counts)}"
         elif kind == "kl":
             state = plugin.state_dict()
             fresh = grpo_core.create(kind, name, options)
@@ -112,6 +123,8 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         if kind == "kl":
             first_fresh, _ = _sample_call(kind, grpo_core.create(kind, name, options))
             same = again == first_fresh
+        elif kind == "objective":
+            same = torch.equal(again.loss, first.loss)
         elif kind == "baseline":
             second, _ = _sample_call(kind, grpo_core.create(kind, name, options))
             same = torch.equal(again, second)
@@ -147,8 +160,10 @@ def _report(kind: str, name: str, results: list[tuple[str, bool, str]]) -> int:
 
 SKELETON = {
     "reward": '''
-class {cls}:
+class {cls}(Reward):
     """TODO: say what this reward measures and why."""
+
+    max_value = 1.0  # the best score, if there is one (None otherwise)
 
     def __init__(self, scale: float = 1.0):
         self.scale = scale
@@ -163,10 +178,8 @@ def reward(register):
     register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
 ''',
     "baseline": '''
-class {cls}:
+class {cls}(Baseline):
     """TODO: say what this baseline subtracts and why."""
-
-    needs_greedy = False
 
     def __init__(self, scale: float = 1.0):
         self.scale = scale
@@ -183,29 +196,41 @@ def baseline(register):
     register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
 ''',
     "kl": '''
-class {cls}:
+class {cls}(KLController):
     """TODO: say how the coefficient moves."""
-
-    constant = False
 
     def __init__(self, scale: float = 0.01):
         self.value = scale
 
     def update(self, kl, n_samples):
-        pass
-
-    def state_dict(self):
-        return {{"value": self.value}}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
+        pass  # state_dict / load_state_dict of the base class keep self.value
 
 
 @hookimpl
 def kl(register):
     register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
 ''',
+    "objective": '''
+class {cls}(Objective):
+    """TODO: say what this objective optimises and why."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def __call__(self, logp, old_logp, advantages, mask):
+        # logp, old_logp, mask: [B, T]; advantages: [B] -> per-token loss [B, T]
+        ratio = torch.exp(logp - old_logp)
+        return PolicyTerm(-self.scale * ratio * advantages[:, None])
+
+
+@hookimpl
+def objective(register):
+    register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
+''',
 }
+
+BASES = {"reward": "Reward", "baseline": "Baseline", "kl": "KLController",
+         "objective": "Objective, PolicyTerm"}
 
 
 def new(name: str, kind: str, out: str) -> int:
@@ -226,6 +251,7 @@ def new(name: str, kind: str, out: str) -> int:
     if os.path.exists(root):
         raise UserError(f"{root} already exists")
     cls = "".join(p.title() for p in name.split("_"))
+    imports = "\nimport torch\n" if kind == "objective" else ""
     os.makedirs(os.path.join(root, pkg))
     os.makedirs(os.path.join(root, "tests"))
     files = {
@@ -247,10 +273,10 @@ dependencies = ["grpo-core>=0.1"]
 packages = ["{pkg}"]
 ''',
         f"{pkg}/__init__.py": f'''"""grpo-core {kind} plugin ``{name}``."""
+{imports}
+from grpo_core.hookspecs import {BASES[kind]}, hookimpl
 
-from grpo_core.hookspecs import hookimpl
-
-GRPO_CORE_API = (1,)
+GRPO_CORE_API = (2,)
 
 SCHEMA = {{
     "type": "object",

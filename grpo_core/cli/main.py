@@ -25,6 +25,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_schema(args) -> int:
+    if args.markdown:
+        from grpo_core.cli.docs import config_reference
+
+        print(config_reference(), end="")
+        return 0
     from grpo_core.config import full_schema
 
     print(json.dumps(full_schema(), indent=2))
@@ -32,7 +37,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from grpo_core import plugin_tools
+    from grpo_core.cli import plugin_tools
 
     if args.action == "check":
         try:
@@ -63,25 +68,25 @@ def cmd_train(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from grpo_core import demo
+    from grpo_core.cli import demo
 
     return demo.run(args.out, steps=args.steps, baseline=args.baseline, overrides=args.set)
 
 
 def cmd_eval(args) -> int:
-    from grpo_core.evaluate import evaluate_cli
+    from grpo_core.cli.eval import evaluate_cli
 
     return evaluate_cli(args)
 
 
 def cmd_compare(args) -> int:
-    from grpo_core.compare import compare_cli
+    from grpo_core.cli.compare import compare_cli
 
     return compare_cli(args)
 
 
 def cmd_plot(args) -> int:
-    from grpo_core.plots import plot_runs
+    from grpo_core.cli.plots import plot_runs
 
     for path in plot_runs(args.runs, args.metrics.split(","), args.out):
         print(path)
@@ -89,7 +94,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_plan_memory(args) -> int:
-    from grpo_core.memory import plan_cli
+    from grpo_core.cli.memory import plan_cli
 
     return plan_cli(args)
 
@@ -106,7 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     with_config(sub.add_parser("validate", help="check a config; print the effective config")) \
         .set_defaults(func=cmd_validate)
-    sub.add_parser("schema", help="print the full JSON Schema").set_defaults(func=cmd_schema)
+    sc = sub.add_parser("schema", help="print the full JSON Schema")
+    sc.add_argument("--markdown", action="store_true",
+                    help="print the config reference (docs/config.md) instead")
+    sc.set_defaults(func=cmd_schema)
 
     pl = sub.add_parser("plugins", help="list, check or scaffold plugins")
     pl.add_argument("action", nargs="?", choices=["list", "check", "new"], default="list")

@@ -1,0 +1,45 @@
+"""``grpo eval``: evaluate a model on held-out problems with a config's reward and data."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+import grpo_core
+from grpo_core import config as config_mod
+from grpo_core.data import check_fields, read_rows
+from grpo_core.errors import UserError
+from grpo_core.evaluate import evaluate, write
+from grpo_core.models import load_model, load_tokenizer, pick_device
+
+
+def evaluate_cli(args) -> int:
+    """``grpo eval``: the config gives the reward, data layout and generator."""
+    cfg = config_mod.load(args.config, args.set)
+    if args.model:
+        cfg["model"]["name_or_path"] = args.model
+    if args.n < 1:
+        raise UserError("--n: expected a number >= 1")
+    device = pick_device(cfg["runtime"]["device"])
+    tokenizer = load_tokenizer(cfg["model"])
+    model = load_model(cfg["model"], device).eval()
+    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
+    gen.setup(model, tokenizer, device)
+    reward_fn = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
+    rows = read_rows(args.data or cfg["data"]["path"], args.split)
+    check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
+                 args.data or cfg["data"]["path"])
+    rows = rows[:args.max_problems] if args.max_problems else rows
+    with torch.no_grad():
+        report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
+                                   temperature=args.temperature,
+                                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
+                                   progress=True)
+    report["model"] = cfg["model"]["name_or_path"]
+    out = args.out or os.path.join(cfg["output"]["dir"], "eval")
+    write(out, report, records)
+    print(json.dumps(report, indent=2))
+    print(f"wrote {out}/report.json and {out}/completions.jsonl")
+    return 0

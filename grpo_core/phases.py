@@ -1,0 +1,266 @@
+"""The phases of one training step, in order: sample, score, advantages, update, observe,
+save. Each takes the :class:`~grpo_core.run.Run` and what the phases before it returned, and
+returns a small record of its own; none edits another's output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpo_core import dist
+from grpo_core.data import Batch, make_batch
+from grpo_core.errors import UserError
+from grpo_core.evaluate import evaluate
+from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
+from grpo_core.logprobs import completion_logprobs, reference_logprobs
+from grpo_core.losses import Normaliser, kl_penalty, objective_loss
+from grpo_core.metrics import rollout_metrics, write_samples
+from grpo_core.rewards import Scored, score_rollout
+from grpo_core.rollout import Rollout, SamplingParams
+from grpo_core.run import Run
+
+
+class TrainingError(UserError):
+    """The run cannot go on (for example, repeated non-finite losses)."""
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of a step: every step draws fresh, reproducible noise."""
+    return (seed * 1_000_003 + step * 7919) & 0xFFFFFFFF
+
+
+def _warn(run: Run, step: int, message: str) -> None:
+    if run.main:
+        print(f"\nwarning (step {step}): {message}", file=sys.stderr)
+
+
+@dataclass
+class Sampled:
+    """Phase 1: this rank's prompts and G completions of each."""
+
+    batch: Batch
+    rollout: Rollout
+    seconds: float
+
+
+def sample(run: Run, step: int) -> Sampled:
+    t0 = time.time()
+    P, G = run.prompts, run.cfg["sampling"]["group_size"]
+    order = run.stream.take(run.cfg["train"]["prompts_per_step"])
+    batch = make_batch([run.rows[i] for i in order[run.rank * P:(run.rank + 1) * P]],
+                       run.cfg["data"], run.tokenizer)
+    with run.autocast:
+        ro = run.generator.generate(batch.prompt_ids, G, run.sampling,
+                                    seed=step_seed(run.cfg["train"]["seed"], step),
+                                    row_offset=run.rank * P * G)
+    return Sampled(batch, ro.to(run.device), time.time() - t0)
+
+
+@dataclass
+class Judged:
+    """Phase 2: the rollout with its task rewards (with any extra completions drawn for flat
+    groups), which groups are flat, and the greedy completions' rewards (ReMax)."""
+
+    rollout: Rollout
+    scored: Scored
+    flat: torch.Tensor  # [P] bool: the group's rewards are all equal
+    greedy_rewards: torch.Tensor | None  # [P]
+    extra_completions: int
+    seconds: float
+    greedy_seconds: float
+
+
+def score(run: Run, step: int, s: Sampled) -> Judged:
+    t0 = time.time()
+
+    def judge(batch: Batch, ro: Rollout) -> Scored:
+        return score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro)
+
+    ro, scored, extra = s.rollout, judge(s.batch, s.rollout), 0
+    if scored.problem:
+        _warn(run, step, f"{scored.problem}; applied reward.failure: "
+                         f"{run.cfg['reward']['failure']}")
+    flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
+    n = run.cfg["groups"]["resample_zero_std_max"]
+    if n and flat.any():  # dynamic sampling: more completions for groups with no signal
+        ro, scored, extra = resample(run.generator, judge, s.batch, ro, scored, flat, n,
+                                     run.sampling, step_seed(run.cfg["train"]["seed"], step),
+                                     run.rank * 1_000_000)
+        flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
+    greedy, t1 = None, time.time()
+    if run.baseline.needs_greedy:  # ReMax: one greedy completion per prompt
+        sp = run.sampling
+        g = run.generator.generate(s.batch.prompt_ids, 1, SamplingParams(
+            sp.max_new_tokens, greedy=True, batch_size=sp.batch_size))
+        greedy = judge(s.batch, g.to(run.device)).rewards
+    return Judged(ro, scored, flat, greedy, extra, t1 - t0,
+                  time.time() - t1 if greedy is not None else 0.0)
+
+
+@dataclass
+class Advantages:
+    """Phase 3: what the update needs beside the rollout."""
+
+    old_logp: torch.Tensor  # [B, T] log-probs under the policy that sampled
+    ref_logp: torch.Tensor | None  # [B, T] under the frozen reference
+    is_weights: torch.Tensor | None  # [B, T] truncated importance weights (other sampler)
+    rewards: torch.Tensor  # [B] what the baseline saw: task reward, minus KL if so placed
+    advantages: torch.Tensor  # [B]
+    keep: torch.Tensor  # [B] bool: in the loss (reward present, group not dropped)
+    seconds: float
+
+
+def advantages(run: Run, j: Judged) -> Advantages:
+    t0, ro, cfg = time.time(), j.rollout, run.cfg
+    temp, chunk = cfg["sampling"]["temperature"], cfg["runtime"]["logprob_chunk"]
+    mask = ro.completion_mask.float()
+    ref_logp = None if run.reference is None else reference_logprobs(
+        run.reference, ro, temp, chunk, run.autocast)
+    old_logp, is_weights = ro.logprobs, None
+    if run.generator.recompute_old_logprobs:  # the sampler's numerics differ from ours
+        with torch.no_grad(), run.autocast:
+            old_logp = completion_logprobs(run.policy, ro, temp, chunk)[0]
+        is_weights = torch.exp(old_logp - ro.logprobs).clamp(max=run.generator.tis_cap) * mask
+    rewards = j.scored.rewards
+    if ref_logp is not None and cfg["kl"]["placement"] == "reward":
+        kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
+        rewards = rewards - run.kl.value * kl_seq
+    group = ro.group.cpu()
+    grid, slot = to_grid(rewards, group, run.prompts)
+    adv = run.baseline.advantages(grid, j.greedy_rewards)[group, slot]
+    keep = torch.isfinite(rewards)  # missing rewards leave the loss
+    if cfg["groups"]["drop_zero_std"]:
+        keep &= ~j.flat[group]
+    return Advantages(old_logp, ref_logp, is_weights, rewards,
+                      torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
+                      time.time() - t0)
+
+
+@dataclass
+class Updated:
+    """Phase 4: the step's loss terms and counts (first pass over the rollout, summed over
+    micro-batches and ranks), the gradient norm, and how many updates were skipped."""
+
+    stats: dict[str, float]
+    grad_norm: float
+    skipped: int
+    seconds: float
+
+
+def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
+    t0, ro, cfg = time.time(), j.rollout, run.cfg
+    oc = cfg["objective"]
+    loss_mask = ro.completion_mask.float() * a.keep[:, None]
+    norm = Normaliser(float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
+                      float(dist.all_sum(a.keep.sum().double()).clamp(min=1)),
+                      float(cfg["sampling"]["max_new_tokens"]))
+    kl_coef = run.kl.value if cfg["kl"]["placement"] == "loss" else 0.0
+    aggregation = oc["aggregation"] or run.objective.aggregation
+    stats: dict[str, float] = {}
+    grad_norm, skipped = 0.0, 0
+    run.policy.train()
+    for it in range(cfg["train"]["inner_iterations"]):
+        run.engine.zero_grad()
+        total = 0.0
+        for mb in micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]):
+            sub = ro.rows(mb)
+            with run.autocast:
+                logp, ent = completion_logprobs(run.policy, sub, cfg["sampling"]["temperature"],
+                                                cfg["runtime"]["logprob_chunk"], entropy=True)
+            term = run.objective(logp, a.old_logp[mb], a.advantages[mb], loss_mask[mb])
+            loss, s = objective_loss(
+                term, loss_mask[mb], aggregation, norm, logp=logp,
+                ref_logp=None if a.ref_logp is None else a.ref_logp[mb], kl_coef=kl_coef,
+                kl_estimator=cfg["kl"]["estimator"], entropy=ent,
+                entropy_coef=oc["entropy_coef"],
+                is_weights=None if a.is_weights is None else a.is_weights[mb])
+            run.engine.backward(loss)
+            total += float(loss.detach())
+            if it == 0:
+                for k, v in s.items():
+                    stats[k] = stats.get(k, 0.0) + v
+        norm_now, applied = run.engine.step(math.isfinite(total))
+        if applied:
+            grad_norm = norm_now
+        else:  # NaN guard: this update was skipped
+            skipped += 1
+            _warn(run, step, "non-finite loss or gradient; update skipped")
+    run.generator.sync_weights(run.policy)
+    run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
+    if run.nonfinite_run >= cfg["train"]["max_nonfinite_steps"]:
+        raise TrainingError(f"non-finite loss or gradient in {run.nonfinite_run} steps in a row "
+                            f"(step {step}); lower optimizer.lr or check the reward")
+    stats = dist.sum_named(stats, run.device)
+    run.kl.update(stats["kl"] / max(stats["tokens"], 1.0),
+                  cfg["train"]["prompts_per_step"] * cfg["sampling"]["group_size"])
+    return Updated(stats, grad_norm, skipped, time.time() - t0)
+
+
+def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Updated,
+            started: float) -> dict:
+    """Phase 5: the step's metrics record (written by rank 0), validation when due, health
+    warnings, samples."""
+    cfg, ro = run.cfg, j.rollout
+    tokens = max(u.stats["tokens"], 1.0)
+    record = {"step": step, **rollout_metrics(
+        j.scored.rewards, to_grid(j.scored.rewards, ro.group.cpu(), run.prompts)[0], j.flat, ro,
+        j.scored.dimensions, j.extra_completions,
+        cfg["health"]["solved_reward"] if cfg["health"]["solved_reward"] is not None
+        else run.reward.max_value, run.device)}
+    record.update({
+        "kl": u.stats["kl"] / tokens, "kl_coef": run.kl.value,
+        "entropy": u.stats["entropy"] / tokens,
+        "loss": sum(v for k, v in u.stats.items() if k.startswith("loss/")),
+        **{k: v for k, v in u.stats.items() if k.startswith("loss/")},
+        **{f"{k}_frac": v / tokens for k, v in u.stats.items() if k.startswith("clip_")},
+        "grad_norm": u.grad_norm, "skipped_updates": u.skipped,
+        "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
+        "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
+        "time/train": u.seconds, "time/step": time.time() - started})
+    if run.eval_rows is not None:
+        ec = cfg["eval"]
+        if (step + 1) % ec["every_n_steps"] == 0 or step + 1 == cfg["train"]["steps"]:
+            _validate(run, step, record)
+    if run.health:
+        record["health"] = run.health.observe(record)
+        for w in record["health"]:
+            _warn(run, step, w)
+    run.first, run.last = run.first or record, record
+    run.steps_run += 1
+    if run.main:
+        run.metrics.write(record)
+        if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
+            write_samples(run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras,
+                          a.rewards, a.advantages, run.tokenizer)
+    return record
+
+
+def _validate(run: Run, step: int, record: dict) -> None:
+    """Validation on held-out problems into the same record; keeps the best model."""
+    ec, sc = run.cfg["eval"], run.cfg["sampling"]
+    if run.main:
+        with torch.no_grad(), run.autocast:
+            report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
+                                 run.cfg["data"], run.reward, n=ec["n"],
+                                 temperature=ec["temperature"],
+                                 max_new_tokens=sc["max_new_tokens"],
+                                 pass_threshold=ec["pass_threshold"],
+                                 correct_dimension=ec["correct_dimension"])
+        record.update({f"eval/{k}": v for k, v in report.items()
+                       if isinstance(v, float) and k != "temperature"})
+        value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None
+        if value is not None and (run.best is None or value > run.best):
+            run.best = value
+            best = os.path.join(run.dir, "best")
+            run.policy.save_pretrained(best)
+            run.tokenizer.save_pretrained(best)
+            with open(os.path.join(best, "best.json"), "w", encoding="utf-8") as f:
+                json.dump({"step": step, ec["keep_best"]: value}, f)
+    dist.barrier()
