@@ -1,34 +1,53 @@
-"""Shape rewards: tag structure and regular expressions (``format``), length (``length``)."""
+"""Shape rewards: tag structure and regular expressions (``format``), length (``length``).
+
+All matching runs on RE2 (see ``regex.py``), so a completion is inspected in time linear in its
+length whatever the configured patterns are; patterns RE2 cannot run are refused when the
+reward is built."""
 
 from __future__ import annotations
 
-import re
+import itertools
 
+import re2
+from grpo_core_plugins.rewards.regex import RegexRefused, clean, compile_linear, search
+
+from grpo_core.errors import PluginError
+from grpo_core.hookspecs import Reward
 from grpo_core.scores import Scores
 
 MAX_CHARS = 100_000  # longest completion inspected; longer ones fail the format
 
 
-class FormatReward:
+class FormatReward(Reward):
     """Rules: each tag appears exactly once as <tag>...</tag>; tags in the given order;
     optionally nothing but whitespace outside them; each pattern matches somewhere.
     Score 1/0 (all rules), or with ``partial`` the share of rules satisfied."""
 
+    max_value = 1.0  # every rule satisfied
+
     def __init__(self, tags: list[str] | None = None, patterns: list[str] | None = None,
                  only_tags: bool = False, partial: bool = False):
         self.tags = list(tags or [])
-        self.patterns = [re.compile(p, re.DOTALL) for p in patterns or []]
+        self.patterns = []
+        for i, pattern in enumerate(patterns or []):
+            try:
+                self.patterns.append(compile_linear(pattern, dotall=True))
+            except RegexRefused as exc:
+                raise PluginError(f"reward format: patterns[{i}]: {exc}") from None
+        # Non-greedy, dot matches newlines: the first closing tag after an opening one.
+        self._tag_rx = [compile_linear(f"<{re2.escape(t)}>.*?</{re2.escape(t)}>", dotall=True)
+                        for t in self.tags]
         self.only_tags, self.partial = only_tags, partial
 
     def rules(self, text: str) -> list[bool]:
         if len(text) > MAX_CHARS:
             return [False] * self.n_rules
+        text = clean(text)
         out = []
         spans = []
-        for tag in self.tags:
-            found = list(re.finditer(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text,
-                                     re.DOTALL))
+        for tag, rx in zip(self.tags, self._tag_rx):
             opens = text.count(f"<{tag}>")
+            found = list(itertools.islice(rx.finditer(text), 2)) if opens == 1 else []
             once = len(found) == 1 and opens == 1
             out.append(once)
             spans.append(found[0].span() if once else None)
@@ -43,7 +62,7 @@ class FormatReward:
                 last = span[1]
             rest.append(text[last:])
             out.append(all(s is not None for s in spans) and not "".join(rest).strip())
-        out += [bool(p.search(text)) for p in self.patterns]
+        out += [_matches(p, text) for p in self.patterns]
         return out
 
     @property
@@ -64,10 +83,21 @@ class FormatReward:
         return Scores(scores)
 
 
-class LengthReward:
+def _matches(rx, text: str) -> bool:
+    """Whether ``rx`` matches somewhere in ``text``. Python's ``$`` (which the patterns were
+    written for) also matches just before a final newline; RE2's only at the very end, so a
+    text ending in a newline is also tried without it."""
+    if search(rx, text):
+        return True
+    return "$" in rx.pattern and text.endswith("\n") and bool(search(rx, text[:-1]))
+
+
+class LengthReward(Reward):
     """DAPO's overlong penalty (Yu et al. 2025), in tokens (``completion_tokens``):
     0 up to ``max_length - buffer``; then linear down to -1 at ``max_length``; -1 beyond.
     With ``target`` set instead: -|len - target| / target, a pull towards a length."""
+
+    max_value = 0.0  # no penalty
 
     def __init__(self, max_length: int = 512, buffer: int = 128, target: int | None = None):
         if buffer > max_length:
