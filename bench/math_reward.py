@@ -1,11 +1,20 @@
 """Accuracy and speed of the ``math`` reward against math-verify, on real data, in one run.
 
     python bench/math_reward.py [--data ../shared/data] [--limit N] [--show-disagreements K]
+                                [--skip-data]
 
-Needs the benchmark extra (``pip install -e '.[bench]'``) for math-verify. Prints one table:
-for each data set, accuracy / precision / recall against the reference verdicts and items per
-second, for both verifiers, and the speed ratio. math-verify runs in the main thread (its
-``signal.alarm`` timeouts work only there); ours runs as the trainer calls it.
+Needs the benchmark extra (``pip install -e '.[bench]'``) for math-verify. Prints:
+
+1. for each real data set, accuracy / precision / recall against the reference verdicts and
+   items per second, for both verifiers, and the speed ratio;
+2. per answer-form category of ``tests/data/math_forms.jsonl`` (hand-labelled cases, many
+   wrapped in real completions): cases equal / unequal and the accuracy of both verifiers;
+3. items/s on plain numbers, on the mixed forms with warm workers, and from a worker thread,
+   and the first-call latency of a fresh process (verdict cache cleared before each timing);
+4. the hostile set: every item scored 0 within the per-item budget.
+
+math-verify runs in the main thread (its ``signal.alarm`` timeouts work only there); ours
+runs as the trainer calls it.
 """
 
 from __future__ import annotations
@@ -15,8 +24,12 @@ import json
 import os
 import random
 import resource
+import statistics
+import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 
 import grpo_core
 
@@ -56,11 +69,14 @@ HOSTILE = [
     "\\boxed{" + "{" * 10_000 + "}" * 10_000 + "}", "1" * 1_000_000, "\\boxed{99999999!}",
     "\\boxed{(x+1)^{100000}}", "\\boxed{__import__('os').system('touch /tmp/bench_pwned')}",
     "\\boxed{" + "x+" * 50_000 + "1}", "\\boxed{\\sqrt{" * 2000 + "2" + "}" * 2000 + "}",
-    "\\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}}}",
+    "\\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}}}", "\\boxed{(x+1)^{9000} > 0}",
+    "\\boxed{|(x+1)^{5000} - x| < 2^{10000}}", "\\boxed{\\sin(10^{9999}) + e^{e^{e^{10}}}}",
+    "\\boxed{" + "\\pm 1" * 40 + "}", "1," * 50_000, "\\boxed{" * 20_000,
 ]
 
 
 def ours(items, reward) -> tuple[list[bool], float]:
+    reward.verifier.cache.clear()  # time the work, not the memory of an earlier pass
     t0 = time.perf_counter()
     scores = []
     for s in range(0, len(items), 256):
@@ -91,37 +107,142 @@ def stats(pred: list[bool], ref: list[bool]) -> tuple[float, float, float]:
     return acc, tp / max(tp + fp, 1), tp / max(tp + fn, 1)
 
 
+FORMS = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "math_forms.jsonl")
+
+
+def forms_table(reward, path: str) -> list[tuple[str, str, bool]]:
+    """Per category: n equal / n unequal, accuracy of ours and of math-verify."""
+    rows = load_jsonl(path)
+    items = [(r["completion"], r["gold"], bool(r["expected"])) for r in rows]
+    a, _ = ours(items, reward)
+    b, _ = theirs(items)
+    print(f"\n{'category':24} {'n eq/ne':>8} | {'ours':>6} | {'math-verify':>11}")
+    n, ra, rb = Counter(), Counter(), Counter()
+    for r, x, y in zip(rows, a, b):
+        c = r["category"]
+        n[(c, r["expected"])] += 1
+        ra[c] += x == r["expected"]
+        rb[c] += y == r["expected"]
+    for c in dict.fromkeys(r["category"] for r in rows):
+        total = n[(c, True)] + n[(c, False)]
+        print(f"{c:24} {n[(c, True)]:>3}/{n[(c, False)]:<4} | {ra[c] / total:6.3f} | "
+              f"{rb[c] / total:11.3f}")
+    ref = [e for _, _, e in items]
+    sa, sb = stats(a, ref), stats(b, ref)
+    print(f"{'all':24} {sum(ref):>3}/{len(ref) - sum(ref):<4} | {sa[0]:6.3f} | {sb[0]:11.3f}"
+          f"   (precision {sa[1]:.3f} vs {sb[1]:.3f}, recall {sa[2]:.3f} vs {sb[2]:.3f})")
+    return items
+
+
+def fresh_reward():
+    """A new reward whose workers are up and warmed, with no memory of any item."""
+    reward = grpo_core.create("reward", "math", {"timeout": 2.0})
+    reward.verifier.pool.wait_ready()
+    reward(["q"], ["\\boxed{x+1}"], answer=["1+x"])
+    return reward
+
+
+def rate(items, reps: int = 3, reward=None) -> float:
+    """Median items/s over ``reps`` passes, each by a fresh reward with warm workers (so no
+    pass profits from caches of an earlier one), unless ``reward`` is given."""
+    runs = []
+    for _ in range(reps):
+        r = reward or fresh_reward()
+        runs.append(len(items) / ours(items, r)[1])
+        if reward is None:
+            r.verifier.close()
+    return statistics.median(runs)
+
+
+def rate_in_thread(items) -> float:
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", rate(items)))
+    t.start()
+    t.join()
+    return out["r"]
+
+
+FIRST_CALL = """
+import time
+t0 = time.perf_counter()
+import grpo_core
+reward = grpo_core.create("reward", "math", {})
+t1 = time.perf_counter()
+scores = reward(["q"] * 2, ["\\\\boxed{x+1}", "\\\\boxed{(1,2]}"], answer=["1+x", "(1,2]"])
+t2 = time.perf_counter()
+assert list(scores) == [1.0, 1.0], scores
+print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
+"""
+
+
+def first_call(runs: int = 3) -> tuple[float, float]:
+    """(create seconds, first-call seconds) in fresh processes, medians of ``runs``."""
+    made, first = [], []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True,
+                             timeout=300, check=True).stdout.split()
+        made.append(float(out[0]))
+        first.append(float(out[1]))
+    return statistics.median(made), statistics.median(first)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..",
                                                    "shared", "data"))
+    ap.add_argument("--forms", default=FORMS)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--show-disagreements", type=int, default=0)
+    ap.add_argument("--skip-data", action="store_true", help="only the forms, speed and hostile")
     args = ap.parse_args()
-    if not os.path.isdir(args.data):
-        print(f"no data at {args.data}; pass --data", file=sys.stderr)
+    if not args.skip_data and not os.path.isdir(args.data):
+        print(f"no data at {args.data}; pass --data (or --skip-data)", file=sys.stderr)
         return 2
     reward = grpo_core.create("reward", "math", {"timeout": 2.0})
-    reward(["q"], ["\\boxed{x+1}"], answer=["1+x"])  # start the worker pool before timing
-    print(f"{'data set':24} {'n':>5} | {'ours acc/prec/rec':>20} {'items/s':>8} | "
-          f"{'math-verify acc/prec/rec':>24} {'items/s':>8} | speed x")
-    for name, items in datasets(args.data, args.limit).items():
-        ref = [r for _, _, r in items]
-        a, ta = ours(items, reward)
-        b, tb = theirs(items)
-        sa, sb = stats(a, ref), stats(b, ref)
-        print(f"{name:24} {len(items):5} | {sa[0]:.3f}/{sa[1]:.3f}/{sa[2]:.3f}      "
-              f"{len(items) / ta:8.0f} | {sb[0]:.3f}/{sb[1]:.3f}/{sb[2]:.3f}          "
-              f"{len(items) / tb:8.0f} | {tb / ta:6.1f}")
-        shown = 0
-        for (c, g, r), x, y in zip(items, a, b):
-            if shown < args.show_disagreements and x != r:
-                from grpo_core_plugins.math_reward.extract import extract_answer
+    reward.verifier.pool.wait_ready()
+    reward(["q"], ["\\boxed{x+1}"], answer=["1+x"])  # warm the workers before timing
+    plain = []
+    if not args.skip_data:
+        print(f"{'data set':24} {'n':>5} | {'ours acc/prec/rec':>20} {'items/s':>8} | "
+              f"{'math-verify acc/prec/rec':>24} {'items/s':>8} | speed x")
+        for name, items in datasets(args.data, args.limit).items():
+            if name == "gsm8k solutions":
+                plain = items
+            ref = [r for _, _, r in items]
+            a, ta = ours(items, reward)
+            b, tb = theirs(items)
+            sa, sb = stats(a, ref), stats(b, ref)
+            print(f"{name:24} {len(items):5} | {sa[0]:.3f}/{sa[1]:.3f}/{sa[2]:.3f}      "
+                  f"{len(items) / ta:8.0f} | {sb[0]:.3f}/{sb[1]:.3f}/{sb[2]:.3f}          "
+                  f"{len(items) / tb:8.0f} | {tb / ta:6.1f}")
+            shown = 0
+            for (c, g, r), x, y in zip(items, a, b):
+                if shown < args.show_disagreements and x != r:
+                    from grpo_core_plugins.math_reward.extract import extract_answer
 
-                print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted="
-                      f"{extract_answer(c)!r}")
-                shown += 1
-    # hostile set: ours in a worker thread's budget; math-verify in the main thread
+                    print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted="
+                          f"{extract_answer(c)!r}")
+                    shown += 1
+    mixed = forms_table(reward, args.forms)
+    _, t_mv = theirs(mixed)
+    print("\nspeed (2 workers; median of 3 passes, each by a fresh reward with warm workers):")
+    if plain:
+        print(f"  plain numbers (gsm8k solutions, {len(plain)}): {rate(plain):8.0f} items/s")
+    print(f"  mixed forms ({len(mixed)}), warm workers:      {rate(mixed):8.0f} items/s"
+          f"   (math-verify {len(mixed) / t_mv:.0f} items/s)")
+    print(f"  mixed forms, from a worker thread:        {rate_in_thread(mixed):8.0f} items/s")
+    from grpo_core_plugins.math_reward.extract import extract_answer, gold_answer
+
+    reward.verifier.cache.clear()
+    symbolic = [x for x in mixed if reward.verifier.fast(extract_answer(x[0]), gold_answer(x[1]))
+                is None]  # only items the in-process fast path cannot decide
+    _, t_mv = theirs(symbolic)
+    print(f"  symbolic only ({len(symbolic)}), warm workers:  {rate(symbolic):8.0f} items/s"
+          f"   (math-verify {len(symbolic) / t_mv:.0f} items/s)")
+    made, first = first_call()
+    print(f"  fresh process: create {made:.2f} s (registry, all plugins), then first call "
+          f"{first:.2f} s (median of 3)")
+    # hostile set: ours in the per-item budget; nothing may run over it
     t0 = time.perf_counter()
     worst = 0.0
     for text in HOSTILE:

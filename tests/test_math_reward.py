@@ -87,6 +87,26 @@ def test_not_equivalent(pred, gold):
     assert not equivalent(pred, gold)
 
 
+FAST = ["3", "-3", "3.0", "1,234", "1234", "10,\\!080", "10{,}080", "\\frac{3}{4}", "\\dfrac34",
+        "0.75", "3/4", "-\\frac{3}{4}", "3\\frac{1}{2}", "3.5", "2\\frac{5}{4}", "2e3", "2000",
+        "1/0", "\\frac{1}{0}", "12 \\frac{3}{5}", "12.6"]
+
+
+def test_fast_path_agrees_with_the_parser():
+    from grpo_core_plugins.math_reward.verify import Verifier
+
+    v = Verifier.__new__(Verifier)  # the in-process path only: no worker pool
+    v.rel_tol, v.max_length, v.cache, v.cache_lock = 0.0, 2000, {}, threading.Lock()
+    decided = 0
+    for p in FAST:
+        for g in FAST:
+            fast = v.fast(p, g)
+            if fast is not None:
+                decided += 1
+                assert fast == equivalent(p, g), (p, g)
+    assert decided > len(FAST) ** 2 // 2
+
+
 def test_relative_tolerance_is_opt_in():
     assert not equivalent("3.1416", "\\pi")
     assert equivalent("3.1416", "\\pi", rel_tol=1e-4)
@@ -126,6 +146,11 @@ HOSTILE = [
     "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
     "\\boxed{\\frac{x^{999}+1}{x+1} - (x^{998} - x^{997} + x)}",
     "\\boxed{__import__('os').system('touch /tmp/pwned')}",
+    "\\boxed{(x+1)^{9000} > 0}",  # an inequality is solved by value, never by expansion
+    "\\boxed{|(x+1)^{5000} - x| < 2^{10000}}",
+    "\\boxed{\\sin(10^{9999}) + e^{e^{e^{10}}}}",
+    "\\boxed{" + "\\pm 1" * 40 + "}",
+    "\\boxed{" + "\\frac{1}{" * 40 + "x" + "}" * 40 + "}",
 ]
 
 

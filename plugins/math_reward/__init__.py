@@ -14,10 +14,15 @@ GRPO_CORE_API = (2,)
 class MathReward(Reward):
     """Scores each completion 1.0 (equivalent answer) or 0.0; extracted answers go to extras."""
 
+    max_value = 1.0
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        return (options["answer_column"],)
+
     def __init__(self, answer_column: str = "answer", strict: bool = False, rel_tol: float = 0.0,
                  timeout: float = 2.0, workers: int = 2, max_length: int = 2000):
         self.column, self.strict = answer_column, strict
-        self.columns, self.max_value = (answer_column,), 1.0
         self.verifier = Verifier(rel_tol=rel_tol, timeout=timeout, workers=workers,
                                  max_length=max_length)
 

@@ -1,24 +1,30 @@
 """Is a predicted answer equivalent to the gold one?
 
-Rules: exact rationals; decimals exact unless ``rel_tol`` > 0; closed forms equal to 50
-digits; expressions with symbols equal at random rational points; sets and bare lists
-order-insensitive; tuples, points and intervals ordered with their brackets; ``x = 3``
-matches ``3``; ``a \\pm b`` is the set {a+b, a-b}; a percent matches with or without ``%``.
+Rules: exact rationals compare exactly; decimals are exact unless ``rel_tol`` > 0; closed
+forms and identities by value (:mod:`numeric`); expressions with symbols at signed,
+fractional sample points; sets and bare lists order-insensitive; tuples, points and
+intervals ordered with their brackets; subsets of the line in any notation (intervals,
+unions, inequalities, ``|x - a| < b``, ``\\mathbb{R}``) as merged intervals
+(:mod:`intervals`); ``x = 3`` and ``AB = 3`` match ``3``, and in a chain ``a = b = c`` the
+last side is the answer; ``a \\pm b`` is the set {a+b, a-b}; a percent matches with or
+without ``%``; a unit on one side is ignored, but different units on both sides are wrong.
 """
 
 from __future__ import annotations
 
-import random
 import re
 from functools import lru_cache
 
 import sympy as sp
-from grpo_core_plugins.math_reward.parse import Equation, ParseError, Seq, Text, Union, parse
+from grpo_core_plugins.math_reward.intervals import setlike, spans_equal, to_spans
+from grpo_core_plugins.math_reward.nodes import Equation, Inequality, ParseError, Seq, Text, Union
+from grpo_core_plugins.math_reward.numeric import expressions_equal
+from grpo_core_plugins.math_reward.parse import parse
+from grpo_core_plugins.math_reward.units import conflict, split_unit
 
-PRECISION = 50
 #: what parsing or comparing hostile text may raise; each such item simply does not match
 FAILURES = (ParseError, RecursionError, TypeError, ValueError, AttributeError,
-            ZeroDivisionError, OverflowError)
+            ArithmeticError, IndexError, KeyError, sp.polys.polyerrors.BasePolynomialError)
 
 
 @lru_cache(maxsize=4096)
@@ -37,19 +43,37 @@ def _variants(text: str) -> list[str]:
     return [text]
 
 
+def _forms(text: str, max_length: int, cached: bool) -> list:
+    out = []
+    for variant in _variants(text):
+        try:
+            out.append(parse_cached(variant, max_length) if cached else parse(variant, max_length))
+        except FAILURES:
+            continue
+    return out
+
+
 def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: int = 2000) -> bool:
-    if pred is None or not pred.strip():
+    """True when ``pred`` states the same answer as ``gold``; any doubt or failure is False."""
+    if pred is None or not pred.strip() or len(pred) > max_length:
         return False
     if _squash(pred) == _squash(gold):
         return True
-    for g_text in _variants(gold):
-        try:
-            g = parse_cached(g_text, max_length)
-        except FAILURES:
-            continue
-        for p_text in _variants(pred):
+    p_text, p_unit = split_unit(pred)
+    g_text, g_unit = split_unit(gold)
+    if conflict(p_unit, g_unit):
+        return False  # 5 cm is not 5 m
+    if not p_text.strip() or not g_text.strip():
+        return False
+    if _squash(p_text) == _squash(g_text):
+        return True
+    golds = _forms(g_text, max_length, cached=True)
+    if not golds:
+        return False
+    for p in _forms(p_text, max_length, cached=False):
+        for g in golds:
             try:
-                if same(parse(p_text, max_length), g, rel_tol):
+                if same(p, g, rel_tol):
                     return True
             except FAILURES:
                 continue
@@ -57,23 +81,26 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
 
 
 def _is_name(x) -> bool:
-    return isinstance(x, sp.Symbol)
+    return isinstance(x, (sp.Symbol, Text))
 
 
 def same(p, g, tol: float = 0.0) -> bool:
     """Structural comparison of parsed answers, numbers and expressions by value."""
-    if isinstance(p, Equation) and isinstance(g, Equation):
-        if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
-            return True
-        if all(isinstance(x, sp.Basic) for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
-            return _expr_equal(p.lhs - p.rhs, g.lhs - g.rhs, tol) or \
-                _expr_equal(p.lhs - p.rhs, g.rhs - g.lhs, tol)
-        return False
-    if isinstance(p, Equation) and _is_name(p.lhs):
-        return same(p.rhs, g, tol)
-    if isinstance(g, Equation) and _is_name(g.lhs):
-        return same(p, g.rhs, tol)
+    if isinstance(p, Equation) or isinstance(g, Equation):
+        return _equations(p, g, tol)
+    if setlike(p) or setlike(g):
+        try:
+            return spans_equal(to_spans(p), to_spans(g), tol)
+        except FAILURES:
+            pass  # not both subsets of the line: compare as written
+    if isinstance(p, Seq) and p.open == "" and p.joiner != "and" and not isinstance(g, Seq):
+        # "15\frac{39}{40}, or \frac{639}{40}": one value written twice is that value; a
+        # hedge ("5 or 6") is not, since not every item equals the gold
+        return len(p.items) <= 4 and all(same(x, g, tol) for x in p.items)
     if isinstance(p, Seq) or isinstance(g, Seq):
+        vector = _vector(p, g, tol)
+        if vector is not None:
+            return vector
         return _seq_equal(_as_seq(p), _as_seq(g), tol)
     if isinstance(p, Union) or isinstance(g, Union):
         if not (isinstance(p, Union) and isinstance(g, Union)):
@@ -81,13 +108,53 @@ def same(p, g, tol: float = 0.0) -> bool:
         return _unordered(list(p.parts), list(g.parts), tol)
     if isinstance(p, Text) or isinstance(g, Text):
         return isinstance(p, Text) and isinstance(g, Text) and p.value == g.value
+    if isinstance(p, Inequality) or isinstance(g, Inequality):
+        return isinstance(p, Inequality) and isinstance(g, Inequality) and \
+            p.ops == g.ops and all(same(a, b, tol) for a, b in zip(p.sides, g.sides)) and \
+            len(p.sides) == len(g.sides)
     if isinstance(p, sp.MatrixBase) or isinstance(g, sp.MatrixBase):
         return (isinstance(p, sp.MatrixBase) and isinstance(g, sp.MatrixBase)
-                and p.shape == g.shape and all(_expr_equal(a, b, tol) for a, b in zip(p, g)))
-    if isinstance(p, sp.core.relational.Relational) or isinstance(g, sp.core.relational.Relational):
-        return type(p) is type(g) and _expr_equal(p.lhs, g.lhs, tol) and \
-            _expr_equal(p.rhs, g.rhs, tol)
-    return _expr_equal(p, g, tol)
+                and p.shape == g.shape
+                and all(expressions_equal(a, b, tol) for a, b in zip(p, g)))
+    if not isinstance(p, sp.Basic) or not isinstance(g, sp.Basic):
+        return False
+    return expressions_equal(p, g, tol)
+
+
+def _equations(p, g, tol: float) -> bool:
+    if isinstance(p, Equation) and isinstance(g, Equation):
+        if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
+            return True
+        if p.named or g.named:
+            return same(p.rhs, g.rhs, tol)
+        if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
+               for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
+            dp = sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False)
+            dg = sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False)
+            return expressions_equal(dp, dg, tol) or \
+                expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+        return False
+    if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
+        if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
+            return same(p.rhs, g, tol)
+        return False  # x + y = 2x is an equation, not the value 2x
+    if g.named or _is_name(g.lhs):  # gold x = 3 against 3
+        return same(p, g.rhs, tol)
+    return False
+
+
+def _constant(x) -> bool:
+    return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and not x.free_symbols
+
+
+def _vector(p, g, tol: float) -> bool | None:
+    """A tuple against a one-row or one-column matrix: the same vector written two ways."""
+    seq, mat = (p, g) if isinstance(p, Seq) else (g, p)
+    if not isinstance(mat, sp.MatrixBase) or seq.open != "(" or 1 not in mat.shape:
+        return None
+    return len(seq.items) == len(mat) and all(
+        isinstance(a, sp.Basic) and expressions_equal(a, b, tol)
+        for a, b in zip(seq.items, list(mat)))
 
 
 def _as_seq(x) -> Seq:
@@ -117,46 +184,5 @@ def _unordered(ps: list, gs: list, tol: float) -> bool:
                 del left[j]
                 break
         else:
-            return False
-    return True
-
-
-def _number(x):
-    if x.has(sp.oo, sp.zoo, sp.nan):  # evalf mishandles unevaluated products with infinity
-        x = x.doit()
-    v = sp.N(x, PRECISION, maxn=200)
-    return v if v.is_number else None
-
-
-def _close(a, b, tol: float) -> bool:
-    if a == b:
-        return True
-    if a.has(sp.oo, -sp.oo, sp.zoo, sp.nan) or b.has(sp.oo, -sp.oo, sp.zoo, sp.nan):
-        return False
-    diff = abs(complex(a - b))
-    scale = max(abs(complex(b)), 1e-300)
-    if tol > 0:
-        return diff <= tol * scale
-    return diff <= 10 ** -(PRECISION - 10) * max(scale, 1.0)
-
-
-def _expr_equal(a, b, tol: float) -> bool:
-    if not isinstance(a, sp.Basic) or not isinstance(b, sp.Basic):
-        return False
-    if a == b:
-        return True
-    if a.free_symbols != b.free_symbols:
-        return False
-    if not a.free_symbols:
-        va, vb = _number(a), _number(b)
-        if va is None or vb is None:
-            return False
-        return _close(va, vb, tol)
-    rng = random.Random(0)
-    syms = sorted(a.free_symbols, key=str)
-    for _ in range(3):
-        point = {s: sp.Rational(rng.randint(1, 97), rng.randint(1, 13)) for s in syms}
-        va, vb = _number(a.xreplace(point)), _number(b.xreplace(point))
-        if va is None or vb is None or not _close(va, vb, tol):
             return False
     return True

@@ -1,138 +1,56 @@
 """A LaTeX / plain-text math parser that never calls ``eval``.
 
-Text is normalised (unicode, ``\\dfrac``, units, ``\\text{}``), tokenised, then parsed by
-recursive descent straight into sympy objects built with ``evaluate=False``. Nothing from
-the input is ever executed; every size that could explode is bounded:
-input length, nesting depth, exponents of numbers, factorial arguments, matrix size.
-Decimals become exact rationals, so ``0.5`` equals ``1/2`` but ``0.333`` is not ``1/3``.
+Text is normalised (:mod:`normalise`), tokenised, then parsed by recursive descent straight
+into sympy objects built with ``evaluate=False`` (plus the list, equation, inequality, union
+and word nodes of :mod:`nodes`). Nothing from the input is ever executed; every size that
+could explode is bounded: input length, nesting depth, exponents of numbers, factorial
+arguments, matrix size, number of items. Decimals become exact rationals, so ``0.5`` equals
+``1/2`` but ``0.333`` is not ``1/3``.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from dataclasses import dataclass
-
 import sympy as sp
-
-MAX_DEPTH = 60
-MAX_EXPONENT = 10_000
-MAX_FACTORIAL = 1_000
-MAX_DIGITS = 400
-MAX_ITEMS = 256
-
-
-class ParseError(ValueError):
-    """The text is not math we accept (or exceeds a bound)."""
-
-
-@dataclass(frozen=True)
-class Seq:
-    """A bracketed or bare comma list: ``open``/``close`` are '(', '[', '{', '' (bare)."""
-
-    items: tuple
-    open: str
-    close: str
-
-
-@dataclass(frozen=True)
-class Equation:
-    lhs: object
-    rhs: object
-
-
-@dataclass(frozen=True)
-class Union:
-    parts: tuple
-
-
-@dataclass(frozen=True)
-class Text:
-    value: str
-
-
-_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
-_VULGAR = {"½": "(1/2)", "⅓": "(1/3)", "⅔": "(2/3)", "¼": "(1/4)", "¾": "(3/4)", "⅕": "(1/5)",
-           "⅖": "(2/5)", "⅗": "(3/5)", "⅘": "(4/5)", "⅙": "(1/6)", "⅚": "(5/6)", "⅛": "(1/8)",
-           "⅜": "(3/8)", "⅝": "(5/8)", "⅞": "(7/8)", "⅐": "(1/7)", "⅑": "(1/9)", "⅒": "(1/10)"}
-_UNICODE = {"−": "-", "–": "-", "×": "*", "·": "*", "⋅": "*", "÷": "/", "π": "\\pi ",
-            "∞": "\\infty ", "√": "\\sqrt", "≤": "\\le ", "≥": "\\ge ", "∪": "\\cup ",
-            "±": "\\pm ", "°": "^\\circ", "∓": "\\mp "}
-_DROP = [r"\\left", r"\\right", r"\\displaystyle", r"\\!", r"\\,", r"\\;", r"\\:", r"\\ ",
-         r"\\quad", r"\\qquad", r"\\limits", "\\$", r"\\mathrm", r"\\mathbf", r"\\mathit",
-         r"\\boldsymbol", r"\\operatorname"]
-_UNITS = (r"(?:square\s+|sq\.?\s*|cubic\s+)?(?:units?|cm|mm|km|m|meters?|centimeters?|inches?|"
-          r"feet|foot|ft|miles?|mph|hours?|hrs?|minutes?|mins?|seconds?|sec|s|days?|weeks?|"
-          r"years?|dollars?|cents?|degrees?|pounds?|lbs?|ounces?|oz|kg|g|grams?|liters?|l|ml|"
-          r"people|students?|apples?|items?|points?|percent)(?:\^?\{?[23]\}?)?")
-
-
-def _superscripts(s: str) -> str:
-    return re.sub(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+", lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}",
-                  s)
-
-
-def normalise(s: str) -> str:
-    """Rewrite the many spellings of the same math into one LaTeX-ish form."""
-    s = _superscripts(s)
-    for k, v in _VULGAR.items():
-        s = s.replace(k, v)
-    for k, v in _UNICODE.items():
-        s = s.replace(k, v)
-    s = unicodedata.normalize("NFKC", s).replace("⁄", "/")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
-    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac34
-    s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s)  # degrees
-    s = s.replace("\\circ", "")
-    for d in _DROP:
-        s = re.sub(d + r"(?![a-zA-Z])", " ", s)
-    s = re.sub(r"\\(?:text|textbf|textit|mbox)\s*\{\s*\}", " ", s)
-    s = re.sub(r"(\d)\s*\\(?:text|mbox)\s*\{\s*" + _UNITS + r"\s*\}", r"\1", s)
-    s = re.sub(r"\\(?:text|textbf|textit|mbox)\s*\{([^{}]*)\}", r" \1 ", s)
-    s = s.replace("\\%", "%").replace("$", "")
-    s = re.sub(r"(\d)\s+" + _UNITS + r"\s*$", r"\1", s.strip())
-    s = re.sub(r"^(?:\\approx|=)\s*", "", s.strip())
-    s = re.sub(r"\.\s*$", "", s).strip()
-    if re.fullmatch(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):  # thousands separators
-        s = s.replace(",", "")
-    return s
-
-
-_TOKEN = re.compile(r"""
-    (?P<num>\d+(?:\.\d*)?(?:[eE][-+]?\d+(?![a-zA-Z]))?|\.\d+)
-  | (?P<cmd>\\[a-zA-Z]+|\\[{}|]|\\\\)
-  | (?P<word>[a-zA-Z]+)
-  | (?P<op><=|>=|!=|\*\*|[-+*/^_()\[\]{}|,=<>!%&;:'])
-  | (?P<ws>\s+)
-""", re.VERBOSE)
-
-
-def tokenize(s: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    while pos < len(s):
-        m = _TOKEN.match(s, pos)
-        if not m:
-            raise ParseError(f"unexpected character {s[pos]!r}")
-        pos = m.end()
-        if m.lastgroup != "ws":
-            out.append((m.lastgroup, m.group(0)))
-    return out
-
-
-_FUNCS = {"sin": sp.sin, "cos": sp.cos, "tan": sp.tan, "cot": sp.cot, "sec": sp.sec,
-          "csc": sp.csc, "arcsin": sp.asin, "arccos": sp.acos, "arctan": sp.atan,
-          "sinh": sp.sinh, "cosh": sp.cosh, "tanh": sp.tanh, "ln": sp.log, "log": sp.log,
-          "exp": sp.exp}
-_CONSTS = {"pi": sp.pi, "infty": sp.oo, "infinity": sp.oo, "inf": sp.oo, "oo": sp.oo,
-           "e": sp.E}
-_CLOSERS = {"(": ")", "[": "]", "\\{": "\\}", "{": "}"}
+from grpo_core_plugins.math_reward.lexicon import (
+    _CONSTS,
+    _FOLLOWERS,
+    _FUNCS,
+    _INEQ,
+    _INVERSE,
+    _JOINERS,
+    _MATRICES,
+    MAX_BRANCHES,
+    _div,
+    _flatten,
+    _greek,
+    _lift,
+    _mul,
+    equals_ahead,
+    name_like,
+    tokenize,
+)
+from grpo_core_plugins.math_reward.nodes import (  # noqa: F401  (re-exported names)
+    MAX_DEPTH,
+    MAX_ITEMS,
+    NAMED,
+    Equation,
+    Inequality,
+    ParseError,
+    Seq,
+    Text,
+    Union,
+    as_expr,
+    factorial,
+    number,
+    power,
+)
+from grpo_core_plugins.math_reward.normalise import normalise  # noqa: F401
 
 
 class Parser:
     def __init__(self, tokens):
         self.t, self.i, self.depth = tokens, 0, 0
+        self.bars = 0  # open |...| around the current position
 
     # -- helpers ---------------------------------------------------------------------------
     def peek(self, k: int = 0):
@@ -160,37 +78,61 @@ class Parser:
 
     # -- grammar ---------------------------------------------------------------------------
     def top(self):
-        """answer := union | list | equation."""
+        """answer := relation ((',' | ';' | 'and' | 'or') relation)*."""
         first = self.relation_list()
         if self.peek()[1] is not None:
             raise ParseError(f"unexpected {self.peek()[1]!r}")
         return first
 
     def relation_list(self):
-        items = [self.relation()]
-        while self.accept(",", ";"):
-            if self.peek()[1] in ("and", "or"):
-                self.take()
+        items, joiner = [self.relation()], ","
+        while True:
+            sep = self.accept(",", ";")
+            word = self.accept(*_JOINERS)
+            if not sep and not word:
+                break
+            if word:
+                joiner = word
             items.append(self.relation())
-        if len(items) > MAX_ITEMS:
-            raise ParseError("too many items")
-        return items[0] if len(items) == 1 else Seq(tuple(items), "", "")
+            if len(items) > MAX_ITEMS:
+                raise ParseError("too many items")
+        items = _flatten(items)
+        return items[0] if len(items) == 1 else Seq(tuple(items), "", "", joiner)
 
     def relation(self):
-        left = self.union()
-        if self.accept("="):
-            right = self.union()
-            return Equation(left, right)
-        op = self.accept("<", ">", "<=", ">=", "\\le", "\\ge", "\\leq", "\\geq", "\\lt", "\\gt",
-                         "\\neq", "!=")
-        if op:
-            right = self.union()
-            rel = {"<": sp.StrictLessThan, "\\lt": sp.StrictLessThan, ">": sp.StrictGreaterThan,
-                   "\\gt": sp.StrictGreaterThan, "<=": sp.LessThan, "\\le": sp.LessThan,
-                   "\\leq": sp.LessThan, ">=": sp.GreaterThan, "\\ge": sp.GreaterThan,
-                   "\\geq": sp.GreaterThan, "\\neq": sp.Unequality, "!=": sp.Unequality}[op]
-            return rel(_sym(left), _sym(right), evaluate=False)
-        return left
+        start, depth = self.i, self.depth
+        named = False
+        try:
+            left = self.union()
+            if self.peek()[1] == "=" and (isinstance(left, Text) or
+                                          name_like(self.t[start:self.i])):
+                named = True  # AB = 7, area = 12, f(2) = 5, a_n = 3n, P(A) = 1/3
+            elif self.peek()[1] not in _FOLLOWERS:
+                raise ParseError(f"unexpected {self.peek()[1]!r}")
+        except ParseError:  # a name we cannot read: \angle PQR = 40, \overline{AB} = 3
+            j = equals_ahead(self.t, start)
+            if j is None:
+                raise
+            self.i, self.depth, left, named = j, depth, NAMED, True
+        sides, ops = [left], []
+        while True:
+            if self.accept("="):
+                ops.append("=")
+            else:
+                op = self.accept(*_INEQ)
+                if not op:
+                    break
+                ops.append(_INEQ[op])
+            sides.append(self.union())
+            if len(sides) > MAX_ITEMS:
+                raise ParseError("too many sides")
+        if not ops:
+            return left
+        if all(o == "=" for o in ops):
+            return Equation(sides[0], sides[-1], named or len(sides) > 2)
+        if "=" in ops:
+            raise ParseError("= mixed with inequalities")
+        return Inequality(tuple(sides), tuple(ops))
 
     def union(self):
         parts = [self.expr()]
@@ -200,23 +142,30 @@ class Parser:
 
     def expr(self):
         self.enter()
-        if self.accept("+"):
-            pass
-        node = self.term()
+        self.accept("+")
+        first = self.term()
+        if isinstance(first, Seq) and first.open == "" and len(first.items) <= MAX_BRANCHES:
+            nodes = [as_expr(x) for x in first.items]  # \pm 3 + 1
+        else:
+            nodes = [first]
         while True:
             op = self.accept("+", "-", "\\pm", "\\mp")
             if not op:
                 break
-            right = self.term()
+            right = as_expr(self.term())
+            neg = sp.Mul(-1, right, evaluate=False)
             if op == "+":
-                node = sp.Add(_sym(node), _sym(right), evaluate=False)
+                nodes = [sp.Add(as_expr(n), right, evaluate=False) for n in nodes]
             elif op == "-":
-                node = sp.Add(_sym(node), sp.Mul(-1, _sym(right), evaluate=False), evaluate=False)
+                nodes = [sp.Add(as_expr(n), neg, evaluate=False) for n in nodes]
             else:
-                node = Seq((sp.Add(_sym(node), _sym(right), evaluate=False),
-                            sp.Add(_sym(node), -_sym(right), evaluate=False)), "", "")
+                first_sign, second = (right, neg) if op == "\\pm" else (neg, right)
+                nodes = [sp.Add(as_expr(n), s, evaluate=False) for n in nodes
+                         for s in (first_sign, second)]
+                if len(nodes) > MAX_BRANCHES:
+                    raise ParseError("too many \\pm")
         self.depth -= 1
-        return node
+        return nodes[0] if len(nodes) == 1 else Seq(tuple(nodes), "", "")
 
     def term(self):
         node = self.unary()
@@ -226,13 +175,11 @@ class Parser:
                 self.take()
                 right = self.unary()
                 if op in ("/", "\\div"):
-                    node = sp.Mul(_sym(node), sp.Pow(_sym(right), -1, evaluate=False),
-                                  evaluate=False)
+                    node = _lift(_div, node, right)
                 else:
-                    node = sp.Mul(_sym(node), _sym(right), evaluate=False)
+                    node = _lift(_mul, node, right)
             elif self._starts_atom():  # implicit multiplication: 2x, 2\pi, (a)(b)
-                right = self.unary()
-                node = sp.Mul(_sym(node), _sym(right), evaluate=False)
+                node = _lift(_mul, node, self.unary())
             else:
                 return node
 
@@ -240,35 +187,50 @@ class Parser:
         kind, value = self.peek()
         if kind in ("num", "word"):
             return value not in ("and", "or", "U")
-        return value in ("(", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\{") or (
-            kind == "cmd" and value[1:] in _FUNCS)
+        if value == "|":
+            return self.bars == 0  # x|x|; inside |...| a bar closes
+        return value in ("(", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\{", "\\binom") or (
+            kind == "cmd" and (value[1:] in _FUNCS or _greek(value)))
 
     def unary(self):
         if self.accept("-"):
-            return sp.Mul(-1, _sym(self.unary()), evaluate=False)
+            return sp.Mul(-1, as_expr(self.unary()), evaluate=False)
         if self.accept("+"):
             return self.unary()
+        sign = self.accept("\\pm", "\\mp")
+        if sign:  # \pm 2\sqrt3: both values of the whole term
+            v = as_expr(self.term())
+            return Seq((v, sp.Mul(-1, v, evaluate=False)), "", "")
         return self.power()
 
     def power(self):
         base = self.postfix(self.atom())
         if self.accept("^", "**"):
             exp = self.postfix(self.group_or_atom(allow_unary=True))
-            return _pow(_sym(base), _sym(exp))
+            return power(as_expr(base), as_expr(exp))
         return base
 
     def postfix(self, node):
         while True:
             if self.accept("!"):
-                node = _factorial(_sym(node))
+                node = factorial(as_expr(node))
             elif self.accept("%"):
-                node = sp.Mul(_sym(node), sp.Rational(1, 100), evaluate=False)
-            elif self.peek()[1] == "_":  # subscripts are names: x_1
-                self.take()
-                sub = self.take()[1]
-                node = sp.Symbol(f"{node}_{sub}")
+                node = sp.Mul(as_expr(node), sp.Rational(1, 100), evaluate=False)
+            elif self.accept("_"):  # subscripts are names: x_1, a_{12}
+                node = sp.Symbol(f"{node}_{self.subscript()}")
             else:
                 return node
+
+    def subscript(self) -> str:
+        if not self.accept("{"):
+            return str(self.take()[1])
+        parts = []
+        while self.peek()[1] not in ("}", None):
+            parts.append(self.take()[1])
+            if len(parts) > 20:
+                raise ParseError("subscript too long")
+        self.expect("}")
+        return "".join(parts)
 
     def group_or_atom(self, allow_unary=False):
         if self.accept("{"):
@@ -276,17 +238,34 @@ class Parser:
             self.expect("}")
             return node
         if allow_unary and self.accept("-"):
-            return sp.Mul(-1, _sym(self.atom()), evaluate=False)
-        if self.peek()[0] == "num":  # x^23 in LaTeX means x^2 3; be lenient: whole number
-            return self.atom()
+            return sp.Mul(-1, as_expr(self.atom()), evaluate=False)
         return self.atom()
+
+    def function(self, name: str):
+        """``\\sin x``, ``\\sin^2(2x)``, ``\\sin^{-1} x``, ``\\log_2 8``, ``\\ln(e^3)``."""
+        base = as_expr(self.group_or_atom()) if name == "log" and self.accept("_") else None
+        exp = as_expr(self.group_or_atom(allow_unary=True)) if self.accept("^") else None
+        if self.peek()[1] in ("(", "{"):
+            arg = as_expr(self.atom() if self.peek()[1] == "(" else self.group_or_atom())
+        else:  # \sin 2x: the argument runs over a product of simple factors
+            arg = as_expr(self.unary())
+            while self.peek()[0] in ("num", "word") and self.peek()[1] not in _JOINERS or \
+                    self.peek()[0] == "cmd" and _greek(self.peek()[1]):
+                arg = sp.Mul(arg, as_expr(self.power()), evaluate=False)
+        if exp == -1 and name in _INVERSE:
+            return _INVERSE[name](arg, evaluate=False)
+        node = _FUNCS[name](arg, evaluate=False)
+        if base is not None:
+            node = sp.Mul(node, sp.Pow(sp.log(base, evaluate=False), -1, evaluate=False),
+                          evaluate=False)
+        return power(node, exp) if exp is not None else node
 
     def atom(self):
         self.enter()
         kind, value = self.take()
         try:
             if kind == "num":
-                return _number(value)
+                return number(value)
             if value in ("(", "[", "\\{"):
                 return self.bracket(value)
             if value == "{":
@@ -294,43 +273,42 @@ class Parser:
                 self.expect("}")
                 return node
             if value == "|":
+                self.bars += 1
                 node = self.expr()
                 self.expect("|")
-                return sp.Abs(_sym(node), evaluate=False)
+                self.bars -= 1
+                return sp.Abs(as_expr(node), evaluate=False)
             if value == "\\frac" or value == "\\binom":
-                a, b = _sym(self.group_or_atom()), _sym(self.group_or_atom())
+                a, b = self.group_or_atom(), self.group_or_atom()
                 if value == "\\binom":
-                    return sp.binomial(a, b, evaluate=False)
-                return sp.Mul(a, sp.Pow(b, -1, evaluate=False), evaluate=False)
+                    return sp.binomial(as_expr(a), as_expr(b), evaluate=False)
+                return _lift(_div, a, b)  # \frac{-1 \pm \sqrt5}{2}: both values
             if value == "\\sqrt":
                 index = None
                 if self.accept("["):
-                    index = _sym(self.expr())
+                    index = as_expr(self.expr())
                     self.expect("]")
-                arg = _sym(self.group_or_atom())
-                return _pow(arg, sp.Pow(index if index is not None else sp.Integer(2), -1,
-                                        evaluate=False))
+                arg = as_expr(self.group_or_atom())
+                if index is None or isinstance(index, sp.Integer) and index > 0:
+                    return power(arg, sp.Rational(1, int(index or 2)))
+                return power(arg, sp.Pow(index, -1, evaluate=False))
             if value == "\\begin":
                 return self.matrix()
             if kind == "cmd" and value[1:] in _FUNCS or kind == "word" and value in _FUNCS:
-                name = value.lstrip("\\")
-                power = None
-                if self.accept("^"):
-                    power = _sym(self.group_or_atom(allow_unary=True))
-                arg = _sym(self.group_or_atom() if self.peek()[1] != "(" else self.atom())
-                node = _FUNCS[name](arg, evaluate=False)
-                return _pow(node, power) if power is not None else node
+                return self.function(value.lstrip("\\"))
             if kind == "cmd" and value[1:] in _CONSTS:
                 return _CONSTS[value[1:]]
             if kind == "word":
                 if value in ("oo", "inf", "infinity", "infty", "pi"):
                     return _CONSTS[value]
+                if value in _JOINERS:
+                    raise ParseError(f"unexpected {value!r}")
                 if len(value) == 1:
                     return sp.E if value == "e" else sp.Symbol(value)
                 if value.lower() in ("sqrt",):
-                    return _pow(_sym(self.atom()), sp.Rational(1, 2))
-                return Text(value.lower())  # a word answer ("Monday", "odd")
-            if kind == "cmd" and len(value) > 2:
+                    return power(as_expr(self.atom()), sp.Rational(1, 2))
+                return Text(value.lower(), value)  # a word answer ("Monday", "odd")
+            if kind == "cmd" and _greek(value):
                 return sp.Symbol(value[1:])  # \alpha, \theta
             raise ParseError(f"unexpected {value!r}")
         finally:
@@ -341,12 +319,15 @@ class Parser:
         items = [self.relation()] if self.peek()[1] not in closer_ok else []
         while self.accept(","):
             items.append(self.relation())
-        if len(items) > MAX_ITEMS:
-            raise ParseError("too many items")
+            if len(items) > MAX_ITEMS:
+                raise ParseError("too many items")
         close = self.take()[1]
         if close not in closer_ok:
             raise ParseError(f"expected one of {closer_ok}")
-        if opener == "(" and close == ")" and len(items) == 1:
+        if opener == "\\{":
+            items = _flatten(items)  # \{1 \pm \sqrt5, -2\}: three elements
+        if len(items) == 1 and (opener == "(" and close == ")" or
+                                isinstance(items[0], sp.MatrixBase)):
             return items[0]
         return Seq(tuple(items), opener.lstrip("\\"), close.lstrip("\\"))
 
@@ -354,6 +335,12 @@ class Parser:
         self.expect("{")
         env = self.take()[1]
         self.expect("}")
+        if env not in _MATRICES:
+            raise ParseError(f"not a matrix: {env}")
+        if env == "array" and self.accept("{"):  # column spec {cc}, {c|c}
+            for _ in range(40):
+                if self.take()[1] in ("}", None):
+                    break
         rows, row = [], []
         while True:
             if self.peek()[1] == "\\end":
@@ -364,7 +351,7 @@ class Parser:
                 break
             if self.peek()[1] is None:
                 raise ParseError("unterminated matrix")
-            row.append(_sym(self.expr()))
+            row.append(as_expr(self.expr()))
             sep = self.accept("&", "\\\\")
             if sep == "\\\\":
                 rows.append(row)
@@ -380,52 +367,8 @@ class Parser:
         return sp.ImmutableMatrix(rows)
 
 
-def _sym(node):
-    if isinstance(node, (Seq, Equation, Union, Text)):
-        raise ParseError("a list, equation or word cannot be used inside arithmetic")
-    return node
-
-
-def _number(text: str):
-    digits = len(text.replace(".", ""))
-    if digits > MAX_DIGITS:
-        raise ParseError("number too long")
-    if "e" in text.lower() or "." in text:
-        mant, _, exp = text.lower().partition("e")
-        if exp and abs(int(exp)) > MAX_EXPONENT:
-            raise ParseError("exponent too large")
-        return sp.Rational(mant if mant != "." else "0") * sp.Rational(10) ** int(exp or 0)
-    return sp.Integer(text)
-
-
-def _magnitude(x) -> float | None:
-    """|x| as a float when x is a plain number (no symbols), else None; bounded work."""
-    if x.free_symbols:
-        return None
-    try:
-        v = sp.N(x, 15, maxn=60)
-        return abs(complex(v))
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
-        return None
-
-
-def _pow(base, exp):
-    if not exp.free_symbols:
-        m = _magnitude(exp)
-        if m is None or m > MAX_EXPONENT:
-            raise ParseError("exponent too large")
-    return sp.Pow(base, exp, evaluate=False)
-
-
-def _factorial(n):
-    m = _magnitude(n)
-    if m is None or m > MAX_FACTORIAL:
-        raise ParseError("factorial too large or not a number")
-    return sp.factorial(n, evaluate=False)
-
-
 def parse(text: str, max_length: int = 2000):
-    """Parse an answer string into sympy objects (or Seq / Equation / Union / Text)."""
+    """Parse an answer string into sympy objects (or Seq / Equation / Union / Text ...)."""
     if len(text) > max_length:
         raise ParseError("answer too long")
     s = normalise(text)

@@ -1,64 +1,52 @@
 """Bounded verification: plain numbers in-process, everything else in killable workers.
 
-Each non-trivial item runs in a worker process with an address-space limit; the caller waits
-at most ``timeout`` seconds for it, from any thread (no signals), then kills and replaces the
-worker and scores the item 0. The model's text is only ever parsed, never executed.
+Each non-trivial item runs in a worker process of a :class:`grpo_core.workers.WorkerPool`
+with an address-space limit; the caller waits at most ``timeout`` seconds for it, from any
+thread (no signals), then the worker is killed and replaced and the item scores 0. The
+workers are fresh interpreters (``python -m grpo_core.workers``), so they never import the
+caller's ``__main__``: an unguarded script, a script on stdin and a notebook all work. They
+start in the background when the reward is built. The model's text is only ever parsed,
+never executed.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
-import time
-from multiprocessing.connection import wait
+from collections import OrderedDict
 
 from grpo_core_plugins.math_reward.numbers import close, plain_number
 
+from grpo_core.workers import WorkerPool, WorkerTimeout
+
 MEMORY_LIMIT = 2 * 1024**3
-BOOT_TIMEOUT = 60.0
+CACHE_SIZE = 16_384  # verdicts remembered: a group repeats the same answers
 
 
-def _serve(conn, memory_limit: int) -> None:
-    """Worker loop: receive (pred, gold, rel_tol, max_length), answer with a bool."""
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    except (ImportError, ValueError, OSError):
-        pass
+def warm() -> None:
+    """Fork-server preload: import the parser and comparison, and run each path once."""
     from grpo_core_plugins.math_reward.compare import equivalent
 
-    conn.send("ready")  # the time budget starts after imports, not during them
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        try:
-            verdict = equivalent(*job)
-        except MemoryError:
-            verdict = False
-        except Exception:  # a verifier bug scores 0 rather than ending training
-            verdict = False
-        conn.send(verdict)
+    for pred, gold in (("\\frac{x}{2}+\\sin(\\pi/6)", "(x+1)/2"), ("x > 2", "(2,\\infty)"),
+                       ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "(1,2)"), ("5 cm", "5")):
+        equivalent(pred, gold)
 
 
-class _Worker:
-    def __init__(self, ctx, memory_limit: int):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, memory_limit), daemon=True)
-        self.proc.start()
-        child.close()
-        self.job: int | None = None
-        self.deadline = 0.0
-        if not self.conn.poll(BOOT_TIMEOUT) or self.conn.recv() != "ready":
-            self.kill()
-            raise RuntimeError("math verifier worker did not start")
+def make_state(rel_tol: float, max_length: int) -> tuple[float, int]:
+    """Worker set-up (after the fork): the comparison options."""
+    from grpo_core_plugins.math_reward import compare  # noqa: F401  (already loaded: cheap)
 
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
+    return rel_tol, max_length
+
+
+def check(state: tuple[float, int], pair: tuple[str | None, str]) -> bool:
+    """Worker job: is ``pair[0]`` equivalent to the gold ``pair[1]``?"""
+    from grpo_core_plugins.math_reward.compare import equivalent
+
+    rel_tol, max_length = state
+    try:
+        return equivalent(pair[0], pair[1], rel_tol, max_length)
+    except MemoryError:
+        return False
 
 
 class Verifier:
@@ -67,10 +55,13 @@ class Verifier:
     def __init__(self, rel_tol: float = 0.0, timeout: float = 2.0, workers: int = 2,
                  max_length: int = 2000, memory_limit: int = MEMORY_LIMIT):
         self.rel_tol, self.timeout, self.n, self.max_length = rel_tol, timeout, workers, max_length
-        self.memory_limit = memory_limit
-        self.ctx = mp.get_context("spawn")
-        self.workers: list[_Worker] = []
-        self.lock = threading.Lock()
+        self.pool = WorkerPool("grpo_core_plugins.math_reward.verify:check",
+                               setup="grpo_core_plugins.math_reward.verify:make_state",
+                               setup_args=(rel_tol, max_length), size=workers,
+                               memory_mb=max(64, memory_limit // 2**20),
+                               preload=("grpo_core_plugins.math_reward.verify:warm",))
+        self.cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self.cache_lock = threading.Lock()
         self.timeouts = 0
 
     def fast(self, pred: str | None, gold: str) -> bool | None:
@@ -79,64 +70,41 @@ class Verifier:
             return False
         if len(pred) > self.max_length:
             return False
+        if pred.strip() == gold.strip():
+            return True
         g, p = plain_number(gold), plain_number(pred)
         if g is not None and p is not None:
             return close(p, g, self.rel_tol)
-        return None
+        with self.cache_lock:
+            return self.cache.get((pred, gold))
 
     def verify_many(self, preds: list[str | None], golds: list[str]) -> list[bool]:
         out: list[bool | None] = [self.fast(p, g) for p, g in zip(preds, golds)]
-        todo = [i for i, v in enumerate(out) if v is None]
+        todo: dict[tuple[str, str], list[int]] = {}
+        for i, v in enumerate(out):
+            if v is None:
+                todo.setdefault((preds[i], golds[i]), []).append(i)
         if todo:
-            with self.lock:
-                self._run(todo, preds, golds, out)
+            pairs = list(todo)
+            results = self.pool.map(pairs, timeout=self.timeout)
+            for pair, r in zip(pairs, results):
+                verdict = r is True
+                if isinstance(r, WorkerTimeout):
+                    self.timeouts += 1
+                elif isinstance(r, bool):
+                    self._remember(pair, verdict)
+                for i in todo[pair]:
+                    out[i] = verdict
         return [bool(v) for v in out]
 
-    def _run(self, todo: list[int], preds, golds, out) -> None:
-        while len(self.workers) < self.n:
-            self.workers.append(_Worker(self.ctx, self.memory_limit))
-        queue = list(todo)
-        busy: dict = {}
-        while queue or busy:
-            for w in self.workers:
-                if w.job is None and queue:
-                    i = queue.pop(0)
-                    w.job, w.deadline = i, time.monotonic() + self.timeout
-                    try:
-                        w.conn.send((preds[i], golds[i], self.rel_tol, self.max_length))
-                        busy[w.conn] = w
-                    except (BrokenPipeError, OSError):
-                        out[i] = False
-                        self._replace(w, busy)
-            if not busy:
-                continue
-            soonest = min(w.deadline for w in busy.values())
-            ready = wait(list(busy), timeout=max(0.0, soonest - time.monotonic()))
-            for conn in ready:
-                w = busy.pop(conn)
-                try:
-                    out[w.job] = bool(conn.recv())
-                    w.job = None
-                except (EOFError, OSError):  # died (e.g. hit its memory limit)
-                    out[w.job] = False
-                    self._replace(w, busy)
-            now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if now >= w.deadline:  # over budget: kill, replace, score 0
-                    busy.pop(conn)
-                    out[w.job] = False
-                    self.timeouts += 1
-                    self._replace(w, busy)
-
-    def _replace(self, w: _Worker, busy: dict) -> None:
-        busy.pop(w.conn, None)
-        w.kill()
-        self.workers[self.workers.index(w)] = _Worker(self.ctx, self.memory_limit)
+    def _remember(self, pair: tuple[str, str], verdict: bool) -> None:
+        with self.cache_lock:
+            self.cache[pair] = verdict
+            if len(self.cache) > CACHE_SIZE:
+                self.cache.popitem(last=False)
 
     def close(self) -> None:
-        for w in self.workers:
-            w.kill()
-        self.workers = []
+        self.pool.close()
 
     def __del__(self):
         try:
