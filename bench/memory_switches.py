@@ -42,7 +42,8 @@ est = plan(load_shape(m["name_or_path"]), s["group_size"], t["prompts_per_step"]
            s["max_new_tokens"], dtype="float32", lora_rank=(m["lora"] or {}).get("r", 0),
            gradient_checkpointing=m["gradient_checkpointing"],
            reference=cfg["kl"]["options"].get("coef", 0) > 0,
-           generation_batch=s["generation_batch_size"], logprob_chunk=cfg["runtime"]["logprob_chunk"])
+           generation_batch=s["generation_batch_size"],
+           logprob_chunk=cfg["runtime"]["logprob_chunk"])
 print(json.dumps({"measured": peak - base, "estimated": est["total"]}))
 '''
 

@@ -1,11 +1,18 @@
-"""Atomic checkpoints: written to a temporary directory, fsynced, then renamed into place.
+"""Atomic, verifiable checkpoints that other tools can load.
 
-A directory named ``step-NNNNNNNN`` exists only once complete, so a crash at any point leaves
-either the previous checkpoints or the new one, never a half-written one that resume loads.
+A checkpoint ``step-NNNNNNNN/`` is a model directory (``save_pretrained``: config, weights in
+the save dtype, tokenizer; a LoRA run's adapter) plus the trainer's state: ``trainer.pt``
+(optimizer, scheduler, torch RNG), ``state.json`` (step, data position, plugin state, RNGs,
+the run's id and config, and the size and SHA-256 of every file), and, when the saved weights
+are not the trained ones bit for bit (a lower save dtype, or an adapter), ``master.safetensors``
+with the trainable parameters as trained. It is written into a temporary directory, fsynced,
+then renamed, so a crash leaves the previous checkpoints or the new one, never half of one;
+and a damaged one (truncated, bit-flipped, missing a file) is detected before it is loaded.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -14,14 +21,20 @@ import shutil
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from grpo_core.errors import UserError
+from grpo_core.models import is_peft, save_model
 
 PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
-#: Config parts that must match for a resume (others, like steps or lr, may change).
+MASTER = "master.safetensors"
+#: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
+#: how many threads); any other difference is refused unless forced.
+MAY_CHANGE = ("train.steps", "train.max_nonfinite_steps", "output.", "eval.", "health.",
+              "runtime.threads", "reward.timeout", "reward.failure")
+#: What checkpoints written before the full config was stored are compared on.
 COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
                       ("train", "prompts_per_step"), ("train", "seed"))
 
@@ -43,11 +56,12 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _write(path: str, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def rng_state() -> dict:
@@ -57,8 +71,6 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict, torch_state: torch.Tensor) -> None:
-    import ast
-
     random.setstate(_tuples(ast.literal_eval(state["python"])))
     n = state["numpy"]
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
@@ -69,8 +81,10 @@ def _tuples(x):
     return tuple(_tuples(i) for i in x) if isinstance(x, (list, tuple)) else x
 
 
-def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_last: int) -> str:
-    """Write checkpoint ``step`` under ``root``; returns its directory. Keeps the last K."""
+def save(root: str, step: int, run_id: str, model, tokenizer, optimizer, scheduler, meta: dict,
+         keep_last: int, dtype: torch.dtype) -> str:
+    """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
+    ``keep_last``; another run's checkpoints are never counted or removed."""
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}-{os.getpid()}")
@@ -79,31 +93,48 @@ def save(root: str, step: int, model, optimizer, scheduler, meta: dict, keep_las
             shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
     try:
         os.makedirs(tmp)
-        # trainable weights only: the whole model, or just the adapter of a LoRA run
-        # (named_parameters lists a tied weight once, so no two entries share storage)
-        state = {k: v.detach().contiguous().cpu() for k, v in model.named_parameters()
-                 if v.requires_grad}
-        save_file(state, os.path.join(tmp, "model.safetensors"))
-        _fsync(os.path.join(tmp, "model.safetensors"))
+        save_model(model, tokenizer, tmp, dtype)
+        trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        if is_peft(model) or any(v.dtype != dtype for v in trainable.values()):
+            save_file({k: v.detach().contiguous().cpu() for k, v in trainable.items()},
+                      os.path.join(tmp, MASTER))
         _fault_pause()
-        _write(os.path.join(tmp, "trainer.pt"), lambda f: torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "torch_rng": torch.get_rng_state()}, f))
-        _write(os.path.join(tmp, "state.json"),
-               lambda f: f.write(json.dumps({**meta, "step": step, "rng": rng_state()}).encode()))
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, os.path.join(tmp, "trainer.pt"))
+        files = {}
+        for name in sorted(os.listdir(tmp)):
+            path = os.path.join(tmp, name)
+            _fsync(path)
+            files[name] = {"size": os.path.getsize(path), "sha256": _digest(path)}
+        state = {**meta, "step": step, "run_id": run_id, "rng": rng_state(), "files": files}
+        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
         _fsync(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync(root)
-    except (OSError, SafetensorError) as exc:  # disk full, quota, permissions
+    except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, quota, permissions
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise UserError(f"cannot write checkpoint {final}: {reason}; "
+        raise UserError(f"cannot write checkpoint {final}: {_reason(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
-    for old in sorted(list_checkpoints(root))[:-keep_last]:
+    for old in list_checkpoints(root, run_id)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _reason(exc: Exception, where: str) -> str:
+    """Why a write failed, in words: torch.save reports a full disk as a position mismatch."""
+    if getattr(exc, "strerror", None):
+        return exc.strerror
+    try:
+        if os.statvfs(where).f_bavail * os.statvfs(where).f_frsize < 1 << 20:
+            return "No space left on device"
+    except OSError:
+        pass
+    return str(exc).splitlines()[0]
 
 
 def _fault_pause() -> None:
@@ -116,35 +147,128 @@ def _fault_pause() -> None:
         time.sleep(float(pause))
 
 
-def list_checkpoints(root: str) -> list[str]:
+def read_state(path: str) -> dict | None:
+    """A checkpoint's state.json, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(path, "state.json"), encoding="utf-8") as f:
+            state = json.load(f)
+        return state if isinstance(state, dict) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def list_checkpoints(root: str, run_id: str | None = None) -> list[str]:
+    """Complete checkpoints under ``root``, oldest first (only run ``run_id``'s, if given)."""
     if not os.path.isdir(root):
         return []
-    return sorted(os.path.join(root, d) for d in os.listdir(root)
-                  if d.startswith(PREFIX) and os.path.isfile(os.path.join(root, d, "state.json")))
+    found = sorted(os.path.join(root, d) for d in os.listdir(root)
+                   if d.startswith(PREFIX) and os.path.isfile(os.path.join(root, d, "state.json")))
+    if run_id is None:
+        return found
+    return [p for p in found if (read_state(p) or {}).get("run_id") in (run_id, None)]
 
 
-def latest(root: str) -> str | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+def damage(path: str) -> str | None:
+    """Why a checkpoint cannot be loaded as written (None when it is intact)."""
+    state = read_state(path)
+    if state is None:
+        return "state.json is missing or unreadable"
+    for key in ("step", "data_position", "rng", "kl"):
+        if key not in state:
+            return f"state.json has no {key!r}"
+    for name, want in (state.get("files") or {}).items():
+        p = os.path.join(path, name)
+        if not os.path.isfile(p):
+            return f"{name} is missing"
+        if os.path.getsize(p) != want["size"]:
+            return f"{name} has {os.path.getsize(p)} bytes, {want['size']} were written"
+        if _digest(p) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    if not os.path.isfile(os.path.join(path, "trainer.pt")):
+        return "trainer.pt is missing"
+    return None
+
+
+def latest_intact(root: str, run_id: str | None, warn) -> str | None:
+    """The newest checkpoint of this run that is intact; each damaged one is reported with
+    ``warn(message)`` and passed over."""
+    for path in reversed(list_checkpoints(root, run_id)):
+        problem = damage(path)
+        if problem is None:
+            return path
+        warn(f"checkpoint {path} is damaged ({problem}); trying the one before it")
+    return None
+
+
+def _weights(path: str) -> list[str]:
+    """The files holding the trainable weights as trained."""
+    if os.path.isfile(os.path.join(path, MASTER)):
+        return [os.path.join(path, MASTER)]
+    return sorted(os.path.join(path, f) for f in os.listdir(path)
+                  if f.startswith("model") and f.endswith(".safetensors"))
+
+
+def check_fits(path: str, model) -> None:
+    """Refuse, before loading anything, weights whose names or shapes differ from the model's
+    (another model size, LoRA switched on or off)."""
+    params = dict(model.named_parameters())
+    state_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    files = _weights(path)
+    if not files:
+        raise UserError(f"cannot resume from {path}: it holds no weights")
+    for file in files:
+        with safe_open(file, "pt") as f:
+            for key in f.keys():
+                have = state_shapes.get(key) or (tuple(params[key].shape) if key in params
+                                                 else None)
+                shape = tuple(f.get_slice(key).get_shape())
+                if have is None:
+                    raise UserError(f"cannot resume from {path}: its weight {key} is not in this "
+                                    f"model (LoRA switched on or off, or another model?)")
+                if have != shape:
+                    raise UserError(f"cannot resume from {path}: weight {key} has shape "
+                                    f"{list(shape)} there and {list(have)} in this model")
 
 
 def load(path: str, model, optimizer, scheduler) -> dict:
-    """Restore model, optimizer, scheduler and RNGs from ``path``; returns the meta dict."""
-    weights = load_file(os.path.join(path, "model.safetensors"))
-    model.load_state_dict(weights, strict=False)
-    trainer = torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
-    optimizer.load_state_dict(trainer["optimizer"])
-    scheduler.load_state_dict(trainer["scheduler"])
-    with open(os.path.join(path, "state.json"), encoding="utf-8") as f:
-        meta = json.load(f)
-    set_rng_state(meta["rng"], trainer["torch_rng"])
-    return meta
+    """Restore model, optimizer, scheduler and RNGs from ``path``; returns its state."""
+    check_fits(path, model)
+    try:
+        weights: dict = {}
+        for file in _weights(path):
+            weights.update(load_file(file))
+        missing = set(model.load_state_dict(weights, strict=False).missing_keys)
+        lost = [n for n, p in model.named_parameters() if p.requires_grad and n in missing]
+        if lost:
+            raise UserError(f"cannot resume from {path}: no saved value for {lost[0]}"
+                            f"{f' and {len(lost) - 1} more' if len(lost) > 1 else ''}")
+        trainer = torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
+        optimizer.load_state_dict(trainer["optimizer"])
+        scheduler.load_state_dict(trainer["scheduler"])
+    except (OSError, SafetensorError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+        raise UserError(f"cannot resume from {path}: {str(exc).splitlines()[0]}") from exc
+    state = read_state(path)
+    set_rng_state(state["rng"], trainer["torch_rng"])
+    return state
 
 
-def check_compatible(saved: dict, cfg: dict, force: bool) -> None:
-    now = config_fingerprint(cfg)
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {now[k]!r}" for k in now
-             if saved.get(k) != now[k]]
-    if diffs and not force:
-        raise UserError("cannot resume: the config differs from the checkpoint's in "
-                        + "; ".join(diffs) + " (use --force to resume anyway)")
+def config_differences(state: dict, cfg: dict) -> list[str]:
+    """What differs between the checkpoint's config and ``cfg``, beyond what may change."""
+    saved = state.get("config")
+    if saved is None:  # written before configs were stored: compare the fingerprint
+        now = config_fingerprint(cfg)
+        old = state.get("fingerprint", {})
+        return [f"{k}: checkpoint {old.get(k)!r}, config {now[k]!r}" for k in now
+                if old.get(k) != now[k]]
+    a, b = _flat(saved), _flat(cfg)
+    return [f"{k}: checkpoint {a.get(k)!r}, config {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.startswith(MAY_CHANGE)]
+
+
+def _flat(cfg, prefix: str = "") -> dict:
+    if isinstance(cfg, dict) and cfg:
+        out = {}
+        for k, v in cfg.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: cfg}

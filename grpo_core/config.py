@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 from typing import Any
 
 import jsonschema
-import yaml
 
+from grpo_core.configfile import apply_overrides, read_file
 from grpo_core.errors import ConfigError
+from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
 from grpo_core.schema import CORE_SCHEMA, MOVED
+
+# JSON Schema counts 2.0 as an integer; a step count of 2.0 is more likely a mistake
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
 
 _noticed: set[str] = set()
 
@@ -79,77 +84,6 @@ def full_schema() -> dict:
     return schema
 
 
-def read_file(path: str) -> dict:
-    """Read a YAML or JSON config file into a dict, or raise a one-line ConfigError."""
-    if not os.path.exists(path):
-        raise ConfigError([f"{path}: config file not found"])
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{path}: cannot read config file ({exc})"]) from exc
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        if isinstance(exc, json.JSONDecodeError):
-            line = f" at line {exc.lineno}, column {exc.colno}"
-        problem = getattr(exc, "problem", None) or getattr(exc, "msg", "") or str(exc)
-        raise ConfigError([f"{path}: invalid {'JSON' if path.endswith('.json') else 'YAML'}"
-                           f"{line}: {problem}"]) from exc
-    if data is None:
-        raise ConfigError([f"{path}: config file is empty; expected a mapping with model, data, "
-                           f"reward"])
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected a mapping at the top level, found "
-                           f"{type(data).__name__}"])
-    return data
-
-
-def apply_overrides(config: dict, overrides: list[str]) -> dict:
-    """Apply ``key.path=value`` overrides; the value is read as YAML (``3``, ``true``, ``[a]``)."""
-    config = copy.deepcopy(config)
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError([f"--set {item!r}: expected key.path=value"])
-        key, raw = item.split("=", 1)
-        key = moved_path(key)
-        value = _scalar(raw)
-        node: Any = config
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ConfigError([f"--set {key}: {part!r} is not an index of the list at "
-                                       f"{'.'.join(parts[:i])}"])
-                part = int(part)
-            elif not isinstance(node, dict):
-                raise ConfigError([f"--set {key}: {'.'.join(parts[:i])} is not a mapping"])
-            if last:
-                node[part] = value
-            else:
-                if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
-                    node[part] = {}
-                node = node[part]
-    return config
-
-
-def _scalar(raw: str) -> Any:
-    """Read an override value as YAML, but take ``3e-3`` as a number (YAML 1.1 would not)."""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
 def fill_defaults(schema: dict, value: Any) -> Any:
     """Fill ``default`` values from ``schema`` into ``value`` (objects and arrays, recursively)."""
     if isinstance(value, dict) and "properties" in schema:
@@ -199,7 +133,7 @@ def _format(err: jsonschema.ValidationError, prefix: str) -> str:
 
 
 def _validate_node(schema: dict, value: Any, prefix: str, problems: list[str]) -> None:
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = Validator(schema)
     for err in sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
         if err.validator in ("anyOf", "oneOf", "allOf") and err.context:
             err = min(err.context, key=lambda e: len(e.absolute_path) * -1)
@@ -225,6 +159,9 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
         _validate_node(info.schema, options, opt_prefix, problems)
         if len(problems) == before:
             options = _walk_plugins(info.schema, options, opt_prefix, problems)
+        if len(problems) == before and isinstance(info.factory, type) \
+                and issubclass(info.factory, Component):
+            problems += [f"{opt_prefix}.{p}" for p in info.factory.check_options(options)]
         value["options"] = options
         return value
     if isinstance(value, dict) and "properties" in schema:
@@ -262,4 +199,4 @@ def validate_options(schema: dict, options: dict | None, where: str) -> dict:
 
 def load(path: str, overrides: list[str] | None = None) -> dict:
     """Read, override and validate a config file."""
-    return validate(apply_overrides(migrate(read_file(path)), overrides or []))
+    return validate(apply_overrides(migrate(read_file(path)), overrides or [], moved_path))

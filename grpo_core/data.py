@@ -38,7 +38,11 @@ def read_rows(path: str, split: str = "train") -> list[dict]:
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise UserError("data.path: parquet needs pyarrow (pip install pyarrow)") from exc
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow's errors have many types
+            raise UserError(f"data.path: {path} is not a readable parquet file "
+                            f"({str(exc).splitlines()[0]})") from exc
     if os.path.exists(path):
         raise UserError(f"data.path: {path} is not a .jsonl, .json or .parquet file")
     if path.count("/") > 1 or path.startswith((".", "/")) or os.path.splitext(path)[1]:
@@ -57,14 +61,21 @@ def read_rows(path: str, split: str = "train") -> list[dict]:
 def _jsonl(path: str) -> list[dict]:
     if not os.path.exists(path):
         raise UserError(f"data.path: file not found: {path}")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
+    rows, n = [], 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                n += 1  # the line an error names
+                if line.strip():
                     rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{n}: invalid JSON line ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}:{n + 1}: not UTF-8 text") from exc
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{n}: invalid JSON line ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise UserError(f"{path}:{n}: nested too deeply to be a dataset row") from exc
+    except OSError as exc:
+        raise UserError(f"data.path: cannot read {path} ({exc.strerror or exc})") from exc
     return rows
 
 
@@ -76,10 +87,17 @@ def _json(path: str):
             return json.load(f)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except RecursionError as exc:
+        raise UserError(f"{path}: nested too deeply to be a data set") from exc
+    except OSError as exc:
+        raise UserError(f"data.path: cannot read {path} ({exc.strerror or exc})") from exc
 
 
 def check_fields(rows: list[dict], fields: list[str], source: str) -> None:
-    """Every row must have every field; name the first row that does not."""
+    """Every row must have every field, and the first field (the prompt) must be text or a
+    list of chat messages; name the first row that does not."""
     if not rows:
         raise UserError(f"data.path: {source} has no rows")
     for i, row in enumerate(rows):
@@ -89,6 +107,53 @@ def check_fields(rows: list[dict], fields: list[str], source: str) -> None:
             if f not in row:
                 raise UserError(f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
                                 f"set data.prompt_field / data.columns")
+        problem = _prompt_problem(row[fields[0]]) if fields else None
+        if problem:
+            raise UserError(f"{source}: row {i} field {fields[0]!r}: {problem}")
+
+
+def _prompt_problem(prompt) -> str | None:
+    """Why a value cannot be a prompt (None when it can)."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "empty prompt"
+    if isinstance(prompt, list):
+        if not prompt:
+            return "empty list of messages"
+        for m in prompt:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)):
+                return "a list prompt must hold chat messages {role: str, content: str}"
+        return None
+    return f"found {type(prompt).__name__}, expected text or a list of chat messages"
+
+
+def fit_prompts(rows: list[dict], tokenizer, data_cfg: dict, limit: int) -> tuple[list[dict], int]:
+    """Apply ``data.long_prompts`` to prompts longer than ``limit`` tokens (after the chat
+    template): ``drop`` them, ``error`` on the first, or ``truncate_left`` (keep the end,
+    where the question usually is). Returns the rows kept and how many were long."""
+    kept, long = [], 0
+    policy = data_cfg["long_prompts"]
+    for i, row in enumerate(rows):
+        text = render_prompt(tokenizer, row[data_cfg["prompt_field"]],
+                             data_cfg["chat_template"], data_cfg["system_prompt"])
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n <= limit:
+            kept.append(row)
+            continue
+        long += 1
+        if policy == "error":
+            raise UserError(f"data: row {i} has a prompt of {n} tokens, over the limit of "
+                            f"{limit} (data.max_prompt_tokens, or the model's context minus "
+                            f"sampling.max_new_tokens); set data.long_prompts: drop")
+        if policy == "truncate_left":
+            kept.append({**row, TRUNCATE: limit})
+    if not kept:
+        raise UserError(f"data: every prompt is longer than {limit} tokens")
+    return kept, long
+
+
+#: a row field set by ``fit_prompts``: keep only this many tokens from the prompt's end
+TRUNCATE = "__grpo_truncate_left"
 
 
 def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None) -> str:
@@ -155,6 +220,7 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
     prompts = [render_prompt(tokenizer, r[field], data_cfg["chat_template"],
                              data_cfg["system_prompt"]) for r in rows]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [i[-r[TRUNCATE]:] if TRUNCATE in r else i for i, r in zip(ids, rows)]
     columns = {c: [r[c] for r in rows] for c in data_cfg["columns"]}
     return Batch([r[field] for r in rows], prompts, ids, columns)
 

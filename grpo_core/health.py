@@ -1,7 +1,8 @@
-"""Watching a run for the well-known signatures of RL training going wrong.
+"""Watching a run for the well-known signatures of GRPO training going wrong.
 
 Each check looks at the last ``window`` metric records and, when it fires, says the likely
-cause and what to change. A warning repeats at most once per window.
+cause and what to change. A warning repeats at most once per window; the end-of-run summary
+lists each signature with the step it first fired.
 """
 
 from __future__ import annotations
@@ -11,40 +12,77 @@ import statistics
 from dataclasses import dataclass, field
 
 DEFAULTS = {
-    "zero_std_frac": 0.5,  # share of groups with identical rewards (not all at the top)
+    "zero_std_frac": 0.5,  # share of groups with identical, unsolved rewards
+    "tiny_std_frac": 0.1,  # share of groups whose rewards differ by noise only
     "kl_low": 1e-3,  # KL this small for a whole window
-    "kl_high": 10.0,  # KL above this
-    "kl_growth": 4.0,  # KL multiplied by this over a window
+    "kl_high": 1.0,  # per-token KL above this: far from the reference
+    "kl_growth": 2.5,  # mean KL of a window's second half over its first half ...
+    "kl_floor": 0.1,  # ... once KL is this large (KL rising from 0 early on is expected)
+    "coef_growth": 4.0,  # KL coefficient multiplied by this over a window
+    "oscillation": 0.85,  # share of steps whose change reverses the previous one
     "entropy_low": 0.05,  # mean token entropy (nats)
     "grad_spike": 10.0,  # grad norm over this many times the window's median
     "reward_flat": 0.01,  # reward range over a window below this
+    "dimension_rise": 0.2,  # a reward dimension rising this much over a window ...
     "length_growth": 1.5,  # mean completion length multiplied by this over a window
-    "truncated": 0.2,  # with this share of truncated completions
+    "truncated": 0.2,  # ... with this share of truncated completions
+    "truncated_high": 0.5,  # most completions cut at the token budget
+    "memory_frac": 0.9,  # peak memory over this share of what the device has
 }
 
 ADVICE = {
-    "nan": "non-finite values: {what}. Lower train.lr, check the reward for NaN/inf, "
-           "keep train.max_grad_norm set",
+    "nan": "non-finite values: {what}. Lower optimizer.lr, check the reward for NaN/inf, "
+           "keep optimizer.max_grad_norm set",
+    "no_signal": "every completion got the same reward ({value:g}) for {window} steps, so "
+                 "every advantage is 0 and nothing is learned: check that the reward can be "
+                 "earned (data.columns and the reward's answer column, the expected format, "
+                 "a task the model can sometimes solve) before tuning anything else",
     "zero_std": "{value:.0%} of groups have identical, unsolved rewards (no signal): raise "
                 "sampling.temperature or sampling.group_size, or use prompts of mixed difficulty "
-                "(or train.resample_zero_std_max)",
+                "(or groups.resample_zero_std_max)",
+    "tiny_std": "{value:.0%} of groups have rewards that differ only by noise (std > 0 but "
+                "under {eps:g}): dividing by that std turns noise into full-size advantages; "
+                "round the reward, raise the baseline's eps, or use a baseline without the std "
+                "division (dr_grpo, rloo)",
     "kl_low": "KL stayed below {value:g} for {window} steps: the KL coefficient is too large "
               "for the policy to move; lower kl.options.coef or use kl: adaptive",
     "kl_high": "KL is {value:.3g}: the policy is running away from the reference; raise the KL "
-               "coefficient or lower train.lr",
+               "coefficient or lower optimizer.lr",
     "kl_growth": "KL grew {value:.1f}x in {window} steps: raise the KL coefficient or lower "
-                 "train.lr",
+                 "optimizer.lr",
+    "kl_oscillation": "KL swings up and down ({lo:.3g} to {hi:.3g}) from step to step: the "
+                      "updates overshoot; lower optimizer.lr or objective clip bounds, or use "
+                      "a steadier KL controller",
+    "kl_coef": "the KL coefficient grew {value:.1f}x in {window} steps to {coef:.3g} while KL "
+               "stays at {kl:.3g}: the controller cannot reach its target and the KL term is "
+               "taking over the loss; raise kl.options.target or lower optimizer.lr",
+    "loss_oscillation": "the loss flips sign with growing swings ({value:.3g} at most): the "
+                        "updates overshoot; lower optimizer.lr or train.inner_iterations",
     "entropy": "entropy fell to {value:.3g}: the policy is collapsing to deterministic outputs; "
-               "raise sampling.temperature or train.entropy_coef, lower train.lr, or raise "
-               "train.clip_high (DAPO clip-higher)",
-    "grad_spike": "grad norm {value:.3g} is over {factor:g}x the recent median: lower train.lr "
-                  "or train.max_grad_norm",
+               "raise sampling.temperature or objective.entropy_coef, lower optimizer.lr, or "
+               "raise objective.options.clip_high (DAPO clip-higher)",
+    "grad_spike": "grad norm {value:.3g} is over {factor:g}x the recent median: lower "
+                  "optimizer.lr or optimizer.max_grad_norm",
     "reward_flat": "reward has not moved (range {value:.3g}) for {window} steps: check that "
-                   "the reward can be earned, raise train.lr, or check zero_std_frac",
+                   "the reward can be earned, raise optimizer.lr, or check zero_std_frac",
+    "format_hacking": "reward/{up} rose by {rise:.2f} in {window} steps while reward/{flat} "
+                      "stayed at {value:.3g}: the policy is learning {up} alone (format hacking "
+                      "when {flat} is correctness); gate {up} on {flat} (a weighted reward's "
+                      "`requires`) or give {flat} more weight",
+    "truncated": "{value:.0%} of completions hit sampling.max_new_tokens: their answers are "
+                 "cut off and score as wrong; raise max_new_tokens or add a length reward",
     "length": "completion length grew {value:.1f}x in {window} steps with {trunc:.0%} truncated: "
               "possible reward hacking by length; add a length reward (DAPO overlong penalty) "
-              "or use train.aggregation: seq_mean_token_sum_norm",
+              "or use objective.aggregation: seq_mean_token_sum_norm",
+    "memory": "peak memory {value:.0f} MiB is {frac:.0%} of the {limit:.0f} MiB available: a "
+              "longer batch will run out; lower sampling.generation_batch_size or "
+              "train.micro_batch_groups, or turn on model.gradient_checkpointing",
 }
+
+
+#: steps an oscillation is judged on: random noise alternates 2 steps in 3, so a short run
+#: of alternations means nothing (all 11 of 12 steps by chance: p < 0.002)
+OSCILLATION_STEPS = 12
 
 
 @dataclass
@@ -56,72 +94,148 @@ class HealthMonitor:
         self.t = {**DEFAULTS, **self.thresholds}
         self.records: list[dict] = []
         self.last_fired: dict[str, int] = {}
+        self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.messages: dict[str, str] = {}
 
     def observe(self, record: dict) -> list[str]:
         """Add one step's metrics; returns the warnings that fire now."""
         self.records.append(record)
-        self.records = self.records[-(2 * self.window):]
+        self.records = self.records[-2 * max(self.window, OSCILLATION_STEPS):]
         out = []
+        step = record.get("step", len(self.records))
         for key, message in self._checks(record):
-            step = record.get("step", len(self.records))
             if step - self.last_fired.get(key, -10**9) >= self.window:
                 self.last_fired[key] = step
                 out.append(message)
+            self.first.setdefault(key, step)
             self.counts[key] = self.counts.get(key, 0) + 1
             self.messages[key] = message
         return out
 
     def summary(self) -> list[str]:
-        """One line per signature seen during the run, with how many steps it fired."""
-        return [f"{k} ({n} steps): {self.messages[k]}" for k, n in sorted(self.counts.items())]
+        """One line per signature seen, in the order they started: first step, how many
+        steps it fired, the latest advice."""
+        order = sorted(self.counts, key=lambda k: (self.first[k], k))
+        return [f"{k} from step {self.first[k]} ({self.counts[k]} steps): {self.messages[k]}"
+                for k in order]
+
+    def _series(self, key: str, n: int | None = None) -> list[float]:
+        recent = self.records[-(n or self.window):]
+        return [x[key] for x in recent if isinstance(x.get(key), (int, float))
+                and not isinstance(x.get(key), bool) and math.isfinite(x[key])]
 
     def _checks(self, r: dict):
         t, w = self.t, self.window
+        yield from self._nonfinite(r)
+        full = len(self.records) >= w
+        solved = self._series("solved_frac")
+        converged = bool(solved) and solved[-1] > 0.5  # most groups all at the top reward
+        rw = self._series("reward")
+        no_signal = full and bool(rw) and max(rw) == min(rw) and \
+            min(self._series("zero_std_frac") or [0]) >= 1.0 and not any(solved)
+        if no_signal:
+            yield "no_signal", ADVICE["no_signal"].format(value=rw[-1], window=w)
+        else:
+            yield from self._signal(r, full, converged, rw, solved)
+        yield from self._kl(r, full, no_signal)
+        yield from self._dynamics(full, converged)
+        yield from self._lengths(r, full)
+        if isinstance(r.get("memory_frac"), float) and r["memory_frac"] > t["memory_frac"]:
+            yield "memory", ADVICE["memory"].format(value=r["peak_memory_mb"],
+                                                    frac=r["memory_frac"],
+                                                    limit=r["peak_memory_mb"] / r["memory_frac"])
+
+    def _nonfinite(self, r: dict):
         bad = [k for k in ("reward", "kl", "entropy", "grad_norm", "loss")
                if isinstance(r.get(k), float) and not math.isfinite(r[k])]
         if r.get("skipped_updates"):
             bad.append("skipped updates")
         if bad:
             yield "nan", ADVICE["nan"].format(what=", ".join(bad))
-        recent = self.records[-w:]
-        full = len(recent) >= w
 
-        def series(key):
-            return [x[key] for x in recent if isinstance(x.get(key), (int, float))
-                    and math.isfinite(x[key])]
-
-        solved = series("solved_frac")
-        converged = bool(solved) and solved[-1] > 0.5  # most groups all at the top reward
-        zs = [z - s for z, s in zip(series("zero_std_frac"), solved)] if solved \
-            else series("zero_std_frac")
-        rw = series("reward")
+    def _signal(self, r: dict, full: bool, converged: bool, rw: list, solved: list):
+        t, w = self.t, self.window
+        zs = [z - s for z, s in zip(self._series("zero_std_frac"), solved)] if solved \
+            else self._series("zero_std_frac")
         half = len(rw) // 2
         rising = half and statistics.fmean(rw[half:]) - statistics.fmean(rw[:half]) \
             > t["reward_flat"]
         if full and zs and statistics.fmean(zs) > t["zero_std_frac"] and not rising:
             yield "zero_std", ADVICE["zero_std"].format(value=statistics.fmean(zs))
-        kl = series("kl")
+        tiny = self._series("tiny_std_frac")
+        if full and tiny and statistics.fmean(tiny) > t["tiny_std_frac"]:
+            yield "tiny_std", ADVICE["tiny_std"].format(value=statistics.fmean(tiny), eps=1e-4)
+        if full and rw and max(rw) - min(rw) < t["reward_flat"] and not converged:
+            yield "reward_flat", ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w)
+        dims = {k[7:]: self._series(k) for k in r if k.startswith("reward/")}
+        dims = {k: v for k, v in dims.items() if len(v) >= w}
+        for up, a in dims.items():
+            rise = statistics.fmean(a[len(a) // 2:]) - statistics.fmean(a[:len(a) // 2])
+            for flat, b in dims.items():
+                if flat != up and rise > t["dimension_rise"] and max(b) - min(b) < \
+                        t["reward_flat"]:
+                    yield "format_hacking", ADVICE["format_hacking"].format(
+                        up=up, flat=flat, rise=rise, window=w, value=b[-1])
+                    return
+
+    def _kl(self, r: dict, full: bool, no_signal: bool):
+        t, w = self.t, self.window
+        kl = self._series("kl")
         coef = r.get("kl_coef", 0) or 0
-        if full and coef > 0 and kl and max(kl) < t["kl_low"]:
+        if full and coef > 0 and kl and max(kl) < t["kl_low"] and not no_signal:
             yield "kl_low", ADVICE["kl_low"].format(value=t["kl_low"], window=w)
+        early, late = (statistics.fmean(kl[:len(kl) // 2]), statistics.fmean(kl[len(kl) // 2:])) \
+            if len(kl) >= 2 else (0.0, 0.0)
+        long = self._series("kl", 2 * OSCILLATION_STEPS)
+        coefs = self._series("kl_coef")
+        if full and coefs and coefs[0] > 0 and coefs[-1] > t["coef_growth"] * coefs[0]:
+            yield "kl_coef", ADVICE["kl_coef"].format(value=coefs[-1] / coefs[0], window=w,
+                                                      coef=coefs[-1], kl=kl[-1] if kl else 0)
         if kl and kl[-1] > t["kl_high"]:
             yield "kl_high", ADVICE["kl_high"].format(value=kl[-1])
-        elif full and kl and kl[0] > 1e-3 and kl[-1] > t["kl_growth"] * kl[0]:
-            yield "kl_growth", ADVICE["kl_growth"].format(value=kl[-1] / kl[0], window=w)
-        ent = series("entropy")
+        elif full and late > t["kl_floor"] and late > t["kl_growth"] * early:
+            yield "kl_growth", ADVICE["kl_growth"].format(value=late / early, window=w)
+        elif len(long) >= OSCILLATION_STEPS and min(long) > 1e-3 and \
+                _alternates(long, t["oscillation"]) and max(long) > 3 * min(long):
+            yield "kl_oscillation", ADVICE["kl_oscillation"].format(lo=min(long), hi=max(long))
+
+    def _dynamics(self, full: bool, converged: bool):
+        t = self.t
+        ent = self._series("entropy")
         if ent and ent[-1] < t["entropy_low"] and not converged:
             yield "entropy", ADVICE["entropy"].format(value=ent[-1])
-        gn = series("grad_norm")
+        gn = self._series("grad_norm")
         if len(gn) >= 3 and not converged:  # once solved, the median norm falls towards 0
             med = statistics.median(gn[:-1])
             if med > 0 and gn[-1] > t["grad_spike"] * med:
                 yield "grad_spike", ADVICE["grad_spike"].format(value=gn[-1],
                                                                 factor=t["grad_spike"])
-        if full and rw and max(rw) - min(rw) < t["reward_flat"] and not converged:
-            yield "reward_flat", ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w)
-        ln, tr = series("completion_len"), series("truncated_frac")
-        if full and ln and ln[0] > 0 and ln[-1] > t["length_growth"] * ln[0] and tr \
+        loss = self._series("loss", 2 * OSCILLATION_STEPS)
+        if len(loss) >= OSCILLATION_STEPS and _alternates(loss, t["oscillation"], signs=True):
+            half = len(loss) // 2
+            early, late = max(map(abs, loss[:half])), max(map(abs, loss[half:]))
+            if late > 2 * early > 0:
+                yield "loss_oscillation", ADVICE["loss_oscillation"].format(value=late)
+
+    def _lengths(self, r: dict, full: bool):
+        t, w = self.t, self.window
+        ln, tr = self._series("completion_len"), self._series("truncated_frac")
+        if full and tr and statistics.fmean(tr) > t["truncated_high"]:
+            yield "truncated", ADVICE["truncated"].format(value=statistics.fmean(tr))
+        elif full and ln and ln[0] > 0 and ln[-1] > t["length_growth"] * ln[0] and tr \
                 and tr[-1] > t["truncated"]:
             yield "length", ADVICE["length"].format(value=ln[-1] / ln[0], window=w, trunc=tr[-1])
+
+
+def _alternates(values: list[float], share: float, signs: bool = False) -> bool:
+    """Whether most consecutive changes reverse the one before (``signs``: the values
+    themselves flip sign), the mark of updates that overshoot."""
+    if len(values) < 4:
+        return False
+    if signs:
+        flips = [a * b < 0 for a, b in zip(values, values[1:])]
+    else:
+        d = [b - a for a, b in zip(values, values[1:])]
+        flips = [x * y < 0 for x, y in zip(d, d[1:])]
+    return sum(flips) >= share * len(flips)

@@ -64,7 +64,19 @@ def objective(register):
 KINDS = ("reward", "baseline", "kl", "generator", "objective")
 
 
-class Reward:
+class Component:
+    """What the base class of every kind shares."""
+
+    @classmethod
+    def check_options(cls, options: dict) -> list[str]:
+        """Problems with options that passed the schema but that the schema cannot express (a
+        regex that will not compile, say), found without building the component: one short
+        line each, starting with the option's path. ``grpo validate`` and every command that
+        reads a config report them with the rest."""
+        return []
+
+
+class Reward(Component):
     """Scores completions: ``reward(prompts, completions, **columns)`` returns one float per
     completion, or a :class:`grpo_core.Scores` that also carries named dimensions and extras.
 
@@ -73,11 +85,15 @@ class Reward:
     missing reward (left out of its group's statistics).
     """
 
-    #: dataset columns this reward reads; ``grpo validate`` checks the data has them
-    columns: tuple[str, ...] = ()
     #: the best score a completion can get, when there is one; a group whose completions all
     #: reach it counts as solved (the health monitor then stops expecting a learning signal)
     max_value: float | None = None
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        """The dataset columns this reward reads with these options (``grpo validate`` checks
+        that the data has them, before a model loads)."""
+        return ()
 
     def __call__(self, prompts: list, completions: list[str], **columns: list) \
             -> list[float] | Scores:
@@ -94,7 +110,7 @@ class FunctionReward(Reward):
         return self.fn(prompts, completions, **columns)
 
 
-class Baseline:
+class Baseline(Component):
     """Turns a ``[prompts, G]`` reward grid (``nan`` = missing) into advantages of the same
     shape: ``advantages(rewards, greedy_rewards)``."""
 
@@ -114,7 +130,7 @@ class Baseline:
         """Restore what :meth:`state_dict` returned."""
 
 
-class KLController:
+class KLController(Component):
     """The KL coefficient ``value``, moved by ``update(kl, n_samples)`` after each step."""
 
     value: float = 0.0
@@ -133,7 +149,7 @@ class KLController:
         self.value = state["value"]
 
 
-class Generator:
+class Generator(Component):
     """Samples G completions per prompt: ``setup`` once, ``generate`` each step,
     ``sync_weights`` after each step's updates."""
 
@@ -165,7 +181,7 @@ class PolicyTerm:
     counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class Objective:
+class Objective(Component):
     """The policy-gradient term of the loss: ``objective(logp, old_logp, advantages, mask)``
     with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]``. The trainer
     adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -13,7 +14,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device: 'cuda' requested but CUDA is not available")
+        raise UserError("runtime.device: 'cuda' requested but CUDA is not available")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
@@ -25,7 +26,7 @@ def load_tokenizer(model_cfg: dict):
     path = model_cfg["name_or_path"]
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg["trust_remote_code"])
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # whatever a broken directory raises, it is the input's fault
         raise UserError(f"model.name_or_path: cannot load a tokenizer from {path!r}: "
                         f"{str(exc).splitlines()[0]}") from exc
     if tok.pad_token_id is None:
@@ -54,7 +55,7 @@ def load_model(model_cfg: dict, device: torch.device):
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=model_cfg["trust_remote_code"],
             use_safetensors=None if model_cfg["allow_unsafe_weights"] else True, **extra)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # corrupt weights raise safetensors', torch's or OS errors
         raise UserError(f"model.name_or_path: cannot load a model from {path!r}: "
                         f"{str(exc).splitlines()[0]}") from exc
     if not extra:
@@ -101,3 +102,50 @@ def add_lora(model, lora: dict):
 
 def is_peft(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
+    """The dtype weights are written in: ``auto`` keeps the base model's own (a bfloat16
+    checkpoint stays bfloat16, though training keeps float32 master weights)."""
+    if choice != "auto":
+        return DTYPES[choice]
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model_cfg["name_or_path"],
+                                         trust_remote_code=model_cfg["trust_remote_code"])
+    except (OSError, ValueError):
+        return torch.float32
+    dtype = getattr(cfg, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def save_model(model, tokenizer, path: str, dtype: torch.dtype) -> None:
+    """A directory ``from_pretrained`` loads: weights in ``dtype`` (each shared tensor once),
+    config saying so, tokenizer. A LoRA model writes its adapter."""
+    if is_peft(model):
+        model.save_pretrained(path)
+    else:
+        seen: set = set()
+        state = {}
+        for k, v in model.state_dict().items():
+            where = (v.data_ptr(), v.numel()) if v.numel() else k
+            if where in seen:  # a tied weight: from_pretrained ties it again
+                continue
+            seen.add(where)
+            state[k] = v.detach().to(dtype) if v.is_floating_point() else v.detach()
+        model.save_pretrained(path, state_dict=state)
+        config = os.path.join(path, "config.json")
+        with open(config, encoding="utf-8") as f:
+            written = json.load(f)
+        written["dtype"] = str(dtype).removeprefix("torch.")
+        with open(config, "w", encoding="utf-8") as f:
+            json.dump(written, f, indent=2)
+    tokenizer.save_pretrained(path)
+
+
+def context_length(model) -> int | None:
+    """The longest sequence the model was built for (None when its config does not say)."""
+    config = model.get_base_model().config if is_peft(model) else model.config
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None

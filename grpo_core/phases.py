@@ -21,7 +21,8 @@ from grpo_core.evaluate import evaluate
 from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
 from grpo_core.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.losses import Normaliser, kl_penalty, objective_loss
-from grpo_core.metrics import rollout_metrics, write_samples
+from grpo_core.metrics import peak_memory_mb, rollout_metrics, write_samples
+from grpo_core.models import save_model
 from grpo_core.rewards import Scored, score_rollout
 from grpo_core.rollout import Rollout, SamplingParams
 from grpo_core.run import Run
@@ -223,7 +224,8 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "grad_norm": u.grad_norm, "skipped_updates": u.skipped,
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
-        "time/train": u.seconds, "time/step": time.time() - started})
+        "time/train": u.seconds, "time/step": time.time() - started,
+        **_memory(run)})
     if run.eval_rows is not None:
         ec = cfg["eval"]
         if (step + 1) % ec["every_n_steps"] == 0 or step + 1 == cfg["train"]["steps"]:
@@ -240,6 +242,14 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
             write_samples(run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras,
                           a.rewards, a.advantages, run.tokenizer)
     return record
+
+
+def _memory(run: Run) -> dict:
+    """Peak memory so far and its share of what the device has (health.memory_limit_mb, or
+    the device's own)."""
+    peak = dist.all_max(torch.tensor(peak_memory_mb(run.device)))
+    limit = run.cfg["health"]["memory_limit_mb"] or run.memory_limit
+    return {"peak_memory_mb": peak, "memory_frac": peak / limit if limit else math.nan}
 
 
 def _validate(run: Run, step: int, record: dict) -> None:
@@ -259,8 +269,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
         if value is not None and (run.best is None or value > run.best):
             run.best = value
             best = os.path.join(run.dir, "best")
-            run.policy.save_pretrained(best)
-            run.tokenizer.save_pretrained(best)
+            save_model(run.policy, run.tokenizer, best, run.save_dtype)
             with open(os.path.join(best, "best.json"), "w", encoding="utf-8") as f:
                 json.dump({"step": step, ec["keep_best"]: value}, f)
     dist.barrier()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -64,7 +65,7 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[tuple[str, str], PluginInfo] = {}
         self._dist_of: dict[str, tuple[str, str]] = {}
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for ep in installed_entry_points():
             dist = ep.dist.name if ep.dist else "unknown"
             version = ep.dist.version if ep.dist else ""
             if not _allowed(dist):
@@ -120,6 +121,22 @@ class Registry:
 
     def all(self) -> list[PluginInfo]:
         return sorted(self.plugins.values(), key=lambda p: (p.kind, p.name))
+
+
+def installed_entry_points() -> list[metadata.EntryPoint]:
+    """The ``grpo_core`` entry points of installed distributions only. ``python -m`` and
+    scripts put the working directory first on ``sys.path``, so a ``*.dist-info`` lying there
+    (downloaded, unpacked, planted) would otherwise register plugins that run on import."""
+    here = os.path.realpath(os.getcwd())
+    paths = [p for p in sys.path if p not in ("", ".") and os.path.realpath(p) != here]
+    seen, found = set(), []
+    for dist in metadata.distributions(path=paths):
+        name = _normalise(dist.metadata["Name"] or "")
+        if name in seen:  # the first on the path wins, as for imports
+            continue
+        seen.add(name)
+        found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    return found
 
 
 def unknown_name_message(kind: str, name: Any, installed: list[str]) -> str:

@@ -20,6 +20,8 @@ from grpo_core.hookspecs import Reward
 from grpo_core.rollout import Rollout
 from grpo_core.scores import Scores
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 class RewardFailure(UserError):
     """A reward plugin misbehaved under the ``raise`` policy."""
@@ -50,7 +52,7 @@ def _call(fn, args, kwargs, timeout: float | None):
     t.start()
     t.join(timeout)
     if t.is_alive():
-        raise TimeoutError(f"did not return within {timeout:g} s (train.reward_timeout)")
+        raise TimeoutError(f"did not return within {timeout:g} s (reward.timeout)")
     if "exc" in box:
         raise box["exc"]
     return box["out"]
@@ -63,8 +65,8 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     try:
         out = _call(fn, (prompts, completions), columns, timeout)
         values = list(out)
-    except Exception as exc:  # a plugin's bug must not lose the run silently
-        problem = f"reward {name!r} raised {type(exc).__name__}: {exc}"
+    except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
+        problem = f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:200]}"
         return _fail(problem, B, group, policy)
     if len(values) != B:
         problem = f"reward {name!r} returned {len(values)} scores for {B} completions"
@@ -73,10 +75,10 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     for i, v in enumerate(values):
         try:
             v = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # 10**400 is no float
             v = math.nan
         values[i] = v
-        if not math.isfinite(v):
+        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
             bad.append(i)
     rewards = torch.tensor(values, dtype=torch.float32)
     problem = None
@@ -85,8 +87,34 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
                    f"({len(bad)} non-finite of {B})")
         rewards = _apply(problem, rewards, torch.tensor(bad), group, policy)
     if isinstance(out, Scores):
-        return Scored(rewards, dict(out.dimensions), dict(out.extras), problem)
+        dims, dim_problem = _per_item(out.dimensions, B, numeric=True)
+        extras, extra_problem = _per_item(out.extras, B, numeric=False)
+        side = dim_problem or extra_problem
+        if side and problem is None:
+            problem = f"reward {name!r}: {side}"
+        return Scored(rewards, dims, extras, problem)
     return Scored(rewards, problem=problem)
+
+
+def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
+    """A reward's named per-completion lists, keeping those of the right length (numbers
+    for dimensions, as floats; NaN where not a number); says what was left out."""
+    kept, problem = {}, None
+    for key, values in named.items():
+        if not isinstance(values, (list, tuple)) or len(values) != B:
+            problem = problem or (f"{'dimension' if numeric else 'extra'} {str(key)[:40]!r} is "
+                                  f"not a list of {B}; left out")
+            continue
+        kept[str(key)] = [_number(v) for v in values] if numeric else list(values)
+    return kept, problem
+
+
+def _number(v) -> float:
+    try:
+        v = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
 
 
 def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
@@ -107,7 +135,7 @@ def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:
 def _apply(problem: str, rewards: torch.Tensor, bad: torch.Tensor, group: torch.Tensor,
            policy: str) -> torch.Tensor:
     if policy == "raise":
-        raise RewardFailure(problem + " (train.reward_failure: raise)")
+        raise RewardFailure(problem + " (reward.failure: raise)")
     rewards = rewards.clone()
     rewards[bad] = 0.0
     if policy == "drop_group":

@@ -16,13 +16,21 @@ from typing import Any
 import torch
 
 import grpo_core
-from grpo_core import checkpoint, dist
-from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, read_rows
+from grpo_core import checkpoint, dist, rundir
+from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
-from grpo_core.metrics import MetricsWriter, peak_memory_mb, truncate_metrics
-from grpo_core.models import is_peft, load_model, load_tokenizer, pick_device
+from grpo_core.metrics import MetricsWriter, memory_limit_mb, peak_memory_mb, truncate_metrics
+from grpo_core.models import (
+    context_length,
+    is_peft,
+    load_model,
+    load_tokenizer,
+    pick_device,
+    save_model,
+    saved_dtype,
+)
 from grpo_core.rollout import SamplingParams
 from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
 
@@ -32,6 +40,8 @@ class Run:
     """Everything the phases of a step read, and the little they carry from step to step."""
 
     cfg: dict
+    run_id: str  # this run's id (rundir marker); checkpoints carry it
+    save_dtype: torch.dtype  # what checkpoints and the final model are written in
     rank: int
     world: int
     device: torch.device
@@ -60,6 +70,7 @@ class Run:
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite_run: int = 0  # steps in a row whose update was skipped
     started: float = field(default_factory=time.time)
+    memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
 
     @property
     def main(self) -> bool:
@@ -98,9 +109,11 @@ def _rows(path: str, split: str, data_cfg: dict) -> list[dict]:
     return rows
 
 
-def start(cfg: dict, resume: str | bool | None = None, force: bool = False) -> Run:
-    """Set up a run: devices and processes, the run directory, models, plugins, data, the
-    optimizer, and a checkpoint's state when resuming (True: the newest; or a directory)."""
+def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
+          overwrite: bool = False) -> Run:
+    """Set up a run: devices and processes, the run directory (claimed: see rundir), models,
+    plugins, data, the optimizer, and a checkpoint's state when resuming (True: the newest
+    intact one; or a directory). ``overwrite`` empties an earlier run's directory first."""
     tc, rt, oc = cfg["train"], cfg["runtime"], cfg["output"]
     if rt["threads"]:
         torch.set_num_threads(rt["threads"])
@@ -116,8 +129,10 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False) -> R
     if reserved:
         raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
                         f"passes to rewards; rename the dataset field")
+    run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
+    dist.barrier()
+    run_id = run_id or rundir.run_id(oc["dir"])
     if rank == 0:
-        os.makedirs(oc["dir"], exist_ok=True)
         with open(os.path.join(oc["dir"], "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2)
 
@@ -134,6 +149,15 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False) -> R
             where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
             reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
     rows = _rows(cfg["data"]["path"], cfg["data"]["split"], cfg["data"])
+    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
+        - cfg["sampling"]["max_new_tokens"]
+    if limit < 1:
+        raise UserError(f"sampling.max_new_tokens: {cfg['sampling']['max_new_tokens']} leaves "
+                        f"no room for a prompt in the model's context")
+    rows, long = fit_prompts(rows, tokenizer, cfg["data"], limit)
+    if long and rank == 0:
+        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
+              f"data.long_prompts: {cfg['data']['long_prompts']}", file=sys.stderr)
     ec = cfg["eval"]
     eval_rows = None
     if ec["data"] and ec["every_n_steps"]:
@@ -145,7 +169,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False) -> R
                             weight_decay=oc_["weight_decay"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(
         oc_["lr_schedule"], oc_["warmup_steps"], tc["steps"] * tc["inner_iterations"]))
-    run = Run(cfg, rank, world, device, tokenizer, policy, reference,
+    run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
+              tokenizer, policy, reference,
               _plugin("reward", cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), rows,
               PromptStream(len(rows), tc["seed"], cfg["data"]["shuffle"]), eval_rows, opt, sched,
@@ -157,14 +182,12 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False) -> R
                              enabled=device.type == "cuda" and cfg["model"]["dtype"] == "auto"),
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
+    run.memory_limit = memory_limit_mb(device)
     if resume:
         _resume(run, resume, force)
-    if run.main:  # a fresh run starts its metrics over; a resumed one drops steps it will redo
-        truncate_metrics(oc["dir"], run.start_step)
-        if not resume:
-            for name in ("samples.jsonl", "samples.txt"):
-                if os.path.exists(os.path.join(oc["dir"], name)):
-                    os.remove(os.path.join(oc["dir"], name))
+    if run.main:
+        if resume:  # drop the metric lines of steps that will be run again
+            truncate_metrics(oc["dir"], run.start_step)
         run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"], oc["tensorboard"],
                                     oc["wandb_project"], cfg)
     return run
@@ -186,16 +209,41 @@ def _engine(cfg: dict, policy, params, opt, sched, world: int) -> TorchUpdate:
 
 
 def _resume(run: Run, resume: str | bool, force: bool) -> None:
+    """Load a checkpoint: the newest intact one of this run, or the directory given."""
     root = os.path.join(run.dir, "checkpoints")
-    path = checkpoint.latest(root) if resume is True else resume
-    if path is None:
-        raise UserError(f"--resume: no complete checkpoint under {root}")
-    meta = checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
-    checkpoint.check_compatible(meta["fingerprint"], run.cfg, force)
-    run.kl.load_state_dict(meta["kl"])
-    if meta.get("baseline"):
-        run.baseline.load_state_dict(meta["baseline"])
-    run.stream.position, run.start_step = meta["data_position"], meta["step"]
+    if resume is True:
+        path = checkpoint.latest_intact(root, run.run_id, lambda m: _warn(run, m))
+        if path is None:
+            raise UserError(f"--resume: no intact checkpoint under {root}")
+    else:
+        path = str(resume)
+        if not os.path.isdir(path):
+            raise UserError(f"--resume: {path} is not a checkpoint directory")
+        problem = checkpoint.damage(path)
+        if problem:
+            raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
+    state = checkpoint.read_state(path)
+    diffs = checkpoint.config_differences(state, run.cfg)
+    if diffs and not force:
+        raise UserError("cannot resume: the config differs from the checkpoint's in "
+                        + "; ".join(diffs) + " (use --force to resume anyway)")
+    state = checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
+    if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
+            None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
+        sched = run.scheduler
+        sched.base_lrs = [run.cfg["optimizer"]["lr"]] * len(sched.base_lrs)
+        for group, f in zip(run.optimizer.param_groups, sched.lr_lambdas):
+            group["lr"] = run.cfg["optimizer"]["lr"] * f(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]
+    run.kl.load_state_dict(state["kl"])
+    if state.get("baseline"):
+        run.baseline.load_state_dict(state["baseline"])
+    run.stream.position, run.start_step = state["data_position"], state["step"]
+
+
+def _warn(run: Run, message: str) -> None:
+    if run.main:
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def save_checkpoint(run: Run, step: int) -> None:
@@ -204,12 +252,12 @@ def save_checkpoint(run: Run, step: int) -> None:
     if not every or (step + 1) % every:
         return
     if run.main:
-        checkpoint.save(os.path.join(run.dir, "checkpoints"), step + 1, run.policy,
-                        run.optimizer, run.scheduler, {
-                            "fingerprint": checkpoint.config_fingerprint(run.cfg),
-                            "config_hash": checkpoint.config_hash(run.cfg),
+        checkpoint.save(os.path.join(run.dir, "checkpoints"), step + 1, run.run_id, run.policy,
+                        run.tokenizer, run.optimizer, run.scheduler, {
+                            "config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
                             "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
-                            "data_position": run.stream.position}, run.cfg["output"]["keep_last"])
+                            "data_position": run.stream.position},
+                        run.cfg["output"]["keep_last"], run.save_dtype)
     dist.barrier()
 
 
@@ -227,13 +275,13 @@ def finish(run: Run) -> dict:
                "health": run.health.summary() if run.health else []}
     if run.main and run.cfg["output"]["save_model"]:
         final = os.path.join(run.dir, "final")
-        run.policy.save_pretrained(final)  # a LoRA run writes the adapter
-        run.tokenizer.save_pretrained(final)
+        save_model(run.policy, run.tokenizer, final, run.save_dtype)  # LoRA: the adapter
         if is_peft(run.policy) and run.cfg["model"]["lora"]["save_merged"]:
-            merged = os.path.join(final, "merged")
-            run.policy.merge_and_unload().save_pretrained(merged)
-            run.tokenizer.save_pretrained(merged)
+            save_model(run.policy.merge_and_unload(), run.tokenizer,
+                       os.path.join(final, "merged"), run.save_dtype)
+    if run.main:
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
+        rundir.release(run.dir)
     dist.barrier()
     return summary

@@ -84,6 +84,11 @@ DATA = _obj({
                       "description": "system message put before each prompt"},
     "shuffle": {"type": "boolean", "default": True,
                 "description": "epoch-wise shuffled order, fixed by train.seed"},
+    "max_prompt_tokens": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                          "description": "longest prompt (null: the model's context minus "
+                                         "sampling.max_new_tokens)"},
+    "long_prompts": {"enum": ["drop", "truncate_left", "error"], "default": "drop",
+                     "description": "what a longer prompt gets, checked before training"},
 }, required=("path",), description="The prompts, and the fields rewards read.")
 
 SAMPLING = _obj({
@@ -171,8 +176,11 @@ RUNTIME = _obj({
 }, description="Where and how the numbers are computed.")
 
 OUTPUT = _obj({
-    "dir": {"type": "string", "default": "runs/latest",
-            "description": "the run directory"},
+    "dir": {"type": "string", "minLength": 1, "default": "runs/latest",
+            "description": "the run directory (new, empty, or an earlier run's with --resume "
+                           "or --overwrite)"},
+    "save_dtype": {"enum": ["auto", "float32", "bfloat16", "float16"], "default": "auto",
+                   "description": "dtype of saved weights (auto: the base model's own)"},
     "save_model": {"type": "boolean", "default": True,
                    "description": "write final/ (model and tokenizer) at the end"},
     "checkpoint_every": {"type": "integer", "minimum": 0, "default": 0,
@@ -211,6 +219,9 @@ HEALTH = _obj({
     "enabled": {"type": "boolean", "default": True,
                 "description": "watch the metrics and warn"},
     "window": {**POS_INT, "default": 10, "description": "steps the monitor looks back"},
+    "memory_limit_mb": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": None,
+                        "description": "memory the run may use (null: the device's, or the "
+                                       "container's limit); warn near it"},
     "solved_reward": {"type": ["number", "null"], "default": None,
                       "description": "reward at which a completion solves its prompt (null: "
                                      "the reward plugin's declared best, if any)"},

@@ -18,9 +18,11 @@ from grpo_core.run import finish, save_checkpoint, start
 __all__ = ["train", "TrainingError"]
 
 
-def train(cfg: dict, resume: str | bool | None = None, force: bool = False) -> dict:
-    """Run GRPO as configured; returns a summary. ``resume``: True (newest) or a directory."""
-    run = start(cfg, resume, force)
+def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
+          overwrite: bool = False) -> dict:
+    """Run GRPO as configured; returns a summary. ``resume``: True (the newest checkpoint) or
+    a checkpoint directory; ``overwrite``: replace an earlier run in ``output.dir``."""
+    run = start(cfg, resume, force, overwrite)
     for step in range(run.start_step, cfg["train"]["steps"]):
         t0 = time.time()
         sampled = phases.sample(run, step)  # 1. G completions per prompt

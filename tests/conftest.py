@@ -23,6 +23,18 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def warm_model(tmp_path_factory) -> str:
+    """The tiny model after a short supervised warm start on a+b: it answers with digits and
+    ends its completions, so RL on it behaves like RL on a real instruction-tuned model."""
+    from grpo_core.cli.demo import addition_rows, build_model, warm_start
+
+    path = build_model(str(tmp_path_factory.mktemp("warm") / "model"), hidden=32, layers=2,
+                       seed=0)
+    warm_start(path, addition_rows(0)[0], steps=80)
+    return path
+
+
+@pytest.fixture(scope="session")
 def addition_data(tmp_path_factory) -> str:
     from grpo_core.cli.demo import addition_rows, write_jsonl
 

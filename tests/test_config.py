@@ -12,7 +12,9 @@ from conftest import ROOT, run_grpo, write_config
 from grpo_core import config
 from grpo_core.cli.main import main
 
-GOOD = {"model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"}, "reward": {"name": "math"}}
+PROMPTS = os.path.join(ROOT, "tests", "data", "prompts.jsonl")
+GOOD = {"model": {"name_or_path": "m"}, "data": {"path": PROMPTS, "columns": ["answer"]},
+        "reward": {"name": "math"}}
 
 
 def with_(**parts):
@@ -148,10 +150,10 @@ def test_subprocess_user_error_has_no_traceback(tmp_path):
 
 def test_validate_is_pure_function():
     cfg = config.validate(GOOD)
-    assert cfg["output"]["dir"] == "runs/latest" and GOOD["data"] == {"path": "d.jsonl"}
+    assert cfg["output"]["dir"] == "runs/latest" and GOOD["data"] == {"path": PROMPTS, "columns": ["answer"]}
 
 
-OLD_LAYOUT = {"model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"},
+OLD_LAYOUT = {"model": {"name_or_path": "m"}, "data": {"path": PROMPTS, "columns": ["answer"]},
               "reward": {"name": "math"},
               "train": {"steps": 7, "lr": 3e-4, "lr_schedule": "cosine", "clip_high": 0.28,
                         "aggregation": "seq_mean_token_sum_norm", "kl_placement": "reward",

@@ -85,4 +85,16 @@ def test_warnings_repeat_once_per_window_and_summarise():
     for s in range(20):
         out += mon.observe({**healthy(s), "kl": 50.0})
     assert sum("KL is 50" in w for w in out) == 4
-    assert mon.summary()[0].startswith("kl_high (20 steps)")
+    assert mon.summary()[0].startswith("kl_high from step 0 (20 steps)")
+
+
+def test_kl_oscillating():
+    w = stream(40, kl=lambda s: 0.05 if s % 2 else 0.4)
+    assert fired(w, "KL swings up and down (0.05 to 0.4)")
+    assert not fired(stream(40, kl=lambda s: 0.05 + 0.001 * (s % 2)), "swings")  # small ripple
+
+
+def test_loss_oscillating_with_growing_swings():
+    w = stream(40, loss=lambda s: (-1) ** s * 0.01 * 1.3 ** s)
+    assert fired(w, "the loss flips sign with growing swings")
+    assert not fired(stream(40, loss=lambda s: (-1) ** s * 0.01), "flips sign")

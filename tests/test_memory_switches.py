@@ -53,8 +53,9 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
         output={"dir": str(tmp_path / "run"), "checkpoint_every": 3, "progress": False}))
     summary = train(cfg)
     assert summary["reference_model"]
-    ckpt = load_file(str(tmp_path / "run" / "checkpoints" / "step-00000003" /
-                         "model.safetensors"))
+    step = tmp_path / "run" / "checkpoints" / "step-00000003"
+    assert (step / "adapter_model.safetensors").exists()  # loadable with PeftModel
+    ckpt = load_file(str(step / "master.safetensors"))  # what resume reads
     assert ckpt and all("lora_" in k for k in ckpt)  # only adapters were trainable
     assert any(k.endswith("lora_B.default.weight") and ckpt[k].abs().sum() > 0 for k in ckpt)
     final = str(tmp_path / "run" / "final")

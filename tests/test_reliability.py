@@ -124,7 +124,7 @@ def test_resume_without_checkpoint_is_a_user_error(tiny_model, addition_data, tm
     path = write_config(tmp_path / "c.json", resumable_config(tiny_model, addition_data,
                                                               str(tmp_path / "none")))
     out = run_grpo("train", path, "--resume", cwd=ROOT)
-    assert out.returncode == 2 and "no complete checkpoint" in out.stderr
+    assert out.returncode == 2 and "no intact checkpoint" in out.stderr
 
 
 def limit_file_size():
@@ -146,11 +146,13 @@ def test_full_disk_during_checkpoint_leaves_nothing_half_written(tiny_model, add
 
 def test_full_disk_while_writing_metrics(tiny_model, addition_data, tmp_path):
     out = tmp_path / "run"
-    out.mkdir()
-    os.symlink("/dev/full", out / "metrics.jsonl")
+    first = resumable_config(tiny_model, addition_data, str(out), 1)
+    assert run_grpo("train", write_config(tmp_path / "a.json", first), cwd=ROOT).returncode == 0
+    (out / "metrics.jsonl").unlink()
+    os.symlink("/dev/full", out / "metrics.jsonl")  # every write: No space left on device
     path = write_config(tmp_path / "c.json",
                         resumable_config(tiny_model, addition_data, str(out), 2))
-    p = run_grpo("train", path, cwd=ROOT)
+    p = run_grpo("train", path, "--resume", cwd=ROOT)
     assert p.returncode == 2 and "cannot write metrics" in p.stderr
     assert "No space left on device" in p.stderr and "Traceback" not in p.stderr
 

@@ -195,9 +195,9 @@ def test_json_schema_bad_schema_in_a_column_scores_that_item_zero():
 
 @pytest.mark.parametrize("reward,expect", [
     ({"name": "format", "options": {"tags": [], "patterns": ["[0-9]", "(?<=x)y"]}},
-     "reward format: patterns[1]: '(?<=x)y' is not supported by the linear-time regex engine"),
+     "reward.options.patterns[1]: '(?<=x)y' is not supported by the linear-time regex engine"),
     ({"name": "json_schema", "options": {"schema": {"properties": {"a": {"type": "nope"}}}}},
-     "reward json_schema: schema.properties.a.type: "),
+     "reward.options.schema.properties.a.type: "),
 ])
 def test_train_refuses_bad_reward_patterns_in_one_line(tiny_model, addition_data, tmp_path,
                                                        reward, expect):

@@ -55,7 +55,7 @@ def run_one(base_cfg: dict, variant: dict, seed: int, steps: int | None, out: st
     cfg["output"].update({"dir": run_dir, "progress": False, "checkpoint_every": 0})
     cfg = config_mod.validate(cfg)
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "run.yaml")
+    path = run_dir + ".yaml"  # beside the run: its directory is the trainer's own
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
     t0 = time.time()

@@ -144,7 +144,7 @@ def run(out: str, steps: int | None = None, baseline: str = "grpo",
     cfg = config_mod.load(cfg_path, overrides)
     from grpo_core.trainer import train
 
-    summary = train(cfg)
+    summary = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
     first, final = summary["first_reward"], summary["final_reward"]
     if first is None:
         raise UserError("demo ran no steps")

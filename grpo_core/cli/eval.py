@@ -22,6 +22,12 @@ def evaluate_cli(args) -> int:
         cfg["model"]["name_or_path"] = args.model
     if args.n < 1:
         raise UserError("--n: expected a number >= 1")
+    if not (args.temperature >= 0 and args.temperature < float("inf")):
+        raise UserError(f"--temperature: found {args.temperature}, expected 0 (greedy) or a "
+                        f"positive number")
+    if args.max_problems is not None and args.max_problems < 1:
+        raise UserError(f"--max-problems: found {args.max_problems}, expected a number >= 1 "
+                        f"(leave it out for all problems)")
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(cfg["model"])
     model = load_model(cfg["model"], device).eval()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 
@@ -13,14 +14,21 @@ import yaml
 from grpo_core.errors import ConfigError, UserError
 
 
-def _config(args) -> dict:
+def _config(args, preflight: bool = False) -> dict:
+    """The config, validated; with ``preflight`` also checked against the files, data and
+    machine it names (grpo_core.preflight)."""
     from grpo_core import config
 
-    return config.load(args.config, args.set)
+    cfg = config.load(args.config, args.set)
+    if preflight:
+        from grpo_core import preflight as checks
+
+        checks.check(cfg)
+    return cfg
 
 
 def cmd_validate(args) -> int:
-    print(yaml.safe_dump(_config(args), sort_keys=False), end="")
+    print(yaml.safe_dump(_config(args, preflight=True), sort_keys=False), end="")
     return 0
 
 
@@ -58,12 +66,15 @@ def cmd_plugins(args) -> int:
 def cmd_train(args) -> int:
     from grpo_core.trainer import train
 
-    cfg = _config(args)
+    cfg = _config(args, preflight=True)
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite: choose one")
     resume = True if args.resume == "latest" else args.resume
-    summary = train(cfg, resume=resume, force=args.force)
-    print(json.dumps({k: v for k, v in summary.items() if k != "health"}, indent=2))
-    for line in summary["health"]:
-        print("health:", line)
+    summary = train(cfg, resume=resume, force=args.force, overwrite=args.overwrite)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary
+        print(json.dumps({k: v for k, v in summary.items() if k != "health"}, indent=2))
+        for line in summary["health"]:
+            print("health:", line)
     return 0
 
 
@@ -129,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="DIR",
                     help="continue from the newest checkpoint (or from DIR)")
     tr.add_argument("--force", action="store_true", help="resume despite config differences")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier run in output.dir (its checkpoints included)")
     tr.set_defaults(func=cmd_train)
 
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")

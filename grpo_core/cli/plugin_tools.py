@@ -252,8 +252,11 @@ def new(name: str, kind: str, out: str) -> int:
         raise UserError(f"{root} already exists")
     cls = "".join(p.title() for p in name.split("_"))
     imports = "\nimport torch\n" if kind == "objective" else ""
-    os.makedirs(os.path.join(root, pkg))
-    os.makedirs(os.path.join(root, "tests"))
+    try:
+        os.makedirs(os.path.join(root, pkg))
+        os.makedirs(os.path.join(root, "tests"))
+    except OSError as exc:
+        raise UserError(f"--out: cannot create {root}: {exc.strerror or exc}") from exc
     files = {
         "pyproject.toml": f'''[build-system]
 requires = ["setuptools>=64"]

@@ -39,6 +39,16 @@ class FormatReward(Reward):
                         for t in self.tags]
         self.only_tags, self.partial = only_tags, partial
 
+    @classmethod
+    def check_options(cls, options: dict) -> list[str]:
+        problems = []
+        for i, pattern in enumerate(options.get("patterns") or []):
+            try:
+                compile_linear(pattern, dotall=True)
+            except RegexRefused as exc:
+                problems.append(f"patterns[{i}]: {exc}")
+        return problems
+
     def rules(self, text: str) -> list[bool]:
         if len(text) > MAX_CHARS:
             return [False] * self.n_rules

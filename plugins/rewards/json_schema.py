@@ -245,11 +245,27 @@ class JSONSchemaReward(Reward):
     """1.0 when valid, else 0.0; with ``partial``: (parses + each top-level property that
     is valid, or absent and not required) / (1 + number of properties)."""
 
+    max_value = 1.0
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        return (options["schema_column"],) if options.get("schema_column") else ()
+
+    @classmethod
+    def check_options(cls, options: dict) -> list[str]:
+        if options.get("schema") is None and options.get("schema_column") is None:
+            return ["schema: give a schema or a schema_column"]
+        if options.get("schema") is not None:
+            try:
+                check_schema(options["schema"])
+            except SchemaRefused as exc:
+                return [str(exc)]
+        return []
+
     def __init__(self, schema: dict | None = None, schema_column: str | None = None,
                  partial: bool = False, validation_timeout: float = 1.0):
         if schema is None and schema_column is None:
             raise ValueError("give a schema or a schema_column")
-        self.columns, self.max_value = ((schema_column,) if schema_column else ()), 1.0
         self._fixed = None
         if schema is not None:
             try:

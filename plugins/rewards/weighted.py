@@ -15,6 +15,7 @@ import torch
 
 import grpo_core
 from grpo_core.hookspecs import Reward
+from grpo_core.registry import registry
 from grpo_core.scores import Scores
 
 
@@ -37,13 +38,21 @@ class WeightedReward(Reward):
                     raise ValueError(f"component {p['dim']!r} requires unknown dimension {r!r}; "
                                      f"known: {sorted(names)}")
         self.normalize, self.threads = normalize, threads
-        self.columns = tuple(dict.fromkeys(c for p in self.parts for c in p["fn"].columns))
         # the best total is known when every component's best is and nothing is normalised;
         # a component with a negative weight is a penalty whose best is taken to be 0
         maxima = [p["fn"].max_value for p in self.parts]
         known = normalize == "none" and None not in maxima
         self.max_value = sum(max(p["weight"] * m, 0.0) for p, m in zip(self.parts, maxima)) \
             if known else None
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        found: list[str] = []
+        for c in options["components"]:
+            factory = registry().get("reward", c["name"]).factory
+            if isinstance(factory, type) and issubclass(factory, Reward):
+                found += factory.columns_for(c.get("options") or {})
+        return tuple(dict.fromkeys(found))
 
     def __call__(self, prompts, completions, **columns) -> Scores:
         with ThreadPoolExecutor(max_workers=min(self.threads, len(self.parts))) as pool:

@@ -1,0 +1,216 @@
+"""Reading a config file as untrusted input, and ``--set`` overrides.
+
+A config may come from anywhere (a colleague, a generated sweep, a pasted issue), so reading
+it is bounded: the file's size, YAML aliases expanded (a kilobyte of nested aliases can
+describe gigabytes), nesting depth, duplicate keys (YAML silently keeps the last), numbers
+Python cannot hold or that are not finite. Every refusal is one line naming the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+from typing import Any
+
+import yaml
+
+from grpo_core.errors import ConfigError
+
+MAX_BYTES = 1 << 20  # a config is a page of text, not a data set
+MAX_NODES = 100_000  # values after YAML aliases are expanded
+MAX_DEPTH = 64  # nesting of mappings and lists
+MAX_INT_DIGITS = 30
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 safe loading that refuses duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # the base class reports unhashable keys itself
+            if key in seen:
+                raise ConfigError([f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                                   f"(first at line {seen[key] + 1}); keep one"])
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Number of values the document holds once aliases are expanded (refuses cycles and
+    nesting past MAX_DEPTH), without expanding them."""
+    memo: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in memo:
+            return memo[id(node)]
+        if depth > MAX_DEPTH:
+            raise ConfigError([f"nesting deeper than {MAX_DEPTH} levels"])
+        if id(node) in busy:
+            raise ConfigError(["a YAML alias refers to itself"])
+        busy.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            n = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n = 1 + sum(size(v, depth + 1) for v in node.value)
+        else:
+            n = 1
+        busy.discard(id(node))
+        memo[id(node)] = min(n, MAX_NODES + 1)
+        return memo[id(node)]
+
+    return size(root, 0)
+
+
+def parse_yaml(text: str) -> Any:
+    """Safe YAML with the bounds above."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_NODES:
+            raise ConfigError([f"more than {MAX_NODES} values once YAML aliases are expanded"])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_values(value: Any, where: str, depth: int = 0) -> None:
+    """Refuse what no setting can mean: NaN and infinities, integers past 30 digits, and
+    nesting past MAX_DEPTH (JSON has no aliases, but depth still costs recursion)."""
+    if depth > MAX_DEPTH:
+        raise ConfigError([f"{where}: nesting deeper than {MAX_DEPTH} levels"])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError([f"{where}: found {value}, expected a finite number"])
+    if isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) >= 10 ** MAX_INT_DIGITS:
+        raise ConfigError([f"{where}: found an integer of {len(str(abs(value)))} digits, "
+                           f"expected at most {MAX_INT_DIGITS}"])
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(v, f"{where}.{k}" if where else str(k), depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, f"{where}[{i}]", depth + 1)
+
+
+def read_file(path: str) -> dict:
+    """Read a YAML or JSON config file into a dict, or raise a one-line ConfigError."""
+    if not os.path.exists(path):
+        raise ConfigError([f"{path}: config file not found"])
+    if os.path.isdir(path):
+        raise ConfigError([f"{path}: is a directory, expected a YAML or JSON file"])
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read config file ({exc.strerror or exc})"]) from exc
+    if len(raw) > MAX_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_BYTES // 1024} KiB; a config file is "
+                           f"expected"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start})"]) from exc
+    kind = "JSON" if path.endswith(".json") else "YAML"
+    try:
+        data = json.loads(text) if kind == "JSON" else parse_yaml(text)
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from exc
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        if isinstance(exc, json.JSONDecodeError):
+            line = f" at line {exc.lineno}, column {exc.colno}"
+        problem = getattr(exc, "problem", None) or getattr(exc, "msg", "") or str(exc)
+        raise ConfigError([f"{path}: invalid {kind}{line}: {problem}"]) from exc
+    except RecursionError as exc:
+        raise ConfigError([f"{path}: nesting deeper than {MAX_DEPTH} levels"]) from exc
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        reason = "an integer too long to read" if "digits" in str(exc) else \
+            str(exc).splitlines()[0]
+        raise ConfigError([f"{path}: invalid {kind}: {reason}"]) from exc
+    if data is None:
+        raise ConfigError([f"{path}: config file is empty; expected a mapping with model, data, "
+                           f"reward"])
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping at the top level, found "
+                           f"{type(data).__name__}"])
+    try:
+        _check_values(data, "")
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from exc
+    return data
+
+
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def split_path(key: str) -> list[str | int]:
+    """``a.b[1].c`` (as errors print paths) or ``a.b.1.c`` -> ["a", "b", 1, "c"]."""
+    parts: list[str | int] = []
+    pos = 0
+    for m in _PART.finditer(key):
+        if m.start() != pos and key[pos:m.start()] != ".":
+            break
+        parts.append(int(m.group(2)) if m.group(2) is not None else m.group(1))
+        pos = m.end()
+    if pos != len(key) or not parts:
+        raise ConfigError([f"--set {key}: not a key path (expected a.b.c or a.b[1].c)"])
+    return [int(p) if isinstance(p, str) and p.isdigit() else p for p in parts]
+
+
+def apply_overrides(config: dict, overrides: list[str], moved=lambda key: key) -> dict:
+    """Apply ``key.path=value`` overrides; the value is read as YAML (``3``, ``true``, ``[a]``).
+    ``moved`` maps a deprecated key path to its current one."""
+    config = copy.deepcopy(config)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError([f"--set {item!r}: expected key.path=value"])
+        key, raw = item.split("=", 1)
+        key = moved(key)
+        value = _scalar(raw)
+        _check_values(value, f"--set {key}")
+        parts = split_path(key)
+        node: Any = config
+        for i, part in enumerate(parts):
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[:i])
+            if isinstance(node, list):
+                if not isinstance(part, int) or part >= len(node):
+                    raise ConfigError([f"--set {key}: {part!r} is not an index of the list at "
+                                       f"{where.lstrip('.')}"])
+            elif not isinstance(node, dict) or isinstance(part, int):
+                raise ConfigError([f"--set {key}: {where.lstrip('.') or 'the config'} is not a "
+                                   f"mapping"])
+            if i == len(parts) - 1:
+                node[part] = value
+            else:
+                if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
+                    node[part] = {}
+                node = node[part]
+    return config
+
+
+def _scalar(raw: str) -> Any:
+    """Read an override value as YAML, but take ``3e-3`` as a number (YAML 1.1 would not)."""
+    try:
+        value = parse_yaml(raw)
+    except (yaml.YAMLError, ConfigError, ValueError, RecursionError):
+        return raw
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value

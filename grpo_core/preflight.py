@@ -1,0 +1,111 @@
+"""What ``grpo validate`` (and ``grpo train``, first) checks beyond the schema: the things a
+run would otherwise trip on only after the model has loaded and generated. All of it is
+cheap: files are looked at, the data's first rows read, nothing heavy is loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from grpo_core import rundir
+from grpo_core.data import check_fields, read_rows
+from grpo_core.errors import ConfigError, UserError
+from grpo_core.hookspecs import Reward
+from grpo_core.registry import registry
+
+#: rows of each data set looked at
+SAMPLE_ROWS = 50
+
+
+def check(cfg: dict) -> None:
+    """Raise ConfigError listing every problem found in a (schema-valid) config."""
+    problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
+    problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
+    columns = reward_columns(cfg["reward"])
+    fields = [cfg["data"]["prompt_field"], *cfg["data"]["columns"]]
+    missing = [c for c in columns if c not in cfg["data"]["columns"]]
+    if missing:
+        problems.append(f"data.columns: the reward reads {missing}; add them to data.columns")
+    problems += _rows(cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
+    if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
+        problems += _rows(cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
+    if problems:
+        raise ConfigError(problems)
+
+
+def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
+    """The dataset columns the configured reward declares it reads."""
+    factory = registry().get("reward", reward_cfg["name"]).factory
+    if isinstance(factory, type) and issubclass(factory, Reward):
+        return tuple(factory.columns_for(reward_cfg["options"]))
+    return ()
+
+
+def _model(model_cfg: dict, chat_template: str) -> list[str]:
+    path = model_cfg["name_or_path"]
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return [f"model.name_or_path: {path} has no config.json (not a model directory)"]
+        return _template(path) if chat_template == "always" else []
+    if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
+        return [f"model.name_or_path: {path} is not a model directory (nor a hub id like "
+                f"org/name)"]
+    return []
+
+
+def _template(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            has = bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        has = False
+    has = has or os.path.isfile(os.path.join(path, "chat_template.jinja"))
+    return [] if has else [f"data.chat_template: 'always', but the tokenizer in {path} has no "
+                           f"chat template"]
+
+
+def _runtime(cfg: dict) -> list[str]:
+    problems = []
+    cuda = torch.cuda.is_available()
+    device = cfg["runtime"]["device"]
+    if device == "cuda" and not cuda:
+        problems.append("runtime.device: 'cuda', but CUDA is not available")
+    on_gpu = cuda and device != "cpu"
+    if cfg["model"]["quantization"] and not on_gpu:
+        problems.append(f"model.quantization: {cfg['model']['quantization']} base weights need "
+                        f"a CUDA device")
+    if cfg["generator"]["name"] == "vllm" and not on_gpu:
+        problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
+    ds = cfg["deepspeed"]
+    if isinstance(ds, str):
+        if not os.path.isfile(ds):
+            problems.append(f"deepspeed: config file not found: {ds}")
+        else:
+            try:
+                with open(ds, encoding="utf-8") as f:
+                    ds = json.load(f)
+            except (OSError, ValueError) as exc:
+                problems.append(f"deepspeed: {ds} is not valid JSON ({exc})")
+                ds = None
+    if isinstance(ds, dict):
+        stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+        if stage not in (0, 1, 2, 3):
+            problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
+    return problems
+
+
+def _rows(path: str, split: str, key: str, fields: list[str]) -> list[str]:
+    """The data set can be read and its first rows have the fields."""
+    if not os.path.exists(path) and (path.startswith((".", "/", "~")) or
+                                     os.path.splitext(path)[1]):
+        return [f"{key}: file not found: {path}"]
+    if not os.path.exists(path):
+        return []  # a hub dataset: checked when it loads
+    try:
+        rows = read_rows(path, split)
+        check_fields(rows[:SAMPLE_ROWS], fields, path)
+    except UserError as exc:
+        return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
+    return []
