@@ -88,6 +88,9 @@ class Reward(Component):
     #: the best score a completion can get, when there is one; a group whose completions all
     #: reach it counts as solved (the health monitor then stops expecting a learning signal)
     max_value: float | None = None
+    #: run in the trainer's process, never in a worker process of its own (a reward model that
+    #: holds a model on the device); its time limit then cannot stop code holding the GIL
+    inline: bool = False
 
     @classmethod
     def columns_for(cls, options: dict) -> tuple[str, ...]:
@@ -98,6 +101,9 @@ class Reward(Component):
     def __call__(self, prompts: list, completions: list[str], **columns: list) \
             -> list[float] | Scores:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the reward holds (worker processes, connections) at the end of a run."""
 
 
 class FunctionReward(Reward):

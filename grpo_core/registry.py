@@ -32,6 +32,7 @@ class PluginInfo:
     description: str = ""
     distribution: str = ""
     version: str = ""
+    installed: bool = False  # found through an installed distribution's entry point
 
 
 def _normalise(dist: str) -> str:
@@ -77,9 +78,10 @@ class Registry:
                     f"plugin entry point {ep.name!r} of distribution {dist!r} failed to import: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            self.add(module, dist, version, plugin_name=f"{dist}:{ep.name}")
+            self.add(module, dist, version, plugin_name=f"{dist}:{ep.name}", installed=True)
 
-    def add(self, module: Any, dist: str, version: str = "", plugin_name: str | None = None):
+    def add(self, module: Any, dist: str, version: str = "", plugin_name: str | None = None,
+            installed: bool = False):
         """Register one plugin module (entry points call this; so may tests and notebooks)."""
         _check_api(module, dist)
         plugin_name = plugin_name or f"{dist}:{getattr(module, '__name__', id(module))}"
@@ -90,9 +92,9 @@ class Registry:
         for kind in hookspecs.KINDS:
             for impl in getattr(self.pm.hook, kind).get_hookimpls():
                 if impl.plugin_name == plugin_name:
-                    impl.function(register=self._registrar(kind, dist, version))
+                    impl.function(register=self._registrar(kind, dist, version, installed))
 
-    def _registrar(self, kind: str, dist: str, version: str):
+    def _registrar(self, kind: str, dist: str, version: str, installed: bool):
         def register(name: str, factory: Callable[..., Any], schema: dict | None = None,
                      description: str = "") -> None:
             key = (kind, name)
@@ -103,7 +105,7 @@ class Registry:
                     f"and by distribution {dist!r}; uninstall one or exclude it with {ALLOW_ENV}"
                 )
             self.plugins[key] = PluginInfo(kind, name, factory, schema or {"type": "object"},
-                                           description, dist, version)
+                                           description, dist, version, installed)
 
         return register
 

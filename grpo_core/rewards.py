@@ -17,6 +17,7 @@ import torch
 from grpo_core.data import Batch, reward_inputs
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Reward
+from grpo_core.isolation import IsolatedReward
 from grpo_core.rollout import Rollout
 from grpo_core.scores import Scores
 
@@ -122,8 +123,9 @@ def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
     """Decode a rollout and score it as the ``reward`` config section says (failure policy,
     time limit)."""
     prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+    timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
     return score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
-                 reward_cfg["failure"], reward_cfg["timeout"])
+                 reward_cfg["failure"], timeout)
 
 
 def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:

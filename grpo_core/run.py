@@ -21,6 +21,7 @@ from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_pro
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
+from grpo_core.isolation import build_reward
 from grpo_core.metrics import MetricsWriter, memory_limit_mb, peak_memory_mb, truncate_metrics
 from grpo_core.models import (
     context_length,
@@ -171,7 +172,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         oc_["lr_schedule"], oc_["warmup_steps"], tc["steps"] * tc["inner_iterations"]))
     run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
               tokenizer, policy, reference,
-              _plugin("reward", cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
+              build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), rows,
               PromptStream(len(rows), tc["seed"], cfg["data"]["shuffle"]), eval_rows, opt, sched,
               _engine(cfg, policy, params, opt, sched, world),
@@ -279,6 +280,7 @@ def finish(run: Run) -> dict:
         if is_peft(run.policy) and run.cfg["model"]["lora"]["save_merged"]:
             save_model(run.policy.merge_and_unload(), run.tokenizer,
                        os.path.join(final, "merged"), run.save_dtype)
+    run.reward.close()
     if run.main:
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)

@@ -111,6 +111,11 @@ REWARD = plugin_ref("reward", description="Phase 2, score: the reward plugin.", 
     "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 600,
                 "description": "seconds before a reward call counts as failed (null: wait "
                                "forever)"},
+    "isolation": {"enum": ["process", "inline"], "default": "process",
+                  "description": "process: the reward runs in a worker process that is "
+                                 "killed past the timeout; inline: in the trainer's process"},
+    "memory_mb": {"type": ["integer", "null"], "minimum": 64, "default": None,
+                  "description": "address-space limit of the reward's worker process"},
 })
 
 GROUPS = _obj({

@@ -12,6 +12,7 @@ from grpo_core import config as config_mod
 from grpo_core.data import check_fields, read_rows
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate, write
+from grpo_core.isolation import build_reward
 from grpo_core.models import load_model, load_tokenizer, pick_device
 
 
@@ -33,7 +34,7 @@ def evaluate_cli(args) -> int:
     model = load_model(cfg["model"], device).eval()
     gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
     gen.setup(model, tokenizer, device)
-    reward_fn = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
+    reward_fn = build_reward(cfg["reward"])
     rows = read_rows(args.data or cfg["data"]["path"], args.split)
     check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
                  args.data or cfg["data"]["path"])

@@ -36,6 +36,9 @@ class MathReward(Reward):
         return Scores([1.0 if v else 0.0 for v in verdicts],
                       extras={"extracted": preds, "gold": golds})
 
+    def close(self) -> None:
+        self.verifier.close()
+
 
 SCHEMA = {
     "type": "object",

@@ -13,6 +13,8 @@ class RewardModel(Reward):
     """Batched scoring on the training device; the chat template joins prompt and completion
     when the tokenizer has one. Safetensors only and no remote code unless opted in."""
 
+    inline = True  # one copy of the model, on the training device: not in a worker process
+
     def __init__(self, model: str, batch_size: int = 16, max_length: int = 1024,
                  normalize: str = "none", label: int = 0, device: str = "auto",
                  trust_remote_code: bool = False, allow_unsafe_weights: bool = False):

@@ -54,6 +54,10 @@ class WeightedReward(Reward):
                 found += factory.columns_for(c.get("options") or {})
         return tuple(dict.fromkeys(found))
 
+    def close(self) -> None:
+        for p in self.parts:
+            p["fn"].close()
+
     def __call__(self, prompts, completions, **columns) -> Scores:
         with ThreadPoolExecutor(max_workers=min(self.threads, len(self.parts))) as pool:
             futures = {p["dim"]: pool.submit(p["fn"], prompts, completions, **columns)
