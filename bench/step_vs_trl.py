@@ -1,20 +1,31 @@
-"""Seconds per GRPO step: grpo-core against TRL's GRPOTrainer, alternating in one process.
+"""Seconds per GRPO step and its phases: grpo-core against TRL's GRPOTrainer.
 
-    python bench/step_vs_trl.py [--case tiny|gsm8k|both] [--steps 10] [--data ../shared/data]
+Alternating blocks of each side; it refuses to time while other processes use the CPU.
 
-Same model, task and hyperparameters on both sides: 4 prompts x 8 completions, KL coefficient
-0.04 (so each keeps a reference model), lr 1e-4, one thread, gradient checkpointing off on
-both (TRL 1.16 turns it on by default; it would only slow TRL down here), token-mean loss
-(TRL ``loss_type="dapo"``), the same ``math`` reward. Cases: ``tiny`` (2-layer 64-wide model,
-16 new tokens) and ``gsm8k`` (4-layer 256-wide model, GSM8K questions cut to 150 tokens, 64 new
-tokens). Each side runs in blocks of warm-up + steps/2 measured steps, alternating
-TRL, ours, TRL, ours, so drift hits both; the median step time of each side and the ratio are
-printed. Needs the benchmark extra (trl, datasets).
+    python bench/step_vs_trl.py [--case tiny,gsm8k,long,g16|all] [--steps 4] [--blocks 3]
+                                [--allow-load] [--json FILE] [--data ../shared/data]
+
+Both sides: the same randomly initialised model, prompts and ``math`` reward, KL coefficient
+0.04 (each keeps a reference model), lr 1e-4, token-mean loss (TRL ``loss_type="dapo"``),
+one thread, one micro-batch per step, gradient checkpointing off (TRL 1.16 turns it on by
+default; checked). Cases (``CASES``): tiny (2 layers x 64, 4 x 8, ``a+b=``, 16 new tokens),
+gsm8k (4 x 256, 4 x 8, GSM8K questions cut to 150 tokens, 64 new), long (4 x 256, 2 x 8,
+questions joined into 1,024-token prompts, 64 new), g16 (as gsm8k with 2 x 16).
+
+Each side runs ``--blocks`` (>= 3) blocks of 2 warm-up + ``--steps`` measured steps, in the
+order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each
+block's median step. Phases (wall s): generate, reward, reference (no-grad log-prob passes),
+train (the rest of the step); ``cpu`` is this process's CPU time, which other jobs disturb
+less. Before each block /proc is sampled for a second: when another process used half a core
+or all others 0.8 of one, it exits with code 3, or with ``--allow-load`` labels the row
+LOADED. Before the first measured step it waits for its own child processes (a reward's
+worker pool booting) to go idle. Needs the benchmark extra (trl, datasets).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -25,71 +36,192 @@ import time
 import torch
 
 WARMUP = 2
+PHASES = ("generate", "reward", "reference", "train")
+CASES = {  # hidden, layers, prompts, G, new tokens, prompt tokens (None: a+b=)
+    "tiny": (64, 2, 4, 8, 16, None),
+    "gsm8k": (256, 4, 4, 8, 64, 150),
+    "long": (256, 4, 2, 8, 64, 1024),
+    "g16": (256, 4, 2, 16, 64, 150),
+}
 
 
-def build(path: str, hidden: int, layers: int) -> str:
-    from grpo_core.cli.demo import build_model
+def _proc_ticks() -> dict[int, tuple[int, int, str]]:
+    """pid -> (CPU ticks used so far, parent pid, name) for every process."""
+    out = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                s = f.read()
+        except OSError:
+            continue
+        name, rest = s[s.index("(") + 1:s.rindex(")")], s[s.rindex(")") + 2:].split()
+        out[int(d)] = (int(rest[11]) + int(rest[12]), int(rest[1]), name)  # utime+stime, ppid
+    return out
 
-    return build_model(path, hidden=hidden, layers=layers, max_positions=512)
+
+def _busy_ticks() -> tuple[int, int]:
+    """(busy, total) ticks over all CPUs since boot, from /proc/stat (idle, iowait: not busy)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def _descendants(procs: dict) -> set[int]:
+    mine = {os.getpid()}
+    for _ in range(4):  # children, grandchildren, ... (reward worker pools)
+        mine |= {p for p, (_, ppid, _) in procs.items() if ppid in mine}
+    return mine - {os.getpid()}
+
+
+def settle(timeout: float = 60.0) -> None:
+    """Wait until this process's children are idle: a reward's worker pool boots in the
+    background, and its start-up must not land in one side's measured steps."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        a, t0 = _proc_ticks(), time.monotonic()
+        time.sleep(0.25)
+        b = _proc_ticks()
+        kids = _descendants(b)
+        used = sum(b[p][0] - a[p][0] for p in kids if p in a) / os.sysconf("SC_CLK_TCK")
+        if used / (time.monotonic() - t0) < 0.05 and not (kids - set(a)):
+            return
+
+
+def busy_elsewhere(seconds: float = 1.0) -> tuple[float, str]:
+    """CPU cores that processes other than this one and its children used over ``seconds``,
+    and, when that is enough to disturb a timing (one process at half a core, or all others
+    at 0.8 of one), a sentence naming the busiest. Short-lived processes that come and go
+    within the interval count through /proc/stat's machine-wide total."""
+    a, ma, t0 = _proc_ticks(), _busy_ticks(), time.monotonic()
+    time.sleep(seconds)
+    b, mb, dt = _proc_ticks(), _busy_ticks(), time.monotonic() - t0
+    mine = _descendants(b) | {os.getpid()}
+    hz = os.sysconf("SC_CLK_TCK")
+    use = {p: (b[p][0] - a[p][0]) / hz / dt for p in b if p in a and p not in mine}
+    own = sum((b[p][0] - a[p][0]) / hz / dt for p in b if p in a and p in mine)
+    machine = (mb[0] - ma[0]) / max(mb[1] - ma[1], 1) * (os.cpu_count() or 1)
+    others = max(sum(use.values()), machine - own)
+    top = max(use, key=use.get, default=None)
+    busiest = 0.0 if top is None else use[top]
+    if busiest < 0.5 and others < 0.8:
+        return others, ""
+    return others, (f"other processes used {others:.2f} cores in the last {dt:.1f} s" +
+                    (f" (busiest: pid {top} {b[top][2]!r} at {busiest:.2f})" if top else ""))
 
 
 def rows_for(case: str, data_root: str) -> list[dict]:
-    if case == "tiny":
+    """The case's prompts: ``a+b=``, or GSM8K questions cut to the case's length, or for
+    long prompts consecutive questions joined (one token per byte: a byte-level tokenizer)."""
+    length = CASES[case][5]
+    if length is None:
         return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10)
                 for b in range(10)]
     from grpo_core.data import read_rows
 
     path = os.path.join(data_root, "gsm8k", "train.jsonl")
     if not os.path.exists(path):
-        raise SystemExit(f"gsm8k case needs {path} (pass --data)")
-    return [{"prompt": r["question"].encode()[:150].decode("utf-8", "ignore"),
-             "answer": r["answer"]} for r in read_rows(path)[:256]]
+        raise SystemExit(f"the {case} case needs {path} (pass --data)")
+    out, parts = [], []
+    for r in read_rows(path)[:1024]:
+        parts.append(r["question"])
+        text = " ".join(parts).encode()
+        if len(text) >= length or length <= 300:
+            out.append({"prompt": text[:length].decode("utf-8", "ignore"), "answer": r["answer"]})
+            parts = []
+    return out[:256]
 
 
-def trl_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, out: str):
+class Timer:
+    """Wall and CPU seconds of each named phase, per step."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+
+    def wrap(self, name: str, fn, when=None):
+        def timed(*args, **kw):
+            if when is not None and not when():
+                return fn(*args, **kw)
+            w, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kw)
+            finally:
+                if self.steps:
+                    s = self.steps[-1]
+                    s[name] = s.get(name, 0.0) + time.perf_counter() - w
+                    s["cpu:" + name] = s.get("cpu:" + name, 0.0) + time.process_time() - c
+        return timed
+
+    def begin(self) -> None:
+        if len(self.steps) == WARMUP:
+            settle()
+        self.steps.append({"_w": time.perf_counter(), "_c": time.process_time()})
+
+    def end(self) -> None:
+        s = self.steps[-1]
+        s["step"], s["cpu"] = time.perf_counter() - s.pop("_w"), time.process_time() - s.pop("_c")
+        s["train"] = s["step"] - sum(s.get(p, 0.0) for p in PHASES[:3])
+
+    def measured(self) -> list[dict]:
+        return self.steps[WARMUP:]
+
+
+def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str) -> list[dict]:
     import datasets
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
 
     from grpo_core.integrations.trl import trl_reward
 
-    times: list[float] = []
+    _, _, P, G, new_tokens, _ = CASES[case]
+    timer = Timer()
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
+            timer.begin()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t)
+            timer.end()
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    args = trl.GRPOConfig(output_dir=out, per_device_train_batch_size=32, num_generations=8,
-                          max_completion_length=new_tokens, max_steps=steps, beta=0.04,
-                          learning_rate=1e-4, loss_type="dapo", logging_steps=1,
+    off = {"activation_checkpointing": False} if "activation_checkpointing" in \
+        trl.GRPOConfig.__dataclass_fields__ else {"gradient_checkpointing": False}
+    args = trl.GRPOConfig(output_dir=out, per_device_train_batch_size=P * G, num_generations=G,
+                          max_completion_length=new_tokens, max_steps=WARMUP + steps,
+                          beta=0.04, learning_rate=1e-4, loss_type="dapo", logging_steps=1,
                           report_to=[], use_cpu=True, bf16=False, save_strategy="no",
-                          gradient_checkpointing=False, temperature=1.0, seed=0,
-                          disable_tqdm=True)
+                          temperature=1.0, seed=0, disable_tqdm=True, log_level="error", **off)
     trainer = trl.GRPOTrainer(model=model, processing_class=tok, args=args,
                               reward_funcs=[trl_reward("math")],
                               train_dataset=datasets.Dataset.from_list(rows),
                               callbacks=[Clock()])
+    trainer.remove_callback(PrinterCallback)  # its per-step log lines would fill the output
+    on = getattr(trainer.model, "is_activation_checkpointing", None)
+    if on if on is not None else trainer.model.is_gradient_checkpointing:
+        raise SystemExit("TRL turned gradient checkpointing on; the comparison needs it off")
+    trainer._generate = timer.wrap("generate", trainer._generate)
+    trainer._calculate_rewards = timer.wrap("reward", trainer._calculate_rewards)
+    trainer._get_per_token_logps_and_entropies = timer.wrap(
+        "reference", trainer._get_per_token_logps_and_entropies,
+        when=lambda: not torch.is_grad_enabled())
     trainer.train()
-    return times[WARMUP:]
+    return timer.measured()
 
 
-def ours_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, out: str):
-    from grpo_core import config
+def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str) -> list[dict]:
+    from grpo_core import config, phases
     from grpo_core.cli.demo import write_jsonl
     from grpo_core.trainer import train
 
+    _, _, P, G, new_tokens, _ = CASES[case]
     data = os.path.join(out, "data.jsonl")
     write_jsonl(data, rows)
     cfg = config.validate({
         "model": {"name_or_path": model_dir},
         "data": {"path": data, "columns": ["answer"]},
-        "sampling": {"group_size": 8, "max_new_tokens": new_tokens, "temperature": 1.0},
-        "train": {"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 4},
+        "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
+        "train": {"steps": WARMUP + steps, "prompts_per_step": P, "micro_batch_groups": P},
         "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
         "runtime": {"device": "cpu", "threads": 1},
         "reward": {"name": "math"},
@@ -97,35 +229,92 @@ def ours_block(model_dir: str, rows: list[dict], new_tokens: int, steps: int, ou
         "output": {"dir": os.path.join(out, "run"), "progress": False, "save_model": False,
                    "samples_every": 0, "tensorboard": "off"},
         "health": {"enabled": False}})
-    train(cfg)
-    with open(os.path.join(out, "run", "metrics.jsonl")) as f:
-        return [json.loads(x)["time/step"] for x in f][WARMUP:]
+    timer = Timer()
+    saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update",
+                                             "observe")}
+
+    generate = timer.wrap("generate", saved["sample"])
+
+    def first(*a, **kw):  # a step starts (and the warm-up ends) outside the phase's timing
+        timer.begin()
+        return generate(*a, **kw)
+
+    def last(*a, **kw):
+        try:
+            return saved["observe"](*a, **kw)
+        finally:
+            timer.end()
+
+    phases.sample = first
+    phases.score = timer.wrap("reward", saved["score"])
+    phases.advantages = timer.wrap("reference", saved["advantages"])
+    phases.observe = last
+    try:
+        train(cfg)
+    finally:
+        for n, fn in saved.items():
+            setattr(phases, n, fn)
+    return timer.measured()
 
 
-def run_case(case: str, steps: int, data_root: str) -> None:
-    hidden, layers, new_tokens = (64, 2, 16) if case == "tiny" else (256, 4, 64)
+def summary(blocks: list[list[dict]]) -> dict:
+    """Median over blocks of each block's median, for the step and every phase."""
+    keys = ["step", "cpu", *PHASES]
+    return {k: statistics.median(statistics.median(s.get(k, 0.0) for s in b) for b in blocks)
+            for k in keys}
+
+
+def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: bool) -> dict:
+    from grpo_core.cli.demo import build_model
+
+    hidden, layers, P, G, new_tokens, length = CASES[case]
     work = tempfile.mkdtemp(prefix=f"vs_trl_{case}_")
-    model_dir = build(os.path.join(work, "model"), hidden, layers)
+    model_dir = build_model(os.path.join(work, "model"), hidden=hidden, layers=layers,
+                            max_positions=max(512, (length or 0) + new_tokens))
     rows = rows_for(case, data_root)
-    per_block = WARMUP + steps // 2
-    trl_times, our_times = [], []
-    for i in range(2):
-        trl_times += trl_block(model_dir, rows, new_tokens, per_block,
-                               os.path.join(work, f"trl{i}"))
-        our_times += ours_block(model_dir, rows, new_tokens, per_block,
-                                os.path.join(work, f"ours{i}"))
-    t, o = statistics.median(trl_times), statistics.median(our_times)
-    print(f"| {case} ({layers} layers x {hidden}, 4 x 8 completions, {new_tokens} new tokens) | "
-          f"{t:.3f} | {o:.3f} | {o / t:.2f} |", flush=True)
+    runs: dict[str, list] = {"trl": [], "ours": []}
+    loads, loaded = [], False
+    for i in range(blocks):
+        for side, fn in (("trl", trl_block), ("ours", ours_block)):
+            busy, who = busy_elsewhere()
+            loads.append(round(busy, 2))
+            loaded = loaded or bool(who)
+            if who and not allow_load:
+                print(f"\nrefusing to time: {who}; timings would be unreliable. Wait for a "
+                      f"quiet machine or pass --allow-load (figures are then labelled LOADED).",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(3)
+            runs[side].append(fn(model_dir, rows, case, steps, os.path.join(work, f"{side}{i}")))
+    t, o = summary(runs["trl"]), summary(runs["ours"])
+    label = (f"{case} ({layers} layers x {hidden}, {P} x {G}, "
+             f"{'a+b= prompts' if length is None else f'{length}-token prompts'}, "
+             f"{new_tokens} new tokens)")
+    split = "/".join
+    print(f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {o['step'] / t['step']:.2f} | "
+          f"{o['cpu'] / t['cpu']:.2f} | {split(f'{t[p]:.3f}' for p in PHASES)} | "
+          f"{split(f'{o[p]:.3f}' for p in PHASES)} | "
+          f"{max(loads):.2f}{' LOADED' if loaded else ''} |", flush=True)
+    return {"case": case, "trl": t, "ours": o, "load": loads, "loaded": loaded,
+            "blocks": runs}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", choices=["tiny", "gsm8k", "both"], default="both")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--case", default="all", help="comma-separated cases (or all, or both: "
+                    "tiny,gsm8k): " + ", ".join(CASES))
+    ap.add_argument("--steps", type=int, default=4, help="measured steps per block")
+    ap.add_argument("--blocks", type=int, default=3, help="blocks per side (>= 3)")
+    ap.add_argument("--allow-load", action="store_true",
+                    help="time even when other processes use the CPU (figures labelled)")
+    ap.add_argument("--json", help="also write every step's timings here")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..",
                                                    "shared", "data"))
     args = ap.parse_args()
+    named = {"all": ",".join(CASES), "both": "tiny,gsm8k"}  # both: the old script's pair
+    cases = named.get(args.case, args.case).split(",")
+    if args.blocks < 3 or args.steps < 1 or any(c not in CASES for c in cases):
+        ap.error("need --blocks >= 3, --steps >= 1 and known cases")
+    faulthandler.enable()  # a crash prints every thread's Python stack
     torch.set_num_threads(1)
     import transformers
 
@@ -133,12 +322,17 @@ def main() -> int:
     import trl
 
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch "
-          f"{torch.__version__}; 1 thread; median of {args.steps} steps per side after "
-          f"{WARMUP} warm-up steps per block")
-    print("| case | TRL s/step | grpo-core s/step | ratio (ours / TRL) |")
-    print("|---|---|---|---|")
-    for case in (["tiny", "gsm8k"] if args.case == "both" else [args.case]):
-        run_case(case, args.steps, args.data)
+          f"{torch.__version__}; 1 thread; {args.blocks} alternating blocks per side of "
+          f"{WARMUP} warm-up + {args.steps} measured steps; median of block medians; "
+          f"load = the most CPU (cores) other processes used in the second before a block")
+    print("| case | TRL s/step | grpo-core s/step | ratio (wall) | ratio (cpu) | "
+          "TRL generate/reward/reference/train | grpo-core generate/reward/reference/train "
+          "| load |")
+    print("|---|---|---|---|---|---|---|---|")
+    results = [run_case(c, args.steps, args.blocks, args.data, args.allow_load) for c in cases]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     return 0
 
 

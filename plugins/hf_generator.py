@@ -2,11 +2,17 @@
 
 Each prompt is prefilled once and its cache shared by its completions; log-probs under the
 sampling distribution are kept, so no extra pass is needed to get the old policy's log-probs.
+For small models the per-call cost of a forward, not its arithmetic, bounds decoding, so the
+loop keeps its own share small: it runs without autograd (plain no_grad, not inference mode,
+which sharded FSDP weights refuse), calls the decoder and the LM head
+on the last position only (when that gives the model's own logits), and hands SDPA models
+each decode step's attention mask ready-made.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 
@@ -26,6 +32,85 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def _prepared_mask_key(model) -> str | None:
+    """"full_attention" when a decode step can be given its attention mask ready-made: SDPA
+    attention, every layer full attention, and a decoder that takes a prepared mask mapping
+    (transformers' models name it ``causal_mask_mapping``). A decode step's mask is then the
+    padding mask itself (every key so far precedes the query), so transformers' per-call
+    mask construction can be skipped. None: let the model build it."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if not types or any(t != "full_attention" for t in types):
+        return None
+    get = getattr(model, "get_decoder", None)
+    try:
+        src = inspect.getsource(type(get()).forward) if get else ""
+    except (OSError, TypeError):
+        return None
+    return "full_attention" if "causal_mask_mapping" in src else None
+
+
+class _InPlace:
+    """A cache layer's ``update`` that writes each step's keys and values into room made
+    once, instead of concatenating (which copies the whole cache every step: quadratic in
+    the length, a quarter of decoding at 150-token prompts). Holds its layer weakly, so the
+    cache is freed as soon as the loop drops it."""
+
+    def __init__(self, layer, room: int):
+        k, v = layer.keys, layer.values
+        self.n, self.layer = k.shape[-2], weakref.ref(layer)
+        self.k = k.new_empty((*k.shape[:-2], self.n + room, k.shape[-1]))
+        self.v = v.new_empty((*v.shape[:-2], self.n + room, v.shape[-1]))
+        self.k[..., :self.n, :], self.v[..., :self.n, :] = k, v
+
+    def __call__(self, key_states, value_states, *args, **kwargs):
+        end = self.n + key_states.shape[-2]
+        if end > self.k.shape[-2]:  # more than promised: make more room
+            self.k = torch.cat([self.k, torch.empty_like(self.k)], -2)
+            self.v = torch.cat([self.v, torch.empty_like(self.v)], -2)
+            return self(key_states, value_states)
+        self.k[..., self.n:end, :], self.v[..., self.n:end, :] = key_states, value_states
+        self.n, layer = end, self.layer()
+        layer.keys, layer.values = self.k[..., :end, :], self.v[..., :end, :]
+        return layer.keys, layer.values
+
+
+def _make_room(cache, room: int) -> None:
+    """Give every plain growing (full-attention) layer of ``cache`` room for ``room`` more
+    tokens; other layer kinds (sliding windows, quantized, ...) keep their own ``update``."""
+    for layer in getattr(cache, "layers", ()):
+        if type(layer).__name__ == "DynamicLayer" and \
+                isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4:
+            layer.update = _InPlace(layer, room)
+
+
+def _direct_parts(model):
+    """(decoder, LM head) when running them directly gives the model's own logits (no
+    soft-capping or scaling after the head: checked once on a few tokens), else (None, None)
+    and the loop calls the whole model."""
+    get_dec = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    decoder = get_dec() if get_dec else None
+    head = get_head() if get_head else None
+    if decoder is None or head is None:
+        return None, None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ids = (torch.arange(1, 6) % head.weight.shape[0])[None].to(head.weight.device)
+            full = model(input_ids=ids).logits[0, -1].float()
+            mine = head(decoder(input_ids=ids).last_hidden_state[0, -1]).float()
+        same = bool((full - mine).abs().max() <= 1e-5 * full.abs().max().clamp(min=1e-6))
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        same = False
+    finally:
+        model.train(was_training)
+    return (decoder, head) if same else (None, None)
+
+
 class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
 
@@ -42,6 +127,8 @@ class HFGenerator(Generator):
         self.pad = pad if pad is not None else int(self.eos[0])
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.mask_key = _prepared_mask_key(model)
+        self.decoder, self.head = _direct_parts(model)
 
     def sync_weights(self, model) -> None:
         """Nothing to do: this backend samples from the training model itself."""
@@ -67,51 +154,62 @@ class HFGenerator(Generator):
                        pad_right([p[2] for p in parts], 0.0), torch.cat([p[3] for p in parts]),
                        rows // n)
 
-    def _forward(self, **kw):
-        if "cache" in kw:
-            kw[self._cache_kw] = kw.pop("cache")
-        return self.model(use_cache=True, **kw)
+    def _step(self, input_ids, attention_mask, position_ids, cache=None):
+        """(logits at the last position [R, V], the KV cache) of one forward."""
+        kw = {} if cache is None else {self._cache_kw: cache}
+        if self.decoder is not None:
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=True, **kw)
+            logits = self.head(out.last_hidden_state[:, -1])
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=True, logits_to_keep=1, **kw)
+            logits = out.logits[:, -1]
+        new = getattr(out, "cache", None)
+        return logits, new if new is not None else out.past_key_values
 
     def _decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
+        with torch.no_grad():
+            return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+
+    def _loop(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
         was_training = self.model.training
         self.model.eval()
         prompts = torch.unique(rows // n)  # each prompt in this chunk is prefilled once
         local = torch.searchsorted(prompts, rows // n)
         mask = pmask[prompts]
-        out = self._forward(input_ids=pids[prompts], attention_mask=mask,
-                            position_ids=(mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)
-        cache = getattr(out, "cache", None) or out.past_key_values
+        logits, cache = self._step(pids[prompts], mask, (mask.cumsum(-1) - 1).clamp(min=0))
         cache.batch_select_indices(local)
-        logits = out.logits[local, -1]
-        attn = pmask[rows // n]
-        pos = attn.sum(-1, keepdim=True)
-        R, T = rows.shape[0], sp.max_new_tokens
-        ids = torch.full((R, T), self.pad, dtype=torch.long, device=pids.device)
-        logps = torch.zeros((R, T), dtype=torch.float32, device=pids.device)
-        live = torch.ones((R, T), dtype=torch.long, device=pids.device)
+        _make_room(cache, sp.max_new_tokens - 1)
+        logits = logits[local]
+        R, T, Lp = rows.shape[0], sp.max_new_tokens, pmask.shape[1]
+        attn = torch.cat([pmask[rows // n], pmask.new_ones((R, T))], 1)  # sliced as it grows
+        pos = attn[:, :Lp].sum(-1, keepdim=True)
+        keep = attn.bool()[:, None, None, :] if self.mask_key else None
+        noise_rows = rows + row_offset
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
-        steps = T
+        toks, lps, lives = [], [], []
         for t in range(T):
-            z = logits.float() / (1.0 if sp.greedy else sp.temperature)
+            z = logits.float()
+            if not sp.greedy and sp.temperature != 1.0:
+                z = z / sp.temperature
             if sp.greedy:
                 tok = torch.argmax(z, dim=-1)
             else:
-                tok = sample(z, seed, rows + row_offset, t, sp.top_k, sp.top_p)
+                tok = sample(z, seed, noise_rows, t, sp.top_k, sp.top_p)
             lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
-            live[:, t] = (~done).long()
-            ids[:, t] = torch.where(done, self.pad, tok)
-            logps[:, t] = torch.where(done, 0.0, lp)
+            lives.append(~done)
+            toks.append(tok.masked_fill(done, self.pad))
+            lps.append(lp.masked_fill(done, 0.0))
             done = done | torch.isin(tok, self.eos)
             if t == T - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
-                steps = t + 1
                 break
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self._forward(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
-                                cache=cache)
-            logits, pos = out.logits[:, -1], pos + 1
+            seen = Lp + t + 1
+            mask = attn[:, :seen] if keep is None else {self.mask_key: keep[..., :seen]}
+            logits, cache = self._step(tok[:, None], mask, pos, cache)
+            pos = pos + 1
         self.model.train(was_training)
-        live = live[:, :steps]
-        return ids[:, :steps], live, logps[:, :steps], ~done
+        return (torch.stack(toks, 1), torch.stack(lives, 1).long(), torch.stack(lps, 1), ~done)
 
 
 @hookimpl

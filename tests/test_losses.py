@@ -133,3 +133,45 @@ def test_equal_advantages_zero_give_zero_gradient():
     loss, _ = policy_loss(logp, OLD, torch.zeros(6, dtype=torch.float64), MASK)
     loss.backward()
     assert torch.count_nonzero(logp.grad) == 0 and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_frozen_head_takes_the_logprob_gradient_from_the_forward(entropy_grad):
+    """With a frozen head (LoRA) the forward computes d logp / dh, so the backward needs no
+    logits for it; the entropy's gradient, if any, still recomputes them. Both match naive."""
+    torch.manual_seed(1)
+    h = torch.randn(29, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64)
+    t = torch.randint(0, 50, (29,))
+    g1, g2 = torch.randn(29, dtype=torch.float64), torch.randn(29, dtype=torch.float64)
+    lp, ent = token_logprobs(h, w, t, 0.7, chunk=8)
+    assert lp.grad_fn.saved_tensors[5] is not None  # d logp / dh, [N, H], from the forward
+    (lp * g1 + (ent * g2 if entropy_grad else 0)).sum().backward()
+    got, h.grad = h.grad.clone(), None
+    logsm = torch.log_softmax(h @ w.T / 0.7, -1)
+    naive_ent = -(logsm.exp() * logsm).sum(-1)
+    (logsm.gather(1, t[:, None]).squeeze(1) * g1 + (naive_ent * g2 if entropy_grad else 0)
+     ).sum().backward()
+    torch.testing.assert_close(got, h.grad, rtol=1e-10, atol=1e-12)
+    w.requires_grad_(True)
+    assert token_logprobs(h, w, t, 0.7, chunk=8)[0].grad_fn.saved_tensors[5] is None
+    with torch.no_grad():  # no gradient wanted: nothing extra computed or kept
+        assert token_logprobs(h, w.detach(), t)[0].grad_fn is None
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunk_sizes_agree(chunk):
+    torch.manual_seed(2)
+    h = torch.randn(23, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(30, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 30, (23,))
+    lp, ent = token_logprobs(h, w, t, 1.3, chunk=chunk)
+    (lp.sum() - ent.sum()).backward()
+    got = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    logsm = torch.log_softmax(h @ w.T / 1.3, -1)
+    lp2, ent2 = logsm.gather(1, t[:, None]).squeeze(1), -(logsm.exp() * logsm).sum(-1)
+    (lp2.sum() - ent2.sum()).backward()
+    torch.testing.assert_close(lp, lp2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, ent2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, (h.grad, w.grad), rtol=1e-10, atol=1e-12)
