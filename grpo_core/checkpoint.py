@@ -31,9 +31,11 @@ PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
 MASTER = "master.safetensors"
 #: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
-#: how many threads); any other difference is refused unless forced.
+#: how many threads, how the run is spread over processes); any other difference is refused
+#: unless forced.
 MAY_CHANGE = ("train.steps", "train.max_nonfinite_steps", "output.", "eval.", "health.",
-              "runtime.threads", "reward.timeout", "reward.failure")
+              "runtime.threads", "reward.timeout", "reward.failure", "reward.isolation",
+              "distributed.")
 #: What checkpoints written before the full config was stored are compared on.
 COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
                       ("train", "prompts_per_step"), ("train", "seed"))
@@ -81,8 +83,8 @@ def _tuples(x):
     return tuple(_tuples(i) for i in x) if isinstance(x, (list, tuple)) else x
 
 
-def save(root: str, step: int, run_id: str, model, tokenizer, optimizer, scheduler, meta: dict,
-         keep_last: int, dtype: torch.dtype) -> str:
+def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: dict, scheduler,
+         meta: dict, keep_last: int, dtype: torch.dtype) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
     ``keep_last``; another run's checkpoints are never counted or removed."""
     os.makedirs(root, exist_ok=True)
@@ -93,19 +95,35 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer, schedul
             shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
     try:
         os.makedirs(tmp)
-        save_model(model, tokenizer, tmp, dtype)
+        save_model(model, None, tmp, dtype)
         trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
         if is_peft(model) or any(v.dtype != dtype for v in trainable.values()):
             save_file({k: v.detach().contiguous().cpu() for k, v in trainable.items()},
                       os.path.join(tmp, MASTER))
         _fault_pause()
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+    except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, quota, permissions
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write checkpoint {final}: {_reason(exc, root)}; "
+                        f"earlier checkpoints are intact") from exc
+    return finish_save(root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last,
+                       optimizer_state)
+
+
+def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokenizer, scheduler,
+                meta: dict, keep_last: int, optimizer_state: dict | None = None) -> str:
+    """The part every checkpoint shares, once its weights are in ``tmp``: trainer state,
+    tokenizer, checksums of every file, then the rename that makes it exist."""
+    try:
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state()}, os.path.join(tmp, "trainer.pt"))
+        tokenizer.save_pretrained(tmp)
         files = {}
-        for name in sorted(os.listdir(tmp)):
-            path = os.path.join(tmp, name)
-            _fsync(path)
-            files[name] = {"size": os.path.getsize(path), "sha256": _digest(path)}
+        for folder, _, names in os.walk(tmp):
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                _fsync(path)
+                files[os.path.relpath(path, tmp)] = {"size": os.path.getsize(path),
+                                                     "sha256": _digest(path)}
         state = {**meta, "step": step, "run_id": run_id, "rng": rng_state(), "files": files}
         with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
             json.dump(state, f)
@@ -116,7 +134,7 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer, schedul
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync(root)
-    except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, quota, permissions
+    except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"cannot write checkpoint {final}: {_reason(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
@@ -214,6 +232,8 @@ def check_fits(path: str, model) -> None:
     params = dict(model.named_parameters())
     state_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     files = _weights(path)
+    if os.path.isdir(os.path.join(path, "dcp")):
+        return  # sharded: torch.distributed.checkpoint checks names and shapes as it loads
     if not files:
         raise UserError(f"cannot resume from {path}: it holds no weights")
     for file in files:
@@ -230,26 +250,48 @@ def check_fits(path: str, model) -> None:
                                     f"{list(shape)} there and {list(have)} in this model")
 
 
-def load(path: str, model, optimizer, scheduler) -> dict:
-    """Restore model, optimizer, scheduler and RNGs from ``path``; returns its state."""
+def read_weights(path: str) -> dict:
+    """The trainable weights as trained (master file, or the model files)."""
+    weights: dict = {}
+    for file in _weights(path):
+        weights.update(load_file(file))
+    return weights
+
+
+def trainer_state(path: str) -> dict:
+    return torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
+
+
+def load(path: str, model, optimizer, scheduler) -> None:
+    """Restore the model, optimizer and scheduler of a one-process checkpoint."""
     check_fits(path, model)
     try:
-        weights: dict = {}
-        for file in _weights(path):
-            weights.update(load_file(file))
-        missing = set(model.load_state_dict(weights, strict=False).missing_keys)
+        missing = set(model.load_state_dict(read_weights(path), strict=False).missing_keys)
         lost = [n for n, p in model.named_parameters() if p.requires_grad and n in missing]
         if lost:
             raise UserError(f"cannot resume from {path}: no saved value for {lost[0]}"
                             f"{f' and {len(lost) - 1} more' if len(lost) > 1 else ''}")
-        trainer = torch.load(os.path.join(path, "trainer.pt"), weights_only=True)
-        optimizer.load_state_dict(trainer["optimizer"])
+        trainer = trainer_state(path)
+        optimizer_from_state(model, optimizer, trainer["optimizer"])
         scheduler.load_state_dict(trainer["scheduler"])
     except (OSError, SafetensorError, RuntimeError, ValueError, KeyError, EOFError) as exc:
         raise UserError(f"cannot resume from {path}: {str(exc).splitlines()[0]}") from exc
-    state = read_state(path)
-    set_rng_state(state["rng"], trainer["torch_rng"])
-    return state
+
+
+def optimizer_from_state(model, optimizer, state: dict) -> None:
+    """Load an optimizer state stored by parameter name (any sharding), or by position as
+    ``optimizer.state_dict()`` gives it (checkpoints from before names were stored)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if state.get("state") and all(isinstance(k, str) for k in state["state"]):
+        set_optimizer_state_dict(model, optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)
+
+
+def restore_rng(path: str, state: dict) -> None:
+    set_rng_state(state["rng"], trainer_state(path)["torch_rng"])
 
 
 def config_differences(state: dict, cfg: dict) -> list[str]:

@@ -6,6 +6,7 @@ import os
 
 import torch
 import torch.distributed as td
+from torch.distributed.tensor import DTensor
 
 
 def init(device: torch.device) -> tuple[int, int]:
@@ -53,24 +54,40 @@ def all_max(t: torch.Tensor) -> float:
     return float(t)
 
 
-def reduce_gradients(params) -> None:
-    """Sum gradients over ranks: each rank's loss already divides by the global denominators."""
+def gather_grid(grid: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every rank's [P_rank, G_rank] reward grid stacked into the global [P, G_max] one (NaN
+    where a rank's groups are shorter), and where this rank's rows start. Statistics taken on
+    it (a batch mean, a batch std) are the same however many processes share the batch."""
     if not active():
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        td.all_reduce(flat, op=td.ReduceOp.SUM)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        return grid, 0
+    shape = torch.tensor([grid.shape[0], grid.shape[1]], dtype=torch.long)
+    shapes = [torch.empty_like(shape) for _ in range(td.get_world_size())]
+    td.all_gather(shapes, shape)
+    rows, width = max(int(s[0]) for s in shapes), max(int(s[1]) for s in shapes)
+    padded = torch.full((rows, width), torch.nan, dtype=torch.float64)
+    padded[:grid.shape[0], :grid.shape[1]] = grid
+    parts = [torch.empty_like(padded) for _ in shapes]
+    td.all_gather(parts, padded)
+    full = torch.cat([p[:int(s[0])] for p, s in zip(parts, shapes)])
+    start = sum(int(s[0]) for s in shapes[:td.get_rank()])
+    return full.to(grid.dtype), start
+
+
+def gather_numbers(values: list[float]) -> list[list[float]]:
+    """Each rank's list of numbers (same length on every rank), in rank order."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    if not active():
+        return [mine.tolist()]
+    everyone = [torch.empty_like(mine) for _ in range(td.get_world_size())]
+    td.all_gather(everyone, mine)
+    return [t.tolist() for t in everyone]
 
 
 def weights_in_sync(params) -> bool:
     """Whether every rank holds the same weights (a float64 checksum per rank, compared)."""
     if not active():
         return True
+    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in params]
     with torch.no_grad():
         local = torch.stack([p.detach().double().sum() for p in params]).reshape(-1)
         mine = torch.cat([local, (local * torch.arange(1, len(local) + 1,

@@ -120,28 +120,30 @@ def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def save_model(model, tokenizer, path: str, dtype: torch.dtype) -> None:
+def save_model(model, tokenizer, path: str, dtype: torch.dtype,
+               state: dict | None = None) -> None:
     """A directory ``from_pretrained`` loads: weights in ``dtype`` (each shared tensor once),
-    config saying so, tokenizer. A LoRA model writes its adapter."""
+    config saying so, tokenizer (when given). A LoRA model writes its adapter. ``state``: the
+    whole model's weights when the model itself holds only shards (FSDP)."""
     if is_peft(model):
-        model.save_pretrained(path)
+        model.save_pretrained(path, **({"state_dict": state} if state is not None else {}))
     else:
-        seen: set = set()
-        state = {}
-        for k, v in model.state_dict().items():
-            where = (v.data_ptr(), v.numel()) if v.numel() else k
-            if where in seen:  # a tied weight: from_pretrained ties it again
-                continue
-            seen.add(where)
-            state[k] = v.detach().to(dtype) if v.is_floating_point() else v.detach()
-        model.save_pretrained(path, state_dict=state)
+        tied = _tied_names(model)
+        whole = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach()
+                 for k, v in (state if state is not None else model.state_dict()).items()
+                 if k not in tied}  # from_pretrained ties those again
+        model.save_pretrained(path, state_dict=whole)
         config = os.path.join(path, "config.json")
         with open(config, encoding="utf-8") as f:
             written = json.load(f)
         written["dtype"] = str(dtype).removeprefix("torch.")
+        # a sharded model's class is FSDP's subclass of the real one: name the real one
+        written["architectures"] = [next(c.__name__ for c in type(model).__mro__
+                                         if not c.__name__.startswith("FSDP"))]
         with open(config, "w", encoding="utf-8") as f:
             json.dump(written, f, indent=2)
-    tokenizer.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
 
 
 def context_length(model) -> int | None:
@@ -149,3 +151,14 @@ def context_length(model) -> int | None:
     config = model.get_base_model().config if is_peft(model) else model.config
     n = getattr(config, "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
+
+
+def _tied_names(model) -> set[str]:
+    """Names under which an already-named parameter appears again (a tied LM head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    return tied

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_core import dist
+from grpo_core import dist, parallel
 from grpo_core.data import Batch, make_batch
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate
@@ -57,7 +57,7 @@ def sample(run: Run, step: int) -> Sampled:
     order = run.stream.take(run.cfg["train"]["prompts_per_step"])
     batch = make_batch([run.rows[i] for i in order[run.rank * P:(run.rank + 1) * P]],
                        run.cfg["data"], run.tokenizer)
-    with run.autocast:
+    with run.autocast, parallel.gathered(run.policy, run.reshard):
         ro = run.generator.generate(batch.prompt_ids, G, run.sampling,
                                     seed=step_seed(run.cfg["train"]["seed"], step),
                                     row_offset=run.rank * P * G)
@@ -135,7 +135,10 @@ def advantages(run: Run, j: Judged) -> Advantages:
         rewards = rewards - run.kl.value * kl_seq
     group = ro.group.cpu()
     grid, slot = to_grid(rewards, group, run.prompts)
-    adv = run.baseline.advantages(grid, j.greedy_rewards)[group, slot]
+    everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
+    greedy = None if j.greedy_rewards is None else \
+        dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+    adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if cfg["groups"]["drop_zero_std"]:
         keep &= ~j.flat[group]
@@ -170,7 +173,8 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     for it in range(cfg["train"]["inner_iterations"]):
         run.engine.zero_grad()
         total = 0.0
-        for mb in micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]):
+        batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
+        for i, mb in enumerate(batches):
             sub = ro.rows(mb)
             with run.autocast:
                 logp, ent = completion_logprobs(run.policy, sub, cfg["sampling"]["temperature"],
@@ -182,7 +186,7 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
                 kl_estimator=cfg["kl"]["estimator"], entropy=ent,
                 entropy_coef=oc["entropy_coef"],
                 is_weights=None if a.is_weights is None else a.is_weights[mb])
-            run.engine.backward(loss)
+            run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
             if it == 0:
                 for k, v in s.items():

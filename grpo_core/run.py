@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 import grpo_core
-from grpo_core import checkpoint, dist, rundir
+from grpo_core import dist, parallel, persist, rundir
 from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
@@ -72,6 +73,7 @@ class Run:
     nonfinite_run: int = 0  # steps in a row whose update was skipped
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
+    reshard: bool = False  # fsdp frees gathered layers after each forward (see parallel)
 
     @property
     def main(self) -> bool:
@@ -140,8 +142,6 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     tokenizer = load_tokenizer(cfg["model"])
     policy = load_model(cfg["model"], device)
     kl = _plugin("kl", cfg["kl"])
-    generator = _plugin("generator", cfg["generator"])
-    generator.setup(policy, tokenizer, device)
     reference = None
     if kl.needs_reference():  # no reference model at all when the coefficient stays 0
         if is_peft(policy):  # LoRA: the base model with the adapter disabled, no second copy
@@ -149,6 +149,15 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         else:
             where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
             reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
+    how = parallel.strategy(cfg, world)
+    if how in ("ddp", "fsdp"):  # the reference is spread the same way
+        for model in {id(m): m for m in (policy, reference) if m is not None}.values():
+            parallel.shard(model, how, cfg["distributed"], device)
+    # the trained parameters, taken now: a forward without gradients (a plugin's set-up) leaves
+    # an FSDP2 unit holding gathered copies in their place until it shards again
+    params = [p for p in policy.parameters() if p.requires_grad]
+    generator = _plugin("generator", cfg["generator"])
+    generator.setup(policy, tokenizer, device)
     rows = _rows(cfg["data"]["path"], cfg["data"]["split"], cfg["data"])
     limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
         - cfg["sampling"]["max_new_tokens"]
@@ -164,7 +173,6 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if ec["data"] and ec["every_n_steps"]:
         eval_rows = _rows(ec["data"], ec["split"], cfg["data"])[:ec["max_problems"] or None]
 
-    params = [p for p in policy.parameters() if p.requires_grad]
     oc_ = cfg["optimizer"]
     opt = torch.optim.AdamW(params, lr=oc_["lr"], betas=tuple(oc_["betas"]),
                             weight_decay=oc_["weight_decay"])
@@ -184,8 +192,9 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
+    run.reshard = how == "fsdp" and cfg["distributed"]["reshard_after_forward"]
     if resume:
-        _resume(run, resume, force)
+        persist.resume(run, resume, force)
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(oc["dir"], run.start_step)
@@ -195,11 +204,11 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
 
 
 def _engine(cfg: dict, policy, params, opt, sched, world: int) -> TorchUpdate:
-    """Plain torch (data parallel through torch.distributed), or a DeepSpeed engine."""
+    """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
     ds_cfg = deepspeed_config(cfg["deepspeed"])
     tc = cfg["train"]
-    if ds_cfg is None:
-        return TorchUpdate(params, opt, sched, cfg["optimizer"]["max_grad_norm"])
+    if parallel.strategy(cfg, world) != "deepspeed":
+        return TorchUpdate(policy, params, opt, sched, cfg["optimizer"]["max_grad_norm"])
     if cfg["output"]["checkpoint_every"]:
         raise UserError("output.checkpoint_every: checkpoints are not yet supported with "
                         "deepspeed; set it to 0")
@@ -209,62 +218,20 @@ def _engine(cfg: dict, policy, params, opt, sched, world: int) -> TorchUpdate:
                            cfg["optimizer"]["max_grad_norm"])
 
 
-def _resume(run: Run, resume: str | bool, force: bool) -> None:
-    """Load a checkpoint: the newest intact one of this run, or the directory given."""
-    root = os.path.join(run.dir, "checkpoints")
-    if resume is True:
-        path = checkpoint.latest_intact(root, run.run_id, lambda m: _warn(run, m))
-        if path is None:
-            raise UserError(f"--resume: no intact checkpoint under {root}")
-    else:
-        path = str(resume)
-        if not os.path.isdir(path):
-            raise UserError(f"--resume: {path} is not a checkpoint directory")
-        problem = checkpoint.damage(path)
-        if problem:
-            raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
-    state = checkpoint.read_state(path)
-    diffs = checkpoint.config_differences(state, run.cfg)
-    if diffs and not force:
-        raise UserError("cannot resume: the config differs from the checkpoint's in "
-                        + "; ".join(diffs) + " (use --force to resume anyway)")
-    state = checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
-    if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
-            None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
-        sched = run.scheduler
-        sched.base_lrs = [run.cfg["optimizer"]["lr"]] * len(sched.base_lrs)
-        for group, f in zip(run.optimizer.param_groups, sched.lr_lambdas):
-            group["lr"] = run.cfg["optimizer"]["lr"] * f(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]
-    run.kl.load_state_dict(state["kl"])
-    if state.get("baseline"):
-        run.baseline.load_state_dict(state["baseline"])
-    run.stream.position, run.start_step = state["data_position"], state["step"]
+def _held(run: Run) -> list[float]:
+    """What this rank holds: parameter and optimizer-state elements, and its peak memory."""
+    def local(t):
+        return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
-
-def _warn(run: Run, message: str) -> None:
-    if run.main:
-        print(f"warning: {message}", file=sys.stderr)
-
-
-def save_checkpoint(run: Run, step: int) -> None:
-    """Every ``output.checkpoint_every`` steps: weights, optimizer, plugin state, RNGs."""
-    every = run.cfg["output"]["checkpoint_every"]
-    if not every or (step + 1) % every:
-        return
-    if run.main:
-        checkpoint.save(os.path.join(run.dir, "checkpoints"), step + 1, run.run_id, run.policy,
-                        run.tokenizer, run.optimizer, run.scheduler, {
-                            "config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
-                            "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
-                            "data_position": run.stream.position},
-                        run.cfg["output"]["keep_last"], run.save_dtype)
-    dist.barrier()
+    params = sum(local(p) for p in run.policy.parameters())
+    state = sum(local(v) for s in run.optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return [float(params), float(state), peak_memory_mb(run.device)]
 
 
 def finish(run: Run) -> dict:
     """Check the ranks agree, write the final model and the summary; returns the summary."""
-    in_sync = dist.weights_in_sync([p.to(run.device) for p in run.policy.parameters()])
+    in_sync = dist.weights_in_sync(list(run.policy.parameters()))
     if not in_sync and run.main:
         print("\nwarning: ranks ended with different weights", file=sys.stderr)
     first, last = run.first or {}, run.last or {}
@@ -273,10 +240,14 @@ def finish(run: Run) -> dict:
                "ranks_in_sync": in_sync, "first_reward": first.get("reward"),
                "final_reward": last.get("reward"), "reference_model": run.reference is not None,
                "peak_memory_mb": peak_memory_mb(run.device),
+               "per_rank": [dict(zip(("parameters", "optimizer_state", "peak_memory_mb"), r))
+                            for r in dist.gather_numbers(_held(run))],
                "health": run.health.summary() if run.health else []}
+    whole = parallel.full_state_dict(run.policy) if run.engine.sharded and \
+        run.cfg["output"]["save_model"] else None  # every rank takes part; rank 0 holds it
     if run.main and run.cfg["output"]["save_model"]:
         final = os.path.join(run.dir, "final")
-        save_model(run.policy, run.tokenizer, final, run.save_dtype)  # LoRA: the adapter
+        save_model(run.policy, run.tokenizer, final, run.save_dtype, whole)  # LoRA: adapter
         if is_peft(run.policy) and run.cfg["model"]["lora"]["save_merged"]:
             save_model(run.policy.merge_and_unload(), run.tokenizer,
                        os.path.join(final, "merged"), run.save_dtype)

@@ -180,6 +180,22 @@ RUNTIME = _obj({
                       "description": "tokens per LM-head chunk in log-prob passes"},
 }, description="Where and how the numbers are computed.")
 
+DISTRIBUTED = _obj({
+    "strategy": {"enum": ["auto", "none", "ddp", "fsdp", "deepspeed"], "default": "auto",
+                 "description": "auto: deepspeed when configured, ddp on several processes, "
+                                "else none; fsdp shards parameters, gradients and optimizer "
+                                "state (FSDP2)"},
+    "reshard_after_forward": {"type": "boolean", "default": True,
+                              "description": "fsdp: free gathered layers after forward (ZeRO-3 "
+                                             "memory); false keeps them to backward (ZeRO-2)"},
+    "cpu_offload": {"type": "boolean", "default": False,
+                    "description": "fsdp: keep parameter shards and optimizer state in CPU "
+                                   "memory"},
+    "mixed_precision": {"type": "boolean", "default": True,
+                        "description": "ddp/fsdp on GPU: compute in bfloat16, reduce gradients "
+                                       "in float32"},
+}, description="How the run is spread over processes (torchrun starts them).")
+
 OUTPUT = _obj({
     "dir": {"type": "string", "minLength": 1, "default": "runs/latest",
             "description": "the run directory (new, empty, or an earlier run's with --resume "
@@ -242,9 +258,10 @@ CORE_SCHEMA: dict = {
         "kl": KL, "objective": OBJECTIVE, "optimizer": OPTIMIZER, "train": TRAIN,
         "generator": plugin_ref("generator", default="hf",
                                 description="Phase 1: the rollout backend."),
-        "runtime": RUNTIME, "output": OUTPUT, "eval": EVAL, "health": HEALTH,
+        "runtime": RUNTIME, "distributed": DISTRIBUTED, "output": OUTPUT, "eval": EVAL,
+        "health": HEALTH,
         "deepspeed": {"type": ["object", "string", "null"], "default": None,
-                      "description": "DeepSpeed config (ZeRO 1/2) or a path to its JSON"},
+                      "description": "DeepSpeed config (ZeRO 1, 2 or 3) or a path to its JSON"},
     }, required=("model", "data", "reward")),
 }
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from grpo_core import phases
+from grpo_core import persist, phases
 from grpo_core.phases import TrainingError
-from grpo_core.run import finish, save_checkpoint, start
+from grpo_core.run import finish, start
 
 __all__ = ["train", "TrainingError"]
 
@@ -30,5 +30,5 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
         targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
         updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
         phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
-        save_checkpoint(run, step)  # 6. every output.checkpoint_every steps
+        persist.save(run, step)  # 6. a checkpoint every output.checkpoint_every steps
     return finish(run)

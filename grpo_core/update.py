@@ -9,29 +9,37 @@ import math
 import os
 
 import torch
+from torch.distributed.tensor import DTensor
 
-from grpo_core import dist
+from grpo_core import dist, parallel
 from grpo_core.errors import UserError
 
 
 class TorchUpdate:
-    """AdamW + LR schedule; gradients summed over ranks, clipped, non-finite steps skipped."""
+    """AdamW + LR schedule over a model that is whole (one process) or FSDP2-wrapped (ddp,
+    fsdp: grpo_core.parallel); gradients reduced on the last micro-batch only, clipped, and a
+    step with a non-finite loss or gradient norm on any rank skipped on every rank."""
 
-    def __init__(self, params, opt, sched, max_grad_norm: float | None):
-        self.params, self.opt, self.sched = params, opt, sched
+    def __init__(self, model, params, opt, sched, max_grad_norm: float | None):
+        self.model, self.params, self.opt, self.sched = model, params, opt, sched
         self.max_norm = max_grad_norm or float("inf")
+        self.sharded = bool(parallel.units(model))
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Accumulate this micro-batch's gradient; ``last``: reduce across ranks now."""
+        if self.sharded:
+            parallel.set_gradient_sync(self.model, last)
         loss.backward()
 
     def step(self, loss_finite: bool) -> tuple[float, bool]:
         """Apply the update; returns (grad norm, applied)."""
-        dist.reduce_gradients(self.params)
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_norm))
-        if not (math.isfinite(gnorm) and loss_finite):
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        gnorm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        finite = dist.all_sum(torch.tensor([0.0 if loss_finite else 1.0])).item() == 0
+        if not (math.isfinite(gnorm) and finite):
             self.opt.zero_grad(set_to_none=True)
             return gnorm, False
         self.opt.step()
@@ -64,12 +72,12 @@ class DeepSpeedUpdate(TorchUpdate):
                                                     lr_scheduler=sched, config=cfg)
         self.world = dist.world_size()
         self.skipped = False
-        super().__init__(params, opt, sched, None)
+        super().__init__(model, params, opt, sched, None)
 
     def zero_grad(self) -> None:
         self.skipped = False
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         if not torch.isfinite(loss):  # the engine cannot skip a step: zero this one's gradient
             loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0
             self.skipped = True

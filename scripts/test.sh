@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite (GPU-marked tests skip without CUDA, with the reason).
+# Set up, then run the test suite (GPU-marked tests skip without CUDA, with the reason): the
+# one-process tests, then the multi-process ones (torchrun, gloo) in a step of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+if [ "$#" -gt 0 ]; then  # a chosen subset
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+.venv/bin/python -m pytest -q -m "not multiprocess"
+echo "--- multi-process tests (torchrun, 2 CPU processes) ---"
+exec .venv/bin/python -m pytest -q -m multiprocess

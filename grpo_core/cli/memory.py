@@ -1,9 +1,11 @@
-"""``grpo plan-memory``: what one GRPO step needs in accelerator memory, next to PPO.
+"""``grpo plan-memory``: what one GRPO step needs in accelerator memory, per device, for each
+way of spreading the run (``distributed.strategy``), next to PPO.
 
-The estimate follows what this trainer allocates: weights, a frozen reference (none with
-LoRA or at KL 0), gradients and AdamW's two moments for trainable weights (sharded under
-ZeRO), the KV cache of G x prompts completions being generated, the chunked LM-head logits,
-and the activations kept for backward. Peak = weights + reference + the largest phase
+The estimate follows what this trainer allocates: weights (float32 master weights with
+``model.dtype: auto``, computing in bfloat16 on a GPU), a frozen reference (none with LoRA or at
+KL 0), gradients and AdamW's two moments for trainable weights, each sharded as the strategy
+shards it, the KV cache of G x prompts completions being generated, the chunked LM-head
+logits, and the activations kept for backward. Peak = weights + reference + the largest phase
 (generation, backward, optimizer step).
 """
 
@@ -24,6 +26,10 @@ PRESETS = {
                        vocab=152064, tied=False),
 }
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: what each strategy splits across the devices: weights, gradients, optimizer, reference
+SHARDED = {"none": (False, False, False, False), "ddp": (False, False, False, False),
+           "fsdp": (True, True, True, True), "zero1": (False, False, True, False),
+           "zero2": (False, True, True, False), "zero3": (True, True, True, False)}
 GiB = 2**30
 
 
@@ -53,8 +59,12 @@ class Shape:
 
 
 def load_shape(spec: str) -> Shape:
-    if spec.lower() in PRESETS:
-        return Shape(**PRESETS[spec.lower()])
+    """A preset, a hub id naming one (Qwen/Qwen2.5-0.5B-Instruct), a model directory or its
+    config.json."""
+    name = spec.lower().rsplit("/", 1)[-1]
+    for preset, shape in PRESETS.items():
+        if name == preset or (not os.path.exists(spec) and name.startswith(preset + "-")):
+            return Shape(**shape)
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.exists(path):
         raise UserError(f"--model: {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a "
@@ -70,59 +80,124 @@ def load_shape(spec: str) -> Shape:
 
 
 def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_tokens: int,
-         micro_batch: int | None = None, dtype: str = "bfloat16", zero_stage: int = 0,
+         micro_batch: int | None = None, dtype: str = "auto", strategy: str = "none",
          gpus: int = 1, lora_rank: int = 0, gradient_checkpointing: bool = False,
          reference: bool = True, generation_batch: int | None = None,
          logprob_chunk: int = 1024) -> dict[str, float]:
-    """Bytes per component for one device; ``total`` is the estimated peak."""
-    wb = BYTES[dtype]
+    """Bytes per component for one device; ``total`` is the estimated peak. ``prompts`` is
+    the whole step's; each of the ``gpus`` processes handles its share. ``dtype`` as
+    ``model.dtype`` (auto: float32 weights, bfloat16 compute)."""
+    wb = 4 if dtype == "auto" else BYTES[dtype]  # stored weights, gradients, moments
+    ab = 2 if dtype == "auto" else BYTES[dtype]  # activations and KV cache
     P = shape.params()
     trainable = shape.lora_params(lora_rank) if lora_rank else P
-    completions = prompts * group_size
+    completions = max(1, prompts // gpus) * group_size
     mb = min(micro_batch or completions, completions)
     seq = prompt_tokens + new_tokens
     H, inter, kv = shape.hidden, shape.intermediate, shape.kv_dim
-    shard = {s: gpus if zero_stage >= s else 1 for s in (1, 2, 3)}
-    out = {"weights": P * wb / shard[3]}
-    out["reference"] = P * wb if reference and not lora_rank else 0.0
-    out["gradients"] = trainable * wb / shard[2]
-    opt_bytes = 12 if zero_stage else 2 * wb  # DeepSpeed: fp32 master + m + v; torch: m + v
-    out["optimizer"] = trainable * opt_bytes / shard[1]
+    w_s, g_s, o_s, r_s = (gpus if x else 1 for x in SHARDED[strategy])
+    layer = (P - shape.vocab * H * (1 if shape.tied else 2)) / shape.layers
+    gathered = 2 * layer * wb if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
+    out = {"weights": P * wb / w_s + gathered}
+    out["reference"] = P * wb / r_s if reference and not lora_rank else 0.0
+    out["gradients"] = trainable * wb / g_s
+    deepspeed = strategy.startswith("zero")
+    opt_bytes = 12 if deepspeed else 2 * wb  # DeepSpeed: fp32 master + m + v; torch: m + v
+    out["optimizer"] = trainable * opt_bytes / o_s
     gen = min(generation_batch or completions, completions)
-    out["kv_cache"] = 2 * shape.layers * kv * seq * gen * wb
+    out["kv_cache"] = 2 * shape.layers * kv * seq * gen * ab
     chunk = min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
     per_token_layer = 8 * H + 4 * inter + 4 * kv  # tensors a decoder layer keeps for backward
     tokens = mb * seq
     if gradient_checkpointing:
-        out["activations"] = tokens * (shape.layers * H + per_token_layer) * wb
+        out["activations"] = tokens * (shape.layers * H + per_token_layer) * ab
     else:
-        out["activations"] = tokens * shape.layers * per_token_layer * wb
+        out["activations"] = tokens * shape.layers * per_token_layer * ab
     generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
+    if strategy in ("fsdp", "zero3") and gpus > 1:
+        generation += P * wb * (1 - 1 / w_s)  # generation holds the whole model
     backward = out["gradients"] + out["activations"] + out["logits"]
-    step = out["gradients"] + out["optimizer"] + trainable * 4 / shard[1]  # foreach temporaries
+    step = out["gradients"] + out["optimizer"] + trainable * 4 / o_s  # foreach temporaries
     out["total"] = out["weights"] + out["reference"] + max(generation, backward, step)
-    critic = P * wb / shard[3] + P * wb / shard[2] + P * opt_bytes / shard[1] \
-        + out["activations"]
+    critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
     out["ppo_total"] = out["total"] + critic
     return out
 
 
+STRATEGIES = tuple(SHARDED)
+
+
+def _settings(args) -> dict:
+    """The planner's inputs: a run config's values, then any flag given, then defaults."""
+    got = {"model": None, "group_size": 8, "prompts": 8, "prompt_tokens": 256,
+           "max_new_tokens": 512, "micro_batch": None, "dtype": "auto", "strategy": None,
+           "gpus": 1, "lora_rank": 0, "gradient_checkpointing": False, "reference": True,
+           "generation_batch_size": None, "logprob_chunk": 1024}
+    if args.config:
+        from grpo_core import config as config_mod
+        from grpo_core.registry import registry
+
+        cfg = config_mod.load(args.config, [])
+        kl = registry().get("kl", cfg["kl"]["name"]).factory(**cfg["kl"]["options"])
+        strategy = cfg["distributed"]["strategy"]
+        zero = ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0) \
+            if isinstance(cfg["deepspeed"], dict) else 0
+        got.update(model=cfg["model"]["name_or_path"],
+                   group_size=cfg["sampling"]["group_size"],
+                   prompts=cfg["train"]["prompts_per_step"],
+                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
+                   micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
+                   dtype=cfg["model"]["dtype"],
+                   strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
+                   if strategy in ("auto", "deepspeed") else strategy,
+                   lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
+                   gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
+                   reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
+                   generation_batch_size=cfg["sampling"]["generation_batch_size"],
+                   logprob_chunk=cfg["runtime"]["logprob_chunk"])
+    for key in got:
+        value = getattr(args, key, None)
+        if value is not None and value is not False:
+            got[key] = value
+    if args.no_reference or args.reference_on_cpu:
+        got["reference"] = False
+    if args.zero_stage is not None:
+        got["strategy"] = f"zero{args.zero_stage}" if args.zero_stage else "ddp"
+    if got["model"] is None:
+        raise UserError("plan-memory: give a run config or --model")
+    for key in ("group_size", "prompts", "prompt_tokens", "max_new_tokens", "gpus"):
+        if got[key] < 1:
+            raise UserError(f"--{key.replace('_', '-')}: found {got[key]}, expected >= 1")
+    if got["dtype"] not in ("auto", *BYTES):
+        raise UserError(f"--dtype: found {got['dtype']!r}, expected auto or one of "
+                        f"{sorted(BYTES)}")
+    return got
+
+
 def plan_cli(args) -> int:
-    shape = load_shape(args.model)
-    est = plan(shape, args.group_size, args.prompts, args.prompt_tokens, args.max_new_tokens,
-               args.micro_batch, args.dtype, args.zero_stage, args.gpus, args.lora_rank,
-               args.gradient_checkpointing,
-               not (args.no_reference or args.reference_on_cpu), args.generation_batch_size)
-    print(f"model: {args.model} ({shape.params() / 1e9:.2f} B parameters), {args.dtype}, "
-          f"{args.prompts} prompts x G={args.group_size}, {args.prompt_tokens}+"
-          f"{args.max_new_tokens} tokens, ZeRO-{args.zero_stage} on {args.gpus} GPU(s)"
-          + (f", LoRA r={args.lora_rank}" if args.lora_rank else "")
-          + (", gradient checkpointing" if args.gradient_checkpointing else ""))
-    for k, v in est.items():
-        if k not in ("total", "ppo_total"):
-            print(f"  {k:12} {v / GiB:8.2f} GiB")
-    print(f"  {'GRPO peak':12} {est['total'] / GiB:8.2f} GiB")
-    print(f"  {'PPO peak':12} {est['ppo_total'] / GiB:8.2f} GiB  (same, plus a critic of the "
-          f"same size with its gradients, optimizer and activations)")
+    s = _settings(args)
+    shape = load_shape(s["model"])
+    names = [s["strategy"]] if s["strategy"] else (
+        [n for n in STRATEGIES if n not in ("none", "zero3")] if s["gpus"] > 1 else ["none"])
+    if s["strategy"] == "zero3":
+        raise UserError("--strategy: zero3 is not supported by the trainer; use fsdp to shard")
+    print(f"model: {s['model']} ({shape.params() / 1e9:.2f} B parameters), dtype {s['dtype']}, "
+          f"{s['prompts']} prompts x G={s['group_size']} on {s['gpus']} device(s), "
+          f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
+          + (f", LoRA r={s['lora_rank']}" if s["lora_rank"] else "")
+          + (", gradient checkpointing" if s["gradient_checkpointing"] else "")
+          + ("" if s["reference"] else ", no reference on the device"))
+    keys = ("weights", "reference", "gradients", "optimizer", "kv_cache", "logits",
+            "activations", "total", "ppo_total")
+    print("GiB per device | " + " | ".join(k if k != "total" else "GRPO peak" for k in keys)
+          .replace("ppo_total", "PPO peak"))
+    for name in names:
+        est = plan(shape, s["group_size"], s["prompts"], s["prompt_tokens"],
+                   s["max_new_tokens"], s["micro_batch"], s["dtype"], name, s["gpus"],
+                   s["lora_rank"], s["gradient_checkpointing"], s["reference"],
+                   s["generation_batch_size"], s["logprob_chunk"])
+        print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
+    print("PPO peak: the same plus a critic of the same size with its gradients, optimizer "
+          "and activations.")
     return 0

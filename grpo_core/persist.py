@@ -1,0 +1,151 @@
+"""Saving a run's state and resuming it, whole or sharded.
+
+A run in one process writes checkpoints other tools load as models (grpo_core.checkpoint). A
+run over several processes (ddp, fsdp) writes its model and optimizer with
+``torch.distributed.checkpoint`` (``dcp/``, each rank its shards, in parallel), plus the
+same ``state.json`` and ``trainer.pt``; nothing is gathered on one rank. Either kind resumes on
+any number of processes and either strategy: DCP reshards on load, and a whole checkpoint's
+weights and optimizer (stored by parameter name) are sharded as they load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+
+from grpo_core import checkpoint, dist
+from grpo_core.errors import UserError
+
+SHARDS = "dcp"
+
+
+def optimizer_state(model, optimizer) -> dict:
+    """The optimizer's state keyed by parameter name, whole: loads into any sharding."""
+    return get_optimizer_state_dict(model, optimizer,
+                                    options=StateDictOptions(full_state_dict=True))
+
+
+def save(run, step: int) -> None:
+    """Every ``output.checkpoint_every`` steps: weights, optimizer, plugin state, RNGs."""
+    every = run.cfg["output"]["checkpoint_every"]
+    if not every or (step + 1) % every:
+        return
+    root = os.path.join(run.dir, "checkpoints")
+    meta = {"config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
+            "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
+            "data_position": run.stream.position}
+    if run.engine.sharded:
+        _save_sharded(run, root, step + 1, meta)
+    elif run.main:
+        checkpoint.save(root, step + 1, run.run_id, run.policy, run.tokenizer,
+                        optimizer_state(run.policy, run.optimizer), run.scheduler, meta,
+                        run.cfg["output"]["keep_last"], run.save_dtype)
+    dist.barrier()
+
+
+def _save_sharded(run, root: str, step: int, meta: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    final = os.path.join(root, f"{checkpoint.PREFIX}{step:08d}")
+    tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run.run_id}")
+    if run.main:
+        os.makedirs(root, exist_ok=True)
+        for stale in os.listdir(root):
+            if stale.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(run.policy, run.optimizer)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(tmp, SHARDS))
+    except Exception as exc:  # a rank's disk failed: every rank hears of it
+        if run.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write checkpoint {final}: {str(exc).splitlines()[0][:300]}; "
+                        f"earlier checkpoints are intact") from exc
+    dist.barrier()
+    if run.main:
+        checkpoint.finish_save(root, tmp, final, step, run.run_id, run.tokenizer,
+                               run.scheduler, meta, run.cfg["output"]["keep_last"])
+
+
+def resume(run, target: str | bool, force: bool) -> None:
+    """Load a checkpoint: the newest intact one of this run, or the directory given."""
+    root = os.path.join(run.dir, "checkpoints")
+    if target is True:
+        path = checkpoint.latest_intact(root, run.run_id, lambda m: _warn(run, m))
+        if path is None:
+            raise UserError(f"--resume: no intact checkpoint under {root}")
+    else:
+        path = str(target)
+        if not os.path.isdir(path):
+            raise UserError(f"--resume: {path} is not a checkpoint directory")
+        problem = checkpoint.damage(path)
+        if problem:
+            raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
+    state = checkpoint.read_state(path)
+    diffs = checkpoint.config_differences(state, run.cfg)
+    if diffs and not force:
+        raise UserError("cannot resume: the config differs from the checkpoint's in "
+                        + "; ".join(diffs) + " (use --force to resume anyway)")
+    if os.path.isdir(os.path.join(path, SHARDS)):
+        _load_sharded(path, run)
+    elif run.engine.sharded:
+        _load_whole_into_shards(path, run)
+    else:
+        checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
+    checkpoint.restore_rng(path, state)
+    if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
+            None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
+        sched = run.scheduler
+        sched.base_lrs = [run.cfg["optimizer"]["lr"]] * len(sched.base_lrs)
+        for group, f in zip(run.optimizer.param_groups, sched.lr_lambdas):
+            group["lr"] = run.cfg["optimizer"]["lr"] * f(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]
+    run.kl.load_state_dict(state["kl"])
+    if state.get("baseline"):
+        run.baseline.load_state_dict(state["baseline"])
+    run.stream.position, run.start_step = state["data_position"], state["step"]
+
+
+def _load_sharded(path: str, run) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    model_sd, optim_sd = get_state_dict(run.policy, run.optimizer)
+    try:
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, SHARDS))
+    except Exception as exc:  # another model, or shards missing
+        raise UserError(f"cannot resume from {path}: {str(exc).splitlines()[0][:300]}") from exc
+    set_state_dict(run.policy, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    run.scheduler.load_state_dict(checkpoint.trainer_state(path)["scheduler"])
+
+
+def _load_whole_into_shards(path: str, run) -> None:
+    """A one-process checkpoint into a sharded model: every rank reads it whole and keeps its
+    shards (optimizer state stored by parameter name)."""
+    checkpoint.check_fits(path, run.policy)
+    weights = checkpoint.read_weights(path)
+    whole = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(run.policy, weights, options=StateDictOptions(full_state_dict=True,
+                                                                       strict=False))
+    trainer = checkpoint.trainer_state(path)
+    if not all(isinstance(k, str) for k in trainer["optimizer"].get("state", {})):
+        raise UserError(f"cannot resume from {path} on several processes: it was written "
+                        f"before optimizer state was stored by parameter name")
+    set_optimizer_state_dict(run.policy, run.optimizer, trainer["optimizer"], options=whole)
+    run.scheduler.load_state_dict(trainer["scheduler"])
+
+
+def _warn(run, message: str) -> None:
+    if run.main:
+        print(f"warning: {message}", file=sys.stderr)
