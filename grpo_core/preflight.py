@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from grpo_core import rundir
+from grpo_core import rundir, schedules
 from grpo_core.data import check_fields, read_rows
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Reward
@@ -23,6 +23,8 @@ def check(cfg: dict) -> None:
     """Raise ConfigError listing every problem found in a (schema-valid) config."""
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
+    tc = cfg["train"]
+    problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
     columns = reward_columns(cfg["reward"])
     fields = [cfg["data"]["prompt_field"], *cfg["data"]["columns"]]
     missing = [c for c in columns if c not in cfg["data"]["columns"]]

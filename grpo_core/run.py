@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 import grpo_core
-from grpo_core import checkpoint, dist, rundir
+from grpo_core import checkpoint, dist, rundir, schedules
 from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
@@ -87,19 +86,6 @@ class Run:
         return self.cfg["output"]["dir"]
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
-    """Multiplier of the base learning rate at update ``i``: linear warm-up, then constant or
-    a half cosine down to 0 at ``total``."""
-    def f(i: int) -> float:
-        if i < warmup:
-            return (i + 1) / warmup
-        if schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (i - warmup) / max(1, total - warmup))))
-        return 1.0
-
-    return f
-
-
 def _plugin(kind: str, section: dict) -> Any:
     return grpo_core.create(kind, section["name"], section["options"])
 
@@ -168,8 +154,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     oc_ = cfg["optimizer"]
     opt = torch.optim.AdamW(params, lr=oc_["lr"], betas=tuple(oc_["betas"]),
                             weight_decay=oc_["weight_decay"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(
-        oc_["lr_schedule"], oc_["warmup_steps"], tc["steps"] * tc["inner_iterations"]))
+    sched = schedules.build(opt, oc_, tc["steps"] * tc["inner_iterations"])
     run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
@@ -231,11 +216,7 @@ def _resume(run: Run, resume: str | bool, force: bool) -> None:
     state = checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
     if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
             None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
-        sched = run.scheduler
-        sched.base_lrs = [run.cfg["optimizer"]["lr"]] * len(sched.base_lrs)
-        for group, f in zip(run.optimizer.param_groups, sched.lr_lambdas):
-            group["lr"] = run.cfg["optimizer"]["lr"] * f(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]
+        schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
     run.kl.load_state_dict(state["kl"])
     if state.get("baseline"):
         run.baseline.load_state_dict(state["baseline"])

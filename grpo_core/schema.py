@@ -142,6 +142,10 @@ OBJECTIVE = plugin_ref("objective", default="grpo",
     "entropy_coef": {"type": "number", "default": 0.0, "description": "entropy bonus weight"},
 })
 
+#: optimizer.lr_schedule: names transformers.get_scheduler knows (see grpo_core.schedules)
+SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr", "cosine_with_restarts",
+             "constant_with_warmup", "warmup_stable_decay", "polynomial", "inverse_sqrt")
+
 OPTIMIZER = _obj({
     "lr": {"type": "number", "exclusiveMinimum": 0, "default": 1e-6,
            "description": "peak learning rate"},
@@ -149,10 +153,14 @@ OPTIMIZER = _obj({
                      "description": "AdamW decoupled weight decay"},
     "betas": {"type": "array", "items": NUM, "minItems": 2, "maxItems": 2,
               "default": [0.9, 0.99], "description": "AdamW moment decay rates"},
-    "lr_schedule": {"enum": ["constant", "cosine"], "default": "constant",
-                    "description": "after warm-up: constant, or half cosine to 0"},
+    "lr_schedule": {"enum": list(SCHEDULES), "default": "constant",
+                    "description": "transformers.get_scheduler's schedule of that name "
+                                   "(constant: after warm-up, if any)"},
+    "scheduler_options": {"type": "object", "default": {},
+                          "description": "the schedule's own arguments (cosine_with_min_lr: "
+                                         "min_lr_rate; warmup_stable_decay: num_decay_steps)"},
     "warmup_steps": {"type": "integer", "minimum": 0, "default": 0,
-                     "description": "linear warm-up, in optimizer updates"},
+                     "description": "linear warm-up from 0, in optimizer updates"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
 }, description="Phase 4: AdamW and its learning-rate schedule.")
