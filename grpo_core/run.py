@@ -16,7 +16,15 @@ import torch
 
 import grpo_core
 from grpo_core import checkpoint, dist, rundir, schedules
-from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
+from grpo_core.data import (
+    PromptStream,
+    StreamedPrompts,
+    check_fields,
+    column_map,
+    column_problems,
+    fit_prompt,
+    fit_prompts,
+)
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
@@ -32,6 +40,7 @@ from grpo_core.models import (
     saved_dtype,
 )
 from grpo_core.rollout import SamplingParams
+from grpo_core.sources import Source, open_stream, read_rows
 from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
 
 
@@ -53,8 +62,7 @@ class Run:
     kl: KLController
     generator: Generator
     objective: Objective
-    rows: list[dict]
-    stream: PromptStream
+    stream: PromptStream | StreamedPrompts  # the prompts, in order (data.streaming: read as needed)
     eval_rows: list[dict] | None
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -90,10 +98,35 @@ def _plugin(kind: str, section: dict) -> Any:
     return grpo_core.create(kind, section["name"], section["options"])
 
 
-def _rows(path: str, split: str, data_cfg: dict) -> list[dict]:
-    rows = read_rows(path, split)
-    check_fields(rows, [data_cfg["prompt_field"], *data_cfg["columns"]], path)
+def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list[dict]:
+    """A data set's rows, checked; the training set's source (same path) keeps its
+    configuration name and data_files."""
+    same = path == data_cfg["path"]
+    rows = read_rows(path, split, data_cfg["name"] if same else None,
+                     data_cfg["data_files"] if same else None, key=key)
+    check_fields(rows, [data_cfg["prompt_field"], *column_map(data_cfg)], path)
     return rows
+
+
+def _stream(cfg: dict, tokenizer, limit: int, main: bool) -> PromptStream | StreamedPrompts:
+    """The prompts in training order: held in memory and fitted to the prompt limit now, or
+    (data.streaming) read, checked and fitted as they are needed."""
+    dc, seed = cfg["data"], cfg["train"]["seed"]
+    if dc["streaming"]:
+        ds = open_stream(Source(dc["path"], dc["split"], dc["name"], dc["data_files"]),
+                         seed if dc["shuffle"] else None, dc["shuffle_buffer"])
+
+        def epoch(e: int):
+            ds.set_epoch(e)  # a seeded shuffle orders each epoch differently
+            return ds
+
+        return StreamedPrompts(epoch, lambda row, i: fit_prompt(row, i, tokenizer, dc, limit),
+                               [dc["prompt_field"], *column_map(dc)], dc["path"])
+    rows, long = fit_prompts(_rows(dc["path"], dc["split"], dc), tokenizer, dc, limit)
+    if long and main:
+        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
+              f"data.long_prompts: {dc['long_prompts']}", file=sys.stderr)
+    return PromptStream(rows, seed, dc["shuffle"], long)
 
 
 def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
@@ -112,10 +145,9 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if tc["prompts_per_step"] % world:
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
-    reserved = set(cfg["data"]["columns"]) & set(RESERVED_COLUMNS)
-    if reserved:
-        raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
-                        f"passes to rewards; rename the dataset field")
+    problems = column_problems(cfg["data"])
+    if problems:
+        raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
     dist.barrier()
     run_id = run_id or rundir.run_id(oc["dir"])
@@ -135,20 +167,17 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         else:
             where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
             reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
-    rows = _rows(cfg["data"]["path"], cfg["data"]["split"], cfg["data"])
     limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
         - cfg["sampling"]["max_new_tokens"]
     if limit < 1:
         raise UserError(f"sampling.max_new_tokens: {cfg['sampling']['max_new_tokens']} leaves "
                         f"no room for a prompt in the model's context")
-    rows, long = fit_prompts(rows, tokenizer, cfg["data"], limit)
-    if long and rank == 0:
-        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
-              f"data.long_prompts: {cfg['data']['long_prompts']}", file=sys.stderr)
+    stream = _stream(cfg, tokenizer, limit, rank == 0)
     ec = cfg["eval"]
     eval_rows = None
     if ec["data"] and ec["every_n_steps"]:
-        eval_rows = _rows(ec["data"], ec["split"], cfg["data"])[:ec["max_problems"] or None]
+        eval_rows = _rows(ec["data"], ec["split"], cfg["data"], "eval.data")
+        eval_rows = eval_rows[:ec["max_problems"] or None]
 
     params = [p for p in policy.parameters() if p.requires_grad]
     oc_ = cfg["optimizer"]
@@ -158,8 +187,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
-              generator, _plugin("objective", cfg["objective"]), rows,
-              PromptStream(len(rows), tc["seed"], cfg["data"]["shuffle"]), eval_rows, opt, sched,
+              generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
               _engine(cfg, policy, params, opt, sched, world),
               SamplingParams(cfg["sampling"]["max_new_tokens"], cfg["sampling"]["temperature"],
                              cfg["sampling"]["top_p"], cfg["sampling"]["top_k"],
@@ -220,7 +248,8 @@ def _resume(run: Run, resume: str | bool, force: bool) -> None:
     run.kl.load_state_dict(state["kl"])
     if state.get("baseline"):
         run.baseline.load_state_dict(state["baseline"])
-    run.stream.position, run.start_step = state["data_position"], state["step"]
+    run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
+    run.start_step = state["step"]
 
 
 def _warn(run: Run, message: str) -> None:
@@ -238,7 +267,8 @@ def save_checkpoint(run: Run, step: int) -> None:
                         run.tokenizer, run.optimizer, run.scheduler, {
                             "config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
                             "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
-                            "data_position": run.stream.position},
+                            "data_position": run.stream.position,
+                            "data": run.stream.state_dict()},
                         run.cfg["output"]["keep_last"], run.save_dtype)
     dist.barrier()
 
@@ -254,6 +284,7 @@ def finish(run: Run) -> dict:
                "ranks_in_sync": in_sync, "first_reward": first.get("reward"),
                "final_reward": last.get("reward"), "reference_model": run.reference is not None,
                "peak_memory_mb": peak_memory_mb(run.device),
+               "long_prompts": run.stream.long_prompts,
                "health": run.health.summary() if run.health else []}
     if run.main and run.cfg["output"]["save_model"]:
         final = os.path.join(run.dir, "final")

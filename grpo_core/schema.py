@@ -71,13 +71,28 @@ MODEL = _obj({
 }, required=("name_or_path",), description="The policy to train.")
 
 DATA = _obj({
-    "path": {"type": "string", "description": "JSONL/JSON/parquet file or datasets name"},
+    "path": {"type": "string",
+             "description": "JSONL/JSON/parquet file; a directory of <split> files or one "
+                            "written by datasets' save_to_disk; a datasets hub id or local "
+                            "dataset directory"},
+    "name": {"type": ["string", "null"], "default": None,
+             "description": "the dataset's configuration name (openai/gsm8k: main)"},
+    "data_files": {"type": ["string", "array", "object", "null"], "default": None,
+                   "description": "files for datasets to build from (path: json, csv, ... "
+                                  "or a dataset directory), as load_dataset takes them"},
     "split": {"type": "string", "default": "train",
-              "description": "split of a dataset, or <split>.jsonl in a directory"},
+              "description": "split, optionally sliced: train, train[:1000], train[:10%]"},
+    "streaming": {"type": "boolean", "default": False,
+                  "description": "read rows as needed, never all at once (needs datasets); "
+                                 "order from a shuffle buffer"},
+    "shuffle_buffer": {**POS_INT, "default": 10000,
+                       "description": "rows the streamed order is shuffled within"},
     "prompt_field": {"type": "string", "default": "prompt",
                      "description": "field holding the prompt: text or chat messages"},
-    "columns": {"type": "array", "items": {"type": "string"}, "default": [],
-                "description": "dataset fields passed to rewards, by name"},
+    "columns": {"type": ["array", "object"], "items": {"type": "string"},
+                "additionalProperties": {"type": "string"}, "default": [],
+                "description": "dataset fields passed to rewards: a list, or {field: "
+                               "argument} to rename ({solution: answer})"},
     "chat_template": {"enum": ["auto", "always", "never"], "default": "auto",
                       "description": "auto: when the tokenizer has one"},
     "system_prompt": {"type": ["string", "null"], "default": None,
