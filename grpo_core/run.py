@@ -16,6 +16,7 @@ import torch
 
 import grpo_core
 from grpo_core import checkpoint, dist, rundir, schedules
+from grpo_core.configfile import unresolved
 from grpo_core.data import (
     PromptStream,
     StreamedPrompts,
@@ -153,7 +154,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     run_id = run_id or rundir.run_id(oc["dir"])
     if rank == 0:
         with open(os.path.join(oc["dir"], "config.json"), "w", encoding="utf-8") as f:
-            json.dump(cfg, f, indent=2)
+            json.dump(unresolved(cfg), f, indent=2)  # as written: ${env:NAME}, not the value
 
     tokenizer = load_tokenizer(cfg["model"])
     policy = load_model(cfg["model"], device)
@@ -203,7 +204,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(oc["dir"], run.start_step)
         run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"], oc["tensorboard"],
-                                    oc["wandb_project"], cfg)
+                                    oc["wandb_project"], unresolved(cfg))
     return run
 
 
@@ -237,7 +238,7 @@ def _resume(run: Run, resume: str | bool, force: bool) -> None:
         if problem:
             raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
     state = checkpoint.read_state(path)
-    diffs = checkpoint.config_differences(state, run.cfg)
+    diffs = checkpoint.config_differences(state, unresolved(run.cfg))
     if diffs and not force:
         raise UserError("cannot resume: the config differs from the checkpoint's in "
                         + "; ".join(diffs) + " (use --force to resume anyway)")
@@ -263,9 +264,10 @@ def save_checkpoint(run: Run, step: int) -> None:
     if not every or (step + 1) % every:
         return
     if run.main:
+        written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
         checkpoint.save(os.path.join(run.dir, "checkpoints"), step + 1, run.run_id, run.policy,
                         run.tokenizer, run.optimizer, run.scheduler, {
-                            "config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
+                            "config": written, "config_hash": checkpoint.config_hash(written),
                             "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
                             "data_position": run.stream.position,
                             "data": run.stream.state_dict()},
