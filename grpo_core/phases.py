@@ -238,8 +238,9 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
     if run.main:
         run.metrics.write(record)
         if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
-            write_samples(run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras,
-                          a.rewards, a.advantages, run.tokenizer)
+            run.metrics.log_samples(write_samples(
+                run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
+                a.advantages, run.tokenizer), step)
     return record
 
 

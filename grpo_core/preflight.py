@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from grpo_core import rundir, schedules
+from grpo_core import rundir, schedules, tracking
 from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Reward
@@ -25,7 +25,7 @@ def check(cfg: dict) -> None:
     """Raise ConfigError listing every problem found in a (schema-valid) config."""
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
-    problems += column_problems(cfg["data"])
+    problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
     tc = cfg["train"]
     problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import grpo_core
-from grpo_core import checkpoint, dist, rundir, schedules
+from grpo_core import checkpoint, dist, rundir, schedules, tracking
 from grpo_core.configfile import unresolved
 from grpo_core.data import (
     PromptStream,
@@ -146,7 +146,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if tc["prompts_per_step"] % world:
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
-    problems = column_problems(cfg["data"])
+    problems = column_problems(cfg["data"]) + tracking.problems(oc)
     if problems:
         raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
@@ -203,8 +203,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(oc["dir"], run.start_step)
-        run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"], oc["tensorboard"],
-                                    oc["wandb_project"], unresolved(cfg))
+        run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"],
+                                    tracking.Trackers.start(cfg, run_id, run.start_step))
     return run
 
 
@@ -296,6 +296,7 @@ def finish(run: Run) -> dict:
                        os.path.join(final, "merged"), run.save_dtype)
     run.reward.close()
     if run.main:
+        run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         rundir.release(run.dir)

@@ -218,10 +218,20 @@ OUTPUT = _obj({
                       "description": "steps between sample dumps (0: never)"},
     "progress": {"type": "boolean", "default": True,
                  "description": "a live status line on the terminal"},
+    "loggers": {"type": ["array", "null"], "default": None,
+                "items": plugin_ref("logger", description="a logger plugin by name"),
+                "description": "experiment trackers beside metrics.jsonl, e.g. [{name: "
+                               "tensorboard}, {name: wandb, options: {project: p}}] (null: "
+                               "tensorboard and wandb_project below)"},
+    "metric_names": {"enum": ["native", "trl"], "default": "native",
+                     "description": "names trackers get: ours, or TRL's (docs/training.md); "
+                                    "metrics.jsonl keeps ours"},
     "tensorboard": {"enum": ["auto", "off"], "default": "auto",
-                    "description": "auto: log to <dir>/tensorboard when installed"},
+                    "description": "with loggers null: auto logs to <dir>/tensorboard when "
+                                   "installed"},
     "wandb_project": {"type": ["string", "null"], "default": None,
-                      "description": "log to this Weights & Biases project"},
+                      "description": "with loggers null: log to this Weights & Biases "
+                                     "project"},
 }, description="Phase 6, save: the run directory.")
 
 EVAL = _obj({

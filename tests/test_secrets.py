@@ -94,16 +94,20 @@ def every_file(root: str) -> list[str]:
 def test_a_secret_never_reaches_a_file_the_run_writes(tiny_model, addition_data, tmp_path):
     svc = KeyedService(SECRET)
     out = str(tmp_path / "run")
-    trackers = ["tensorboard"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
-    env = {"GRPO_T_KEY": SECRET, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    loggers = [{"name": "tensorboard"}]  # and every other tracker that is installed
+    env = {"GRPO_T_KEY": SECRET, "WANDB_SILENT": "true",
+           "TRACKIO_DIR": os.path.join(out, "trackio")}  # trackio's store, inside the run
+    extra = {"wandb": {"project": "secrets", "mode": "offline"}, "mlflow": {},
+             "trackio": {"project": "secrets"}}
+    loggers += [{"name": k, "options": v} for k, v in extra.items()
+                if importlib.util.find_spec(k) is not None]
     cfg = make_config(tiny_model, addition_data, out,
                       reward={"name": "http", "options": {
                           "url": svc.url, "retries": 0,
                           "headers": {"Authorization": "Bearer ${env:GRPO_T_KEY}"}}},
                       train={"steps": 2, "prompts_per_step": 2, "seed": 0},
                       output={"dir": out, "progress": False, "samples_every": 1,
-                              "checkpoint_every": 1,
-                              "wandb_project": "secrets" if "wandb" in trackers else None})
+                              "checkpoint_every": 1, "loggers": loggers})
     path = write_config(tmp_path / "c.json", cfg)
     try:
         shown = run_grpo("validate", path, env=env)
@@ -119,7 +123,7 @@ def test_a_secret_never_reaches_a_file_the_run_writes(tiny_model, addition_data,
     assert svc.seen and set(svc.seen) == {f"Bearer {SECRET}"}  # the reward did get the key
     files = every_file(out)
     assert any("state.json" in f for f in files)
-    for tracker in trackers:  # each wrote its own files in the run
+    for tracker in [lg["name"] for lg in loggers]:  # each wrote its own files in the run
         assert any(f"{os.sep}{tracker}{os.sep}" in f for f in files), tracker
     leaks = [f for f in files if SECRET.encode() in open(f, "rb").read()]
     assert not leaks, leaks
