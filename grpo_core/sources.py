@@ -91,7 +91,9 @@ def read_rows(path: str, split: str = "train", name: str | None = None,
     if file is not None:
         return _slice(_read_file(file, parse_split(split)[0], key), split)[:limit]
     if os.path.isfile(path):
-        raise UserError(f"{key}: {path} is not a .jsonl, .json or .parquet file")
+        raise UserError(f"{key}: {path} is not a .jsonl, .json or .parquet file (for another "
+                        f"format, name its datasets builder: data.path: csv, data.data_files: "
+                        f"{path})")
     if not os.path.exists(path) and not looks_like_hub_id(path):
         raise UserError(f"{key}: file not found: {path}")
     datasets = _datasets(src, "reading it")

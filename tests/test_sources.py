@@ -249,3 +249,20 @@ def test_training_from_a_saved_dataset_with_renamed_gold(tiny_model, tmp_path, c
     assert [json.loads(x)["reward"] for x in open(out / "metrics.jsonl")] == [1.0, 1.0]
     prompts = {json.loads(x)["prompt"] for x in open(out / "samples.jsonl")}
     assert prompts <= {r["question"] for r in sums(8)}  # the slice, nothing past it
+
+
+def test_a_checkpoint_written_before_these_keys_still_resumes(tmp_path):
+    """A checkpoint's stored config lacks keys added since; they read as their defaults, so
+    resuming is not refused for a difference nobody made."""
+    from grpo_core import checkpoint
+
+    cfg = config.validate(make_config("m", "d.jsonl", str(tmp_path)))
+    saved = json.loads(json.dumps(cfg))
+    for section, key in (("data", "name"), ("data", "data_files"), ("data", "streaming"),
+                         ("data", "shuffle_buffer"), ("optimizer", "scheduler_options"),
+                         ("output", "loggers"), ("output", "metric_names")):
+        del saved[section][key]
+    assert checkpoint.config_differences({"config": saved}, cfg) == []
+    saved["data"]["split"] = "test"
+    assert checkpoint.config_differences({"config": saved}, cfg) == [
+        "data.split: checkpoint 'test', config 'train'"]
