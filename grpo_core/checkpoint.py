@@ -13,6 +13,7 @@ and a damaged one (truncated, bit-flipped, missing a file) is detected before it
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import json
 import os
@@ -24,8 +25,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from grpo_core.config import fill_defaults
 from grpo_core.errors import UserError
 from grpo_core.models import is_peft, save_model
+from grpo_core.schema import CORE_SCHEMA
 
 PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
@@ -302,7 +305,8 @@ def config_differences(state: dict, cfg: dict) -> list[str]:
         old = state.get("fingerprint", {})
         return [f"{k}: checkpoint {old.get(k)!r}, config {now[k]!r}" for k in now
                 if old.get(k) != now[k]]
-    a, b = _flat(saved), _flat(cfg)
+    # keys added since the checkpoint was written read as their defaults there
+    a, b = _flat(fill_defaults(CORE_SCHEMA, copy.deepcopy(saved))), _flat(cfg)
     return [f"{k}: checkpoint {a.get(k)!r}, config {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.startswith(MAY_CHANGE)]
 

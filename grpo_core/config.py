@@ -4,7 +4,8 @@ A value whose schema carries ``"x-plugin": KIND`` is a plugin reference ``{name,
 its options are checked against that plugin's own schema, and the walk continues into that
 schema, so composite plugins (a weighted reward of rewards) are checked all the way down.
 Keys that moved between sections (``schema.MOVED``) are read at their old place too, with a
-one-line notice naming the new place.
+one-line notice naming the new place. ``${env:NAME}`` in a string is replaced by the
+environment variable's value here, at load (see ``configfile.resolve_env``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from grpo_core.configfile import apply_overrides, read_file
+from grpo_core.configfile import Resolved, apply_overrides, read_file, resolve_env
 from grpo_core.errors import ConfigError
 from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
@@ -105,6 +106,8 @@ def _path(prefix: str, parts) -> str:
 
 
 def _describe(value: Any) -> str:
+    if isinstance(value, Resolved):  # an error message never shows a variable's value
+        return f"{json.dumps(value.template)} (str from the environment)"
     text = json.dumps(value, default=str)
     text = text if len(text) <= 40 else text[:37] + "..."
     return f"{text} ({type(value).__name__})"
@@ -129,6 +132,8 @@ def _format(err: jsonschema.ValidationError, prefix: str) -> str:
         sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
                "exclusiveMaximum": "<"}[v]
         return f"{where}: found {_describe(err.instance)}, expected a number {sym} {val}"
+    if isinstance(err.instance, Resolved):  # jsonschema's own message would quote the value
+        return f"{where}: found {_describe(err.instance)}, which fails {v} {json.dumps(val)}"
     return f"{where}: {err.message}"
 
 
@@ -176,8 +181,8 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
 
 def validate(config: dict) -> dict:
     """Return the effective config (defaults filled) or raise ConfigError listing every problem."""
-    config = fill_defaults(CORE_SCHEMA, migrate(config))
     problems: list[str] = []
+    config = resolve_env(fill_defaults(CORE_SCHEMA, migrate(config)), "", problems)
     _validate_node(CORE_SCHEMA, config, "", problems)
     config = _walk_plugins(CORE_SCHEMA, config, "", problems)
     if problems:

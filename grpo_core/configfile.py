@@ -4,6 +4,10 @@ A config may come from anywhere (a colleague, a generated sweep, a pasted issue)
 it is bounded: the file's size, YAML aliases expanded (a kilobyte of nested aliases can
 describe gigabytes), nesting depth, duplicate keys (YAML silently keeps the last), numbers
 Python cannot hold or that are not finite. Every refusal is one line naming the file.
+
+A string may read an environment variable as ``${env:NAME}`` (an API key in a header, a
+machine's data path): :func:`resolve_env` puts the value in at load, and :func:`unresolved`
+gives the config back as written, for every file a run writes.
 """
 
 from __future__ import annotations
@@ -213,4 +217,80 @@ def _scalar(raw: str) -> Any:
             return float(value)
         except ValueError:
             return value
+    return value
+
+
+# --- ${env:NAME}: secrets and machine-specific values kept out of the config file ---------
+
+_ENV_REF = re.compile(r"\$\{env:([^}]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class Resolved(str):
+    """A config string whose ``${env:NAME}`` references were replaced by the variables'
+    values: plugins read it as the plain string it is. ``template`` keeps the text as it was
+    written, and the template is all that a file the run writes may hold (see
+    :func:`unresolved`), so an API key given through the environment never lands in
+    ``config.json``, a checkpoint or a tracker."""
+
+    template: str
+
+    def __new__(cls, value: str, template: str) -> Resolved:
+        obj = super().__new__(cls, value)
+        obj.template = template
+        return obj
+
+    def __reduce__(self):  # pickling (reward worker processes) keeps both forms
+        return (Resolved, (str(self), self.template))
+
+    def __deepcopy__(self, memo: dict) -> Resolved:
+        return self
+
+
+def resolve_env(value: Any, where: str = "", problems: list[str] | None = None) -> Any:
+    """``value`` with every ``${env:NAME}`` inside a string replaced by the environment
+    variable's value (as text; a string may hold several, among other text). Strings that
+    held a reference become :class:`Resolved`. A variable that is not set, or a malformed
+    reference, adds one line to ``problems`` (raised as a ConfigError when none is given)."""
+    own = problems is None
+    problems = [] if own else problems
+    out = _resolve(value, where, problems)
+    if own and problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _resolve(value: Any, where: str, problems: list[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve(v, f"{where}.{k}" if where else str(k), problems)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if not isinstance(value, str) or isinstance(value, Resolved) or "${env:" not in value:
+        return value
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if not _ENV_NAME.match(name):
+            problems.append(f"{where}: ${{env:{name}}} does not name an environment variable "
+                            f"(letters, digits and _)")
+            return ""
+        if name not in os.environ:
+            problems.append(f"{where}: environment variable {name} is not set (the config "
+                            f"reads ${{env:{name}}})")
+            return ""
+        return os.environ[name]
+
+    return Resolved(_ENV_REF.sub(sub, value), value)
+
+
+def unresolved(value: Any) -> Any:
+    """A copy of a config with every resolved string back in its ``${env:NAME}`` form: what
+    ``config.json``, checkpoints, trackers and printed configs hold."""
+    if isinstance(value, dict):
+        return {k: unresolved(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unresolved(v) for v in value]
+    if isinstance(value, Resolved):
+        return value.template
     return value

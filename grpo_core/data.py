@@ -1,98 +1,43 @@
-"""Prompts in, in a reproducible order that a checkpoint can resume exactly; and what a
-reward is called with for each completion."""
+"""Prompts in, in a reproducible order that a checkpoint can resume exactly (from a list,
+or streamed from a source too large to hold); and what a reward is called with for each
+completion. Where rows are read from is grpo_core.sources."""
 
 from __future__ import annotations
 
-import json
-import os
+import itertools
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from grpo_core.errors import UserError
 from grpo_core.rollout import Rollout
+from grpo_core.sources import read_rows  # noqa: F401  (its home before grpo_core.sources)
 
 #: Columns every reward also receives: token count of each completion, and its group.
 RESERVED_COLUMNS = ("completion_tokens", "group_ids")
 
 
-def read_rows(path: str, split: str = "train") -> list[dict]:
-    """Rows of a JSONL, JSON or parquet file, or of a ``datasets`` hub name / local script."""
-    if os.path.isdir(path):
-        for ext in (".jsonl", ".json", ".parquet"):
-            candidate = os.path.join(path, split + ext)
-            if os.path.exists(candidate):
-                return read_rows(candidate, split)
-        raise UserError(f"data.path: directory {path} has no {split}.jsonl/.json/.parquet")
-    if path.endswith(".jsonl"):
-        return _jsonl(path)
-    if path.endswith(".json"):
-        data = _json(path)
-        data = data.get(split, data) if isinstance(data, dict) else data
-        if not isinstance(data, list):
-            raise UserError(f"data.path: {path} must hold a list of objects (or {{split: list}})")
-        return data
-    if path.endswith(".parquet"):
-        if not os.path.exists(path):
-            raise UserError(f"data.path: file not found: {path}")
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise UserError("data.path: parquet needs pyarrow (pip install pyarrow)") from exc
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow's errors have many types
-            raise UserError(f"data.path: {path} is not a readable parquet file "
-                            f"({str(exc).splitlines()[0]})") from exc
-    if os.path.exists(path):
-        raise UserError(f"data.path: {path} is not a .jsonl, .json or .parquet file")
-    if path.count("/") > 1 or path.startswith((".", "/")) or os.path.splitext(path)[1]:
-        raise UserError(f"data.path: file not found: {path}")
-    try:
-        import datasets
-    except ImportError as exc:
-        raise UserError(f"data.path: {path} is not a file, and loading hub datasets needs "
-                        f"`pip install datasets`") from exc
-    try:
-        return list(datasets.load_dataset(path, split=split))
-    except Exception as exc:  # hub errors come in many types
-        raise UserError(f"data.path: cannot load dataset {path!r} split {split!r}: {exc}") from exc
+def column_map(data_cfg: dict) -> dict[str, str]:
+    """``data.columns`` as {dataset field: reward argument}: a list passes each field under its
+    own name; a mapping renames (``{solution: answer}`` hands the ``solution`` field to a
+    reward that reads ``answer``), so a data set works without editing it."""
+    cols = data_cfg["columns"]
+    return dict(cols) if isinstance(cols, dict) else {c: c for c in cols}
 
 
-def _jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        raise UserError(f"data.path: file not found: {path}")
-    rows, n = [], 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                n += 1  # the line an error names
-                if line.strip():
-                    rows.append(json.loads(line))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}:{n + 1}: not UTF-8 text") from exc
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{n}: invalid JSON line ({exc.msg})") from exc
-    except RecursionError as exc:
-        raise UserError(f"{path}:{n}: nested too deeply to be a dataset row") from exc
-    except OSError as exc:
-        raise UserError(f"data.path: cannot read {path} ({exc.strerror or exc})") from exc
-    return rows
-
-
-def _json(path: str):
-    if not os.path.exists(path):
-        raise UserError(f"data.path: file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg})") from exc
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-    except RecursionError as exc:
-        raise UserError(f"{path}: nested too deeply to be a data set") from exc
-    except OSError as exc:
-        raise UserError(f"data.path: cannot read {path} ({exc.strerror or exc})") from exc
+def column_problems(data_cfg: dict) -> list[str]:
+    """What is wrong with ``data.columns`` whatever the data holds (one line each)."""
+    args = list(column_map(data_cfg).values())
+    problems = []
+    twice = sorted({a for a in args if args.count(a) > 1})
+    if twice:
+        problems.append(f"data.columns: several fields are passed as {twice}; a reward "
+                        f"argument takes one field")
+    reserved = sorted(set(args) & set(RESERVED_COLUMNS))
+    if reserved:
+        problems.append(f"data.columns: {reserved} are reserved names the trainer passes to "
+                        f"rewards; rename the dataset field (data.columns: {{field: name}})")
+    return problems
 
 
 def check_fields(rows: list[dict], fields: list[str], source: str) -> None:
@@ -101,15 +46,20 @@ def check_fields(rows: list[dict], fields: list[str], source: str) -> None:
     if not rows:
         raise UserError(f"data.path: {source} has no rows")
     for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise UserError(f"{source}: row {i} is a {type(row).__name__}, expected an object")
-        for f in fields:
-            if f not in row:
-                raise UserError(f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
-                                f"set data.prompt_field / data.columns")
-        problem = _prompt_problem(row[fields[0]]) if fields else None
-        if problem:
-            raise UserError(f"{source}: row {i} field {fields[0]!r}: {problem}")
+        check_row(row, i, fields, source)
+
+
+def check_row(row, i: int, fields: list[str], source: str) -> None:
+    """One row of :func:`check_fields` (a streamed row is checked when it is read)."""
+    if not isinstance(row, dict):
+        raise UserError(f"{source}: row {i} is a {type(row).__name__}, expected an object")
+    for f in fields:
+        if f not in row:
+            raise UserError(f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
+                            f"set data.prompt_field / data.columns")
+    problem = _prompt_problem(row[fields[0]]) if fields else None
+    if problem:
+        raise UserError(f"{source}: row {i} field {fields[0]!r}: {problem}")
 
 
 def _prompt_problem(prompt) -> str | None:
@@ -132,24 +82,31 @@ def fit_prompts(rows: list[dict], tokenizer, data_cfg: dict, limit: int) -> tupl
     template): ``drop`` them, ``error`` on the first, or ``truncate_left`` (keep the end,
     where the question usually is). Returns the rows kept and how many were long."""
     kept, long = [], 0
-    policy = data_cfg["long_prompts"]
     for i, row in enumerate(rows):
-        text = render_prompt(tokenizer, row[data_cfg["prompt_field"]],
-                             data_cfg["chat_template"], data_cfg["system_prompt"])
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n <= limit:
-            kept.append(row)
-            continue
-        long += 1
-        if policy == "error":
-            raise UserError(f"data: row {i} has a prompt of {n} tokens, over the limit of "
-                            f"{limit} (data.max_prompt_tokens, or the model's context minus "
-                            f"sampling.max_new_tokens); set data.long_prompts: drop")
-        if policy == "truncate_left":
-            kept.append({**row, TRUNCATE: limit})
+        fitted, was_long = fit_prompt(row, i, tokenizer, data_cfg, limit)
+        long += was_long
+        if fitted is not None:
+            kept.append(fitted)
     if not kept:
         raise UserError(f"data: every prompt is longer than {limit} tokens")
     return kept, long
+
+
+def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
+        -> tuple[dict | None, bool]:
+    """One row of :func:`fit_prompts`: (the row as kept or None when dropped, whether it was
+    long)."""
+    text = render_prompt(tokenizer, row[data_cfg["prompt_field"]], data_cfg["chat_template"],
+                         data_cfg["system_prompt"])
+    n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if n <= limit:
+        return row, False
+    if data_cfg["long_prompts"] == "error":
+        raise UserError(f"data: row {i} has a prompt of {n} tokens, over the limit of "
+                        f"{limit} (data.max_prompt_tokens, or the model's context minus "
+                        f"sampling.max_new_tokens); set data.long_prompts: drop")
+    return ({**row, TRUNCATE: limit} if data_cfg["long_prompts"] == "truncate_left"
+            else None), True
 
 
 #: a row field set by ``fit_prompts``: keep only this many tokens from the prompt's end
@@ -175,10 +132,14 @@ def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = No
 
 
 class PromptStream:
-    """Epoch-wise shuffled order fixed by the seed; ``position`` counts prompts served."""
+    """Rows held in memory, served in an epoch-wise shuffled order fixed by the seed;
+    ``position`` counts prompts served, which is all a checkpoint needs to resume exactly.
+    ``long_prompts``: rows found longer than the prompt limit (data.long_prompts)."""
 
-    def __init__(self, n_rows: int, seed: int, shuffle: bool = True):
-        self.n, self.seed, self.shuffle, self.position = n_rows, seed, shuffle, 0
+    def __init__(self, rows: list[dict], seed: int, shuffle: bool = True,
+                 long_prompts: int = 0):
+        self.rows, self.n, self.seed, self.shuffle = rows, len(rows), seed, shuffle
+        self.position, self.long_prompts = 0, long_prompts
         self._epoch, self._order = -1, []
 
     def _index(self, k: int) -> int:
@@ -190,11 +151,93 @@ class PromptStream:
             self._epoch = epoch
         return self._order[offset]
 
-    def take(self, count: int) -> list[int]:
-        """The next ``count`` row indices."""
-        out = [self._index(self.position + i) for i in range(count)]
+    def take(self, count: int) -> list[dict]:
+        """The next ``count`` rows."""
+        out = [self.rows[self._index(self.position + i)] for i in range(count)]
         self.position += count
         return out
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+class StreamedPrompts:
+    """Rows read from a source as they are needed (a data set too large to hold): each is
+    checked and fitted to the prompt limit when read, and a source read to its end starts
+    the next epoch (``open_epoch(e)`` gives epoch ``e``'s rows; a seeded shuffle buffer
+    orders each epoch differently).
+
+    ``position`` counts rows read from the source over all epochs, dropped ones included.
+    Resuming reads the source again from the start of the current epoch and discards the
+    rows already used (without tokenizing them), so a resumed run sees exactly the rows an
+    uninterrupted one would, provided the source is unchanged (same files, same revision).
+    ``long_prompts`` counts long rows met in the first epoch (each row once)."""
+
+    def __init__(self, open_epoch: Callable[[int], Iterable[dict]],
+                 fit: Callable[[dict, int], tuple[dict | None, bool]], fields: list[str],
+                 name: str):
+        self.open_epoch, self.fit, self.fields, self.name = open_epoch, fit, fields, name
+        self.position, self.long_prompts = 0, 0
+        self.epoch_rows: int | None = None  # known once the first epoch has been read
+        self._it, self._epoch, self._offset, self._dropped = None, 0, 0, 0
+
+    def _open(self) -> None:
+        """Position the source at ``position``: its epoch, then that many rows into it."""
+        rows = self.epoch_rows
+        self._epoch, offset = divmod(self.position, rows) if rows else (0, self.position)
+        self._it = iter(self.open_epoch(self._epoch))
+        skipped = sum(1 for _ in itertools.islice(self._it, offset))
+        self._offset = skipped
+        if skipped < offset:  # the first epoch is shorter than position: now its size is known
+            if not skipped:
+                raise UserError(f"data.path: {self.name} has no rows")
+            self.epoch_rows = skipped
+            self._open()
+
+    def _next_row(self) -> dict:
+        if self._it is None:
+            self._open()
+        row = next(self._it, None)
+        if row is None:  # end of the source: the next epoch
+            if not self._offset:
+                raise UserError(f"data.path: {self.name} has no rows")
+            self.epoch_rows = self.epoch_rows or self._offset
+            self._epoch, self._offset = self._epoch + 1, 0
+            self._it = iter(self.open_epoch(self._epoch))
+            row = next(self._it, None)
+            if row is None:
+                raise UserError(f"data.path: {self.name} has no rows")
+        return row
+
+    def take(self, count: int) -> list[dict]:
+        """The next ``count`` rows kept by the prompt limit."""
+        out: list[dict] = []
+        while len(out) < count:
+            row = self._next_row()
+            check_row(row, self._offset, self.fields, self.name)
+            fitted, long = self.fit(row, self._offset)
+            self.position, self._offset = self.position + 1, self._offset + 1
+            if long and self._epoch == 0:
+                self.long_prompts += 1
+            self._dropped = 0 if fitted is not None else self._dropped + 1
+            if self.epoch_rows and self._dropped >= self.epoch_rows:
+                raise UserError(f"data: every prompt of {self.name} is over the prompt limit")
+            if fitted is not None:
+                out.append(fitted)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "long_prompts": self.long_prompts,
+                "epoch_rows": self.epoch_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+        self.long_prompts = state.get("long_prompts", 0)
+        self.epoch_rows = state.get("epoch_rows")
+        self._it = None
 
 
 @dataclass
@@ -221,7 +264,7 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
                              data_cfg["system_prompt"]) for r in rows]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     ids = [i[-r[TRUNCATE]:] if TRUNCATE in r else i for i, r in zip(ids, rows)]
-    columns = {c: [r[c] for r in rows] for c in data_cfg["columns"]}
+    columns = {arg: [r[f] for r in rows] for f, arg in column_map(data_cfg).items()}
     return Batch([r[field] for r in rows], prompts, ids, columns)
 
 

@@ -61,7 +61,12 @@ def objective(register):
     """Register policy objectives (:class:`Objective`)."""
 
 
-KINDS = ("reward", "baseline", "kl", "generator", "objective")
+@hookspec
+def logger(register):
+    """Register experiment trackers (:class:`Logger`)."""
+
+
+KINDS = ("reward", "baseline", "kl", "generator", "objective", "logger")
 
 
 class Component:
@@ -201,6 +206,34 @@ class Objective(Component):
         raise NotImplementedError
 
 
+class Logger(Component):
+    """An experiment tracker: each step's scalar metrics, and every ``output.samples_every``
+    steps a table of sampled completions. ``metrics.jsonl`` is written by the core whatever
+    the loggers are; a logger adds a destination. Only the main process calls it: ``start``
+    once, ``log`` each step, ``log_samples`` when samples are due, ``close`` at the end."""
+
+    #: the packages it imports (import names, which are also what ``pip install`` takes): a
+    #: run that selects it without them stops before the model loads, naming them
+    packages: tuple[str, ...] = ()
+
+    def start(self, run_dir: str, run_id: str, config: dict, start_step: int) -> None:
+        """``config``: the run's config as written (``${env:NAME}`` left unresolved, so no
+        secret reaches a tracker). ``run_id`` stays the same when a run is resumed (then
+        ``start_step`` > 0), so a tracker can continue the same run."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """One step's scalars, under the names ``output.metric_names`` chose."""
+        raise NotImplementedError
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        """Sampled completions, one flat dict each: ``group``, ``prompt``, ``completion``,
+        ``reward``, ``advantage`` and ``reward/<dimension>`` per reward dimension."""
+
+    def close(self) -> None:
+        """Flush and finish, at the end of the run."""
+
+
 #: the base class a component of each kind must derive from
 CONTRACTS: dict[str, type] = {"reward": Reward, "baseline": Baseline, "kl": KLController,
-                              "generator": Generator, "objective": Objective}
+                              "generator": Generator, "objective": Objective,
+                              "logger": Logger}

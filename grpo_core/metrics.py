@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,36 +17,24 @@ from grpo_core.data import Batch
 from grpo_core.errors import UserError
 from grpo_core.rollout import Rollout
 
+if TYPE_CHECKING:
+    from grpo_core.tracking import Trackers
+
 SHOWN = ("reward", "kl", "entropy", "completion_len", "time/step")
 
 
 class MetricsWriter:
-    """JSONL always; TensorBoard when installed (``tensorboard``: auto/off); Weights & Biases
-    when a project is named."""
+    """``metrics.jsonl`` always (our metric names); each step also goes to the run's
+    experiment trackers (logger plugins, grpo_core.tracking), and samples too."""
 
     def __init__(self, run_dir: str, total_steps: int, progress: bool = True,
-                 tensorboard: str = "auto", wandb_project: str | None = None,
-                 config: dict | None = None):
+                 trackers: Trackers | None = None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.total, self.progress, self.start = total_steps, progress, time.time()
         self.tty = sys.stderr.isatty()
         self.first_step: int | None = None  # a resumed run's rate counts its own steps
         self.log_every = max(1, total_steps // 20)
-        self.tb = self.wandb = None
-        if tensorboard == "auto":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-            except ImportError:
-                pass
-        if wandb_project:
-            try:
-                import wandb
-            except ImportError as exc:
-                raise UserError("output.wandb_project is set but wandb is not installed "
-                                "(pip install wandb)") from exc
-            self.wandb = wandb.init(project=wandb_project, config=config, dir=run_dir)
+        self.trackers = trackers
 
     def write(self, record: dict) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()})
@@ -54,16 +43,20 @@ class MetricsWriter:
                 f.write(line + "\n")
         except OSError as exc:
             raise UserError(f"cannot write metrics to {self.path}: {exc.strerror or exc}") from exc
-        scalars = {k: v for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, record["step"])
-            self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
+        if self.trackers is not None:
+            self.trackers.log(record)
         if self.progress:
             self._show(record)
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        """A step's samples (from :func:`write_samples`) to the trackers, as a table."""
+        if self.trackers is not None:
+            self.trackers.log_samples(samples, step)
+
+    def close(self) -> None:
+        """Finish the trackers (end of the run)."""
+        if self.trackers is not None:
+            self.trackers.close()
 
     def _show(self, r: dict) -> None:
         """A progress bar with rate and time left on a terminal; in a log (not a terminal),
@@ -201,9 +194,10 @@ def memory_limit_mb(device: torch.device) -> float | None:
 
 def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions: dict,
                   extras: dict, rewards: torch.Tensor, adv: torch.Tensor, tokenizer,
-                  k: int = 2) -> None:
-    """The first ``k`` groups of a step, as JSONL and as readable text."""
-    lines, text = [], []
+                  k: int = 2) -> list[dict]:
+    """The first ``k`` groups of a step, as JSONL and as readable text; returns the records
+    (for the trackers' tables)."""
+    lines, text, records = [], [], []
     for p in range(min(k, len(batch.prompts))):
         for i in torch.nonzero(ro.group == p).squeeze(1).tolist():
             comp = tokenizer.decode(ro.completion_ids[i][ro.completion_mask[i].bool()],
@@ -212,6 +206,7 @@ def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions
                    "reward": float(rewards[i]), "advantage": float(adv[i]),
                    "dimensions": {n: float(v[i]) for n, v in dimensions.items()},
                    "extras": {n: str(v[i]) for n, v in extras.items()}}
+            records.append(rec)
             lines.append(json.dumps(rec))
             text.append(f"--- step {step} group {p} reward {rec['reward']:.3f} "
                         f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
@@ -223,6 +218,7 @@ def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions
             f.write("\n".join(text) + "\n")
     except OSError as exc:
         raise UserError(f"cannot write samples to {run_dir}: {exc.strerror or exc}") from exc
+    return records
 
 
 def truncate_metrics(run_dir: str, step: int) -> None:

@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from grpo_core import checkpoint, dist
+from grpo_core import checkpoint, dist, schedules
+from grpo_core.configfile import unresolved
 from grpo_core.errors import UserError
 
 SHARDS = "dcp"
@@ -41,9 +42,10 @@ def save(run, step: int) -> None:
     if not every or (step + 1) % every:
         return
     root = os.path.join(run.dir, "checkpoints")
-    meta = {"config": run.cfg, "config_hash": checkpoint.config_hash(run.cfg),
+    written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
+    meta = {"config": written, "config_hash": checkpoint.config_hash(written),
             "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
-            "data_position": run.stream.position}
+            "data_position": run.stream.position, "data": run.stream.state_dict()}
     if run.engine.sharded:
         _save_sharded(run, root, step + 1, meta)
     elif run.main:
@@ -94,7 +96,7 @@ def resume(run, target: str | bool, force: bool) -> None:
         if problem:
             raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
     state = checkpoint.read_state(path)
-    diffs = checkpoint.config_differences(state, run.cfg)
+    diffs = checkpoint.config_differences(state, unresolved(run.cfg))
     if diffs and not force:
         raise UserError("cannot resume: the config differs from the checkpoint's in "
                         + "; ".join(diffs) + " (use --force to resume anyway)")
@@ -107,15 +109,12 @@ def resume(run, target: str | bool, force: bool) -> None:
     checkpoint.restore_rng(path, state)
     if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
             None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
-        sched = run.scheduler
-        sched.base_lrs = [run.cfg["optimizer"]["lr"]] * len(sched.base_lrs)
-        for group, f in zip(run.optimizer.param_groups, sched.lr_lambdas):
-            group["lr"] = run.cfg["optimizer"]["lr"] * f(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]
+        schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
     run.kl.load_state_dict(state["kl"])
     if state.get("baseline"):
         run.baseline.load_state_dict(state["baseline"])
-    run.stream.position, run.start_step = state["data_position"], state["step"]
+    run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
+    run.start_step = state["step"]
 
 
 def _load_sharded(path: str, run) -> None:

@@ -54,9 +54,8 @@ class Sampled:
 def sample(run: Run, step: int) -> Sampled:
     t0 = time.time()
     P, G = run.prompts, run.cfg["sampling"]["group_size"]
-    order = run.stream.take(run.cfg["train"]["prompts_per_step"])
-    batch = make_batch([run.rows[i] for i in order[run.rank * P:(run.rank + 1) * P]],
-                       run.cfg["data"], run.tokenizer)
+    rows = run.stream.take(run.cfg["train"]["prompts_per_step"])
+    batch = make_batch(rows[run.rank * P:(run.rank + 1) * P], run.cfg["data"], run.tokenizer)
     with run.autocast, parallel.gathered(run.policy, run.reshard):
         ro = run.generator.generate(batch.prompt_ids, G, run.sampling,
                                     seed=step_seed(run.cfg["train"]["seed"], step),
@@ -229,7 +228,7 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
         "time/train": u.seconds, "time/step": time.time() - started,
-        **_memory(run)})
+        "data/long_prompts": run.stream.long_prompts, **_memory(run)})
     if run.eval_rows is not None:
         ec = cfg["eval"]
         if (step + 1) % ec["every_n_steps"] == 0 or step + 1 == cfg["train"]["steps"]:
@@ -243,8 +242,9 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
     if run.main:
         run.metrics.write(record)
         if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
-            write_samples(run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras,
-                          a.rewards, a.advantages, run.tokenizer)
+            run.metrics.log_samples(write_samples(
+                run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
+                a.advantages, run.tokenizer), step)
     return record
 
 

@@ -4,16 +4,18 @@ cheap: files are looked at, the data's first rows read, nothing heavy is loaded.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
 import torch
 
-from grpo_core import rundir
-from grpo_core.data import check_fields, read_rows
+from grpo_core import rundir, schedules, tracking
+from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
+from grpo_core.sources import Source, looks_like_hub_id, open_stream, read_rows
 
 #: rows of each data set looked at
 SAMPLE_ROWS = 50
@@ -23,14 +25,19 @@ def check(cfg: dict) -> None:
     """Raise ConfigError listing every problem found in a (schema-valid) config."""
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
-    columns = reward_columns(cfg["reward"])
-    fields = [cfg["data"]["prompt_field"], *cfg["data"]["columns"]]
-    missing = [c for c in columns if c not in cfg["data"]["columns"]]
+    problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
+    tc = cfg["train"]
+    problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
+    passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
+    missing = [c for c in reward_columns(cfg["reward"]) if c not in passed.values()]
     if missing:
-        problems.append(f"data.columns: the reward reads {missing}; add them to data.columns")
-    problems += _rows(cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
+        problems.append(f"data.columns: the reward reads {missing}; add them to data.columns "
+                        f"(a field of that name, or {{field: {missing[0]}}} to pass another "
+                        f"field under that name)")
+    fields = [cfg["data"]["prompt_field"], *passed]
+    problems += _rows(cfg, cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
     if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
-        problems += _rows(cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
+        problems += _rows(cfg, cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
     if problems:
         raise ConfigError(problems)
 
@@ -96,16 +103,20 @@ def _runtime(cfg: dict) -> list[str]:
     return problems
 
 
-def _rows(path: str, split: str, key: str, fields: list[str]) -> list[str]:
-    """The data set can be read and its first rows have the fields."""
-    if not os.path.exists(path) and (path.startswith((".", "/", "~")) or
-                                     os.path.splitext(path)[1]):
-        return [f"{key}: file not found: {path}"]
+def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list[str]:
+    """The data set can be read and its first rows have the fields (a local file, a
+    directory, a saved dataset; streamed the way the run will read it)."""
     if not os.path.exists(path):
-        return []  # a hub dataset: checked when it loads
+        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
+    dc = cfg["data"]  # the training set's source keeps its configuration and data_files
+    name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
     try:
-        rows = read_rows(path, split)
-        check_fields(rows[:SAMPLE_ROWS], fields, path)
+        if key == "data.path" and dc["streaming"]:
+            stream = open_stream(Source(path, split, name, files, key), None)
+            rows = list(itertools.islice(stream, SAMPLE_ROWS))
+        else:
+            rows = read_rows(path, split, name, files, limit=SAMPLE_ROWS, key=key)
+        check_fields(rows, fields, path)
     except UserError as exc:
         return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
     return []

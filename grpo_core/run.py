@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -17,8 +16,17 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import grpo_core
-from grpo_core import dist, parallel, persist, rundir
-from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
+from grpo_core import dist, parallel, persist, rundir, schedules, tracking
+from grpo_core.configfile import unresolved
+from grpo_core.data import (
+    PromptStream,
+    StreamedPrompts,
+    check_fields,
+    column_map,
+    column_problems,
+    fit_prompt,
+    fit_prompts,
+)
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
@@ -34,6 +42,7 @@ from grpo_core.models import (
     saved_dtype,
 )
 from grpo_core.rollout import SamplingParams
+from grpo_core.sources import Source, open_stream, read_rows
 from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
 
 
@@ -55,8 +64,7 @@ class Run:
     kl: KLController
     generator: Generator
     objective: Objective
-    rows: list[dict]
-    stream: PromptStream
+    stream: PromptStream | StreamedPrompts  # the prompts, in order (data.streaming: read as needed)
     eval_rows: list[dict] | None
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -89,27 +97,39 @@ class Run:
         return self.cfg["output"]["dir"]
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
-    """Multiplier of the base learning rate at update ``i``: linear warm-up, then constant or
-    a half cosine down to 0 at ``total``."""
-    def f(i: int) -> float:
-        if i < warmup:
-            return (i + 1) / warmup
-        if schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (i - warmup) / max(1, total - warmup))))
-        return 1.0
-
-    return f
-
-
 def _plugin(kind: str, section: dict) -> Any:
     return grpo_core.create(kind, section["name"], section["options"])
 
 
-def _rows(path: str, split: str, data_cfg: dict) -> list[dict]:
-    rows = read_rows(path, split)
-    check_fields(rows, [data_cfg["prompt_field"], *data_cfg["columns"]], path)
+def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list[dict]:
+    """A data set's rows, checked; the training set's source (same path) keeps its
+    configuration name and data_files."""
+    same = path == data_cfg["path"]
+    rows = read_rows(path, split, data_cfg["name"] if same else None,
+                     data_cfg["data_files"] if same else None, key=key)
+    check_fields(rows, [data_cfg["prompt_field"], *column_map(data_cfg)], path)
     return rows
+
+
+def _stream(cfg: dict, tokenizer, limit: int, main: bool) -> PromptStream | StreamedPrompts:
+    """The prompts in training order: held in memory and fitted to the prompt limit now, or
+    (data.streaming) read, checked and fitted as they are needed."""
+    dc, seed = cfg["data"], cfg["train"]["seed"]
+    if dc["streaming"]:
+        ds = open_stream(Source(dc["path"], dc["split"], dc["name"], dc["data_files"]),
+                         seed if dc["shuffle"] else None, dc["shuffle_buffer"])
+
+        def epoch(e: int):
+            ds.set_epoch(e)  # a seeded shuffle orders each epoch differently
+            return ds
+
+        return StreamedPrompts(epoch, lambda row, i: fit_prompt(row, i, tokenizer, dc, limit),
+                               [dc["prompt_field"], *column_map(dc)], dc["path"])
+    rows, long = fit_prompts(_rows(dc["path"], dc["split"], dc), tokenizer, dc, limit)
+    if long and main:
+        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
+              f"data.long_prompts: {dc['long_prompts']}", file=sys.stderr)
+    return PromptStream(rows, seed, dc["shuffle"], long)
 
 
 def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
@@ -128,16 +148,15 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if tc["prompts_per_step"] % world:
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
-    reserved = set(cfg["data"]["columns"]) & set(RESERVED_COLUMNS)
-    if reserved:
-        raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
-                        f"passes to rewards; rename the dataset field")
+    problems = column_problems(cfg["data"]) + tracking.problems(oc)
+    if problems:
+        raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
     dist.barrier()
     run_id = run_id or rundir.run_id(oc["dir"])
     if rank == 0:
         with open(os.path.join(oc["dir"], "config.json"), "w", encoding="utf-8") as f:
-            json.dump(cfg, f, indent=2)
+            json.dump(unresolved(cfg), f, indent=2)  # as written: ${env:NAME}, not the value
 
     tokenizer = load_tokenizer(cfg["model"])
     policy = load_model(cfg["model"], device)
@@ -158,31 +177,26 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     params = [p for p in policy.parameters() if p.requires_grad]
     generator = _plugin("generator", cfg["generator"])
     generator.setup(policy, tokenizer, device)
-    rows = _rows(cfg["data"]["path"], cfg["data"]["split"], cfg["data"])
     limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
         - cfg["sampling"]["max_new_tokens"]
     if limit < 1:
         raise UserError(f"sampling.max_new_tokens: {cfg['sampling']['max_new_tokens']} leaves "
                         f"no room for a prompt in the model's context")
-    rows, long = fit_prompts(rows, tokenizer, cfg["data"], limit)
-    if long and rank == 0:
-        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
-              f"data.long_prompts: {cfg['data']['long_prompts']}", file=sys.stderr)
+    stream = _stream(cfg, tokenizer, limit, rank == 0)
     ec = cfg["eval"]
     eval_rows = None
     if ec["data"] and ec["every_n_steps"]:
-        eval_rows = _rows(ec["data"], ec["split"], cfg["data"])[:ec["max_problems"] or None]
+        eval_rows = _rows(ec["data"], ec["split"], cfg["data"], "eval.data")
+        eval_rows = eval_rows[:ec["max_problems"] or None]
 
     oc_ = cfg["optimizer"]
     opt = torch.optim.AdamW(params, lr=oc_["lr"], betas=tuple(oc_["betas"]),
                             weight_decay=oc_["weight_decay"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(
-        oc_["lr_schedule"], oc_["warmup_steps"], tc["steps"] * tc["inner_iterations"]))
+    sched = schedules.build(opt, oc_, tc["steps"] * tc["inner_iterations"])
     run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
-              generator, _plugin("objective", cfg["objective"]), rows,
-              PromptStream(len(rows), tc["seed"], cfg["data"]["shuffle"]), eval_rows, opt, sched,
+              generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
               _engine(cfg, policy, params, opt, sched, world),
               SamplingParams(cfg["sampling"]["max_new_tokens"], cfg["sampling"]["temperature"],
                              cfg["sampling"]["top_p"], cfg["sampling"]["top_k"],
@@ -198,8 +212,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(oc["dir"], run.start_step)
-        run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"], oc["tensorboard"],
-                                    oc["wandb_project"], cfg)
+        run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"],
+                                    tracking.Trackers.start(cfg, run_id, run.start_step))
     return run
 
 
@@ -242,6 +256,7 @@ def finish(run: Run) -> dict:
                "peak_memory_mb": peak_memory_mb(run.device),
                "per_rank": [dict(zip(("parameters", "optimizer_state", "peak_memory_mb"), r))
                             for r in dist.gather_numbers(_held(run))],
+               "long_prompts": run.stream.long_prompts,
                "health": run.health.summary() if run.health else []}
     whole = parallel.full_state_dict(run.policy) if run.engine.sharded and \
         run.cfg["output"]["save_model"] else None  # every rank takes part; rank 0 holds it
@@ -253,6 +268,7 @@ def finish(run: Run) -> dict:
                        os.path.join(final, "merged"), run.save_dtype)
     run.reward.close()
     if run.main:
+        run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         rundir.release(run.dir)

@@ -71,13 +71,28 @@ MODEL = _obj({
 }, required=("name_or_path",), description="The policy to train.")
 
 DATA = _obj({
-    "path": {"type": "string", "description": "JSONL/JSON/parquet file or datasets name"},
+    "path": {"type": "string",
+             "description": "JSONL/JSON/parquet file; a directory of <split> files or one "
+                            "written by datasets' save_to_disk; a datasets hub id or local "
+                            "dataset directory"},
+    "name": {"type": ["string", "null"], "default": None,
+             "description": "the dataset's configuration name (openai/gsm8k: main)"},
+    "data_files": {"type": ["string", "array", "object", "null"], "default": None,
+                   "description": "files for datasets to build from (path: json, csv, ... "
+                                  "or a dataset directory), as load_dataset takes them"},
     "split": {"type": "string", "default": "train",
-              "description": "split of a dataset, or <split>.jsonl in a directory"},
+              "description": "split, optionally sliced: train, train[:1000], train[:10%]"},
+    "streaming": {"type": "boolean", "default": False,
+                  "description": "read rows as needed, never all at once (needs datasets); "
+                                 "order from a shuffle buffer"},
+    "shuffle_buffer": {**POS_INT, "default": 10000,
+                       "description": "rows the streamed order is shuffled within"},
     "prompt_field": {"type": "string", "default": "prompt",
                      "description": "field holding the prompt: text or chat messages"},
-    "columns": {"type": "array", "items": {"type": "string"}, "default": [],
-                "description": "dataset fields passed to rewards, by name"},
+    "columns": {"type": ["array", "object"], "items": {"type": "string"},
+                "additionalProperties": {"type": "string"}, "default": [],
+                "description": "dataset fields passed to rewards: a list, or {field: "
+                               "argument} to rename ({solution: answer})"},
     "chat_template": {"enum": ["auto", "always", "never"], "default": "auto",
                       "description": "auto: when the tokenizer has one"},
     "system_prompt": {"type": ["string", "null"], "default": None,
@@ -142,6 +157,10 @@ OBJECTIVE = plugin_ref("objective", default="grpo",
     "entropy_coef": {"type": "number", "default": 0.0, "description": "entropy bonus weight"},
 })
 
+#: optimizer.lr_schedule: names transformers.get_scheduler knows (see grpo_core.schedules)
+SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr", "cosine_with_restarts",
+             "constant_with_warmup", "warmup_stable_decay", "polynomial", "inverse_sqrt")
+
 OPTIMIZER = _obj({
     "lr": {"type": "number", "exclusiveMinimum": 0, "default": 1e-6,
            "description": "peak learning rate"},
@@ -149,10 +168,14 @@ OPTIMIZER = _obj({
                      "description": "AdamW decoupled weight decay"},
     "betas": {"type": "array", "items": NUM, "minItems": 2, "maxItems": 2,
               "default": [0.9, 0.99], "description": "AdamW moment decay rates"},
-    "lr_schedule": {"enum": ["constant", "cosine"], "default": "constant",
-                    "description": "after warm-up: constant, or half cosine to 0"},
+    "lr_schedule": {"enum": list(SCHEDULES), "default": "constant",
+                    "description": "transformers.get_scheduler's schedule of that name "
+                                   "(constant: after warm-up, if any)"},
+    "scheduler_options": {"type": "object", "default": {},
+                          "description": "the schedule's own arguments (cosine_with_min_lr: "
+                                         "min_lr_rate; warmup_stable_decay: num_decay_steps)"},
     "warmup_steps": {"type": "integer", "minimum": 0, "default": 0,
-                     "description": "linear warm-up, in optimizer updates"},
+                     "description": "linear warm-up from 0, in optimizer updates"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
 }, description="Phase 4: AdamW and its learning-rate schedule.")
@@ -211,10 +234,20 @@ OUTPUT = _obj({
                       "description": "steps between sample dumps (0: never)"},
     "progress": {"type": "boolean", "default": True,
                  "description": "a live status line on the terminal"},
+    "loggers": {"type": ["array", "null"], "default": None,
+                "items": plugin_ref("logger", description="a logger plugin by name"),
+                "description": "experiment trackers beside metrics.jsonl, e.g. [{name: "
+                               "tensorboard}, {name: wandb, options: {project: p}}] (null: "
+                               "tensorboard and wandb_project below)"},
+    "metric_names": {"enum": ["native", "trl"], "default": "native",
+                     "description": "names trackers get: ours, or TRL's (docs/training.md); "
+                                    "metrics.jsonl keeps ours"},
     "tensorboard": {"enum": ["auto", "off"], "default": "auto",
-                    "description": "auto: log to <dir>/tensorboard when installed"},
+                    "description": "with loggers null: auto logs to <dir>/tensorboard when "
+                                   "installed"},
     "wandb_project": {"type": ["string", "null"], "default": None,
-                      "description": "log to this Weights & Biases project"},
+                      "description": "with loggers null: log to this Weights & Biases "
+                                     "project"},
 }, description="Phase 6, save: the run directory.")
 
 EVAL = _obj({

@@ -14,6 +14,7 @@ import yaml
 
 from grpo_core import config as config_mod
 from grpo_core.cli.plots import plot_groups
+from grpo_core.configfile import unresolved
 from grpo_core.errors import UserError
 from grpo_core.metrics import read
 from grpo_core.registry import registry
@@ -44,7 +45,7 @@ def label(variant: dict[str, str]) -> str:
 
 
 def run_one(base_cfg: dict, variant: dict, seed: int, steps: int | None, out: str) -> dict:
-    cfg = json.loads(json.dumps(base_cfg))
+    cfg = unresolved(base_cfg)  # ${env:NAME} stays a reference in the configs written here
     for kind, name in variant.items():
         if cfg.get(kind, {}).get("name") != name:
             cfg[kind] = {"name": name, "options": {}}
@@ -57,7 +58,7 @@ def run_one(base_cfg: dict, variant: dict, seed: int, steps: int | None, out: st
     os.makedirs(run_dir, exist_ok=True)
     path = run_dir + ".yaml"  # beside the run: its directory is the trainer's own
     with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
+        yaml.safe_dump(unresolved(cfg), f, sort_keys=False)
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", path],
                           capture_output=True, text=True)

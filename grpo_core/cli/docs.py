@@ -27,6 +27,11 @@ A section written `{name: PLUGIN, options: {...}}` selects a plugin by name; its
 checked against that plugin's own schema (`grpo schema`, or the plugin's documentation:
 [rewards.md](rewards.md), [algorithms.md](algorithms.md)).
 
+A string may read an environment variable: `${env:NAME}` is replaced by its value when the
+config loads (`headers: {Authorization: "Bearer ${env:REWARD_API_KEY}"}`), and a variable
+that is not set is an error naming it. Everything the run writes (`config.json`, checkpoints,
+trackers, `grpo validate`'s output) holds `${env:NAME}`, never the value.
+
 This file is generated from `grpo_core/schema.py` by `grpo schema --markdown`; a test fails
 when it is stale.
 """

@@ -9,11 +9,12 @@ import torch
 
 import grpo_core
 from grpo_core import config as config_mod
-from grpo_core.data import check_fields, read_rows
+from grpo_core.data import check_fields, column_map
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate, write
 from grpo_core.isolation import build_reward
 from grpo_core.models import load_model, load_tokenizer, pick_device
+from grpo_core.sources import read_rows
 
 
 def evaluate_cli(args) -> int:
@@ -35,9 +36,11 @@ def evaluate_cli(args) -> int:
     gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
     gen.setup(model, tokenizer, device)
     reward_fn = build_reward(cfg["reward"])
-    rows = read_rows(args.data or cfg["data"]["path"], args.split)
-    check_fields(rows, [cfg["data"]["prompt_field"], *cfg["data"]["columns"]],
-                 args.data or cfg["data"]["path"])
+    path, dc = args.data or cfg["data"]["path"], cfg["data"]
+    same = path == dc["path"]  # the training set's source keeps its configuration, data_files
+    rows = read_rows(path, args.split, dc["name"] if same else None,
+                     dc["data_files"] if same else None, key="--data" if args.data else "data.path")
+    check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
     rows = rows[:args.max_problems] if args.max_problems else rows
     with torch.no_grad():
         report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,

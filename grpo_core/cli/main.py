@@ -28,7 +28,10 @@ def _config(args, preflight: bool = False) -> dict:
 
 
 def cmd_validate(args) -> int:
-    print(yaml.safe_dump(_config(args, preflight=True), sort_keys=False), end="")
+    from grpo_core.configfile import unresolved
+
+    # as written: ${env:NAME} is printed, never the variable's value
+    print(yaml.safe_dump(unresolved(_config(args, preflight=True)), sort_keys=False), end="")
     return 0
 
 

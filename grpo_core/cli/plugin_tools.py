@@ -51,6 +51,23 @@ def _sample_call(kind: str, plugin):
     return None, None
 
 
+def _try_logger(plugin) -> tuple[bool, str]:
+    """A logger's whole life on two steps of made-up metrics and one sample."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            plugin.start(run_dir, "check", {"model": {"name_or_path": "x"}}, 0)
+            for step in range(2):
+                plugin.log({"reward": 0.5 * step, "loss": 1.0 - step}, step)
+            plugin.log_samples([{"group": 0, "prompt": "1+1=", "completion": "2",
+                                 "reward": 1.0, "advantage": 0.5, "reward/math": 1.0}], 1)
+            plugin.close()
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
+
+
 def check(kind: str, name: str, options: dict | None = None) -> int:
     """``grpo plugins check``: run the conformance checks, print a report, 0 if all pass."""
     import math
@@ -89,6 +106,9 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
                f"{type(exc).__name__}: {exc}")
         return _report(kind, name, results)
     if kind == "generator":  # a generator needs a model: the contract is all that is checked
+        return _report(kind, name, results)
+    if kind == "logger":
+        record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
         return _report(kind, name, results)
     try:
         first, extra = _sample_call(kind, plugin)
