@@ -11,8 +11,9 @@ import torch
 
 from grpo_core import rundir
 from grpo_core.data import check_fields, read_rows
+from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Reward
+from grpo_core.hookspecs import Environment, Reward
 from grpo_core.registry import registry
 
 #: rows of each data set looked at
@@ -24,7 +25,8 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     columns = reward_columns(cfg["reward"])
-    fields = [cfg["data"]["prompt_field"], *cfg["data"]["columns"]]
+    fields = [cfg["data"]["prompt_field"], *cfg["data"]["columns"], *environment_columns(cfg)]
+    problems += episode_problems(cfg)
     missing = [c for c in columns if c not in cfg["data"]["columns"]]
     if missing:
         problems.append(f"data.columns: the reward reads {missing}; add them to data.columns")
@@ -40,6 +42,15 @@ def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
     factory = registry().get("reward", reward_cfg["name"]).factory
     if isinstance(factory, type) and issubclass(factory, Reward):
         return tuple(factory.columns_for(reward_cfg["options"]))
+    return ()
+
+
+def environment_columns(cfg: dict) -> tuple[str, ...]:
+    """The dataset fields the configured environment declares it reads (none without one)."""
+    env = cfg["environment"]
+    factory = registry().get("environment", env["name"]).factory if env else None
+    if isinstance(factory, type) and issubclass(factory, Environment):
+        return tuple(factory.columns_for(env["options"]))
     return ()
 
 

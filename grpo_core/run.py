@@ -18,6 +18,7 @@ import torch
 import grpo_core
 from grpo_core import checkpoint, dist, rundir
 from grpo_core.data import RESERVED_COLUMNS, PromptStream, check_fields, fit_prompts, read_rows
+from grpo_core.episodes import EpisodeRunner, completion_budget, problems
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
@@ -72,6 +73,7 @@ class Run:
     nonfinite_run: int = 0  # steps in a row whose update was skipped
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
+    episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
 
     @property
     def main(self) -> bool:
@@ -130,6 +132,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if reserved:
         raise UserError(f"data.columns: {sorted(reserved)} are reserved names the trainer "
                         f"passes to rewards; rename the dataset field")
+    if problems(cfg):
+        raise UserError(problems(cfg)[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
     dist.barrier()
     run_id = run_id or rundir.run_id(oc["dir"])
@@ -150,11 +154,11 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
             where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
             reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
     rows = _rows(cfg["data"]["path"], cfg["data"]["split"], cfg["data"])
-    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
-        - cfg["sampling"]["max_new_tokens"]
+    budget_key, budget = completion_budget(cfg)
+    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
     if limit < 1:
-        raise UserError(f"sampling.max_new_tokens: {cfg['sampling']['max_new_tokens']} leaves "
-                        f"no room for a prompt in the model's context")
+        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
+                        f"context")
     rows, long = fit_prompts(rows, tokenizer, cfg["data"], limit)
     if long and rank == 0:
         print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
@@ -184,6 +188,9 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
+    if cfg["environment"]:
+        run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
+                                     tokenizer, cfg)
     if resume:
         _resume(run, resume, force)
     if run.main:
@@ -281,6 +288,8 @@ def finish(run: Run) -> dict:
             save_model(run.policy.merge_and_unload(), run.tokenizer,
                        os.path.join(final, "merged"), run.save_dtype)
     run.reward.close()
+    if run.episodes is not None:
+        run.episodes.close()
     if run.main:
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)

@@ -10,7 +10,7 @@ import inspect
 
 import torch
 
-from grpo_core.hookspecs import Generator, hookimpl
+from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
 from grpo_core.sampling import sample
 
@@ -28,6 +28,8 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
+
+    supports_episodes = True
 
     def __init__(self, check_every: int = 8):
         self.check_every = check_every
@@ -66,6 +68,13 @@ class HFGenerator(Generator):
         return Rollout(pids, pmask, ids, pad_right([p[1] for p in parts], 0),
                        pad_right([p[2] for p in parts], 0.0), torch.cat([p[3] for p in parts]),
                        rows // n)
+
+    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+        """Trajectories sampled turn by turn on one growing KV cache (plugins/hf_turns.py)."""
+        from grpo_core_plugins.hf_turns import HFTurns
+
+        return HFTurns(self, prompt_ids, n, sampling, seed, row_offset)
 
     def _forward(self, **kw):
         if "cache" in kw:
