@@ -404,3 +404,25 @@ def test_plugins_check_catches_a_broken_environment():
     module.environment = environment
     registry().add(module, "test-bad-env")
     assert check("environment", "bad_env") == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_vllm_episodes_follow_the_turn_contract(tiny_model):
+    pytest.importorskip("vllm", reason="vllm is not installed")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).cuda()
+    gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.2,
+                                                 "enforce_eager": True})
+    gen.setup(model, tok, torch.device("cuda"))
+    runner = EpisodeRunner(Script(turns=(1, 2, 3)), gen, tok,
+                           {"environment": environment_section(), "data": DATA})
+    ro, tr = sample(runner, tok)
+    assert sorted({t.turns for t in tr}) == [1, 2, 3]
+    assert int(ro.completion_mask.sum()) > int(ro.action_mask.sum()) > 0
+    full, _ = completion_logprobs(model, ro.to("cuda"), 1.0, 64)
+    model_pos = ro.action_mask.bool().cuda()
+    # the engine samples in bf16: its log-probs agree with the trainer's to bf16 precision
+    assert float((full[model_pos] - ro.logprobs.cuda()[model_pos]).abs().mean()) < 0.05
