@@ -63,6 +63,8 @@ class Renderer:
 def first_messages(prompt: str | list, system: str | None = None) -> list[dict]:
     """The conversation an episode starts from: the dataset's prompt as chat messages."""
     if isinstance(prompt, list):
-        return [dict(m) for m in prompt]
+        head = [{"role": "system", "content": system}] if system and (
+            not prompt or prompt[0].get("role") != "system") else []
+        return head + [dict(m) for m in prompt]
     return ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": str(prompt)}]

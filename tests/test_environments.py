@@ -4,6 +4,7 @@ templates, and the built-in environments."""
 from __future__ import annotations
 
 import math
+import string
 import threading
 import time
 import types
@@ -37,10 +38,10 @@ NO_TOOL_ROLE = ("{% for m in messages %}{% if m.role == 'tool' %}"
 
 class Script(Environment):
     """Episode k (in reset order) lasts ``turns[k % len(turns)]`` model turns; observations
-    of different lengths; many letters end a turn, so stop strings, EOS and budgets all end
-    some turns."""
+    of different lengths; forty letters end a turn, so stop strings and budgets both end
+    many turns (trajectories of a batch finish their turns at different steps)."""
 
-    stop_strings = tuple("qwxz")
+    stop_strings = tuple(string.ascii_letters[:40])
     delimiters = ("<o>", "</o>")
 
     def __init__(self, turns=(1, 2, 3), fail_on: int | None = None, hang: float = 0.0,
@@ -117,6 +118,8 @@ def test_model_logprobs_equal_one_forward_over_the_trajectory_in_float64(tiny_mo
     ro, tr = sample(runner, tok, temperature=0.7)
     finishes = {t.finish for _, out in turns for t in out}
     assert finishes >= {"stop", "length"}, finishes  # turns end in more than one way
+    lengths = [len(t.ids) for _, out in turns for t in out]
+    assert len(set(lengths)) >= 4, lengths  # ... after different numbers of tokens
     assert len({t.turns for t in tr}) == 3 and len(set(ro.completion_mask.sum(-1).tolist())) > 1
     full, _ = completion_logprobs(model, ro, 0.7, 16)
     per_row = {}
@@ -426,3 +429,20 @@ def test_vllm_episodes_follow_the_turn_contract(tiny_model):
     model_pos = ro.action_mask.bool().cuda()
     # the engine samples in bf16: its log-probs agree with the trainer's to bf16 precision
     assert float((full[model_pos] - ro.logprobs.cuda()[model_pos]).abs().mean()) < 0.05
+
+
+def test_the_calculator_demo_warm_start_lays_out_what_episodes_produce():
+    from grpo_core.cli import demo_calculator as dc
+    from grpo_core.cli.demo import build_tokenizer
+
+    tok = build_tokenizer()
+    calc = grpo_core.create("environment", "calculator")
+    row = {"prompt": "347+512=", "answer": "859"}
+    prompt, first, call, result, answer = (t for t, _ in dc.trajectory(row, True, tok.eos_token,
+                                                                        decide=False))
+    assert prompt == "347+512=" and first + call == "<calc>347+512</calc>"
+    obs = calc.step(None, first + call)
+    assert obs.text == "859" and tok.decode(Renderer(tok, calc).tokens(obs.text, None)) == result
+    assert calc.step(None, tok.decode(tok(answer)["input_ids"], skip_special_tokens=True)).done
+    assert [m for _, m in dc.trajectory(row, True, "", decide=False)] == [0, 0, 1, 0, 1]
+    assert [m for _, m in dc.trajectory(row, False, "")] == [0, 1]
