@@ -276,6 +276,12 @@ class Environment(Component):
         that the data has them)."""
         return ()
 
+    @classmethod
+    def example_row(cls, options: dict) -> dict:
+        """A dataset row ``grpo plugins check`` starts its episodes from: the prompt and each
+        declared column set to ``"5"`` unless the environment gives a realistic one."""
+        return {"prompt": "What is 2+3?", **{c: "5" for c in cls.columns_for(options)}}
+
     def reset(self, row: dict) -> Any:
         raise NotImplementedError
 

@@ -49,8 +49,7 @@ def _sample_call(kind: str, plugin, options: dict):
         (term.loss * mask).sum().backward()
         return term, (logp.grad, mask)
     if kind == "environment":  # each text answers a fresh episode's first turn
-        row = {"prompt": "What is 2+3?", "answer": "5",
-               **{c: "5" for c in type(plugin).columns_for(options)}}
+        row = {"answer": "5", **type(plugin).example_row(options)}
         return [plugin.step(plugin.reset(dict(row)), t) for t in ENV_TEXTS], row
     return None, None
 

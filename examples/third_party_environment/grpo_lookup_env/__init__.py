@@ -26,6 +26,11 @@ class Lookup(Environment):
     def columns_for(cls, options):
         return (options["facts_column"],)
 
+    @classmethod
+    def example_row(cls, options):  # what `grpo plugins check` starts episodes from
+        return {"prompt": "What is the capital of France?",
+                options["facts_column"]: {"capital of France": "Paris"}}
+
     def __init__(self, facts_column: str = "facts", max_lookups: int = 3):
         self.column, self.max_lookups = facts_column, max_lookups
 
