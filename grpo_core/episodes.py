@@ -254,7 +254,4 @@ def problems(cfg: dict) -> list[str]:
     if cfg["groups"]["resample_zero_std_max"]:
         found.append("groups.resample_zero_std_max: resampling flat groups is not yet "
                      "supported with an environment; set it to 0")
-    if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
-        found.append("eval.every_n_steps: validation runs single-turn; with an environment "
-                     "set it to 0")
     return found

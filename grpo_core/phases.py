@@ -274,7 +274,8 @@ def _validate(run: Run, step: int, record: dict) -> None:
                                  temperature=ec["temperature"],
                                  max_new_tokens=sc["max_new_tokens"],
                                  pass_threshold=ec["pass_threshold"],
-                                 correct_dimension=ec["correct_dimension"])
+                                 correct_dimension=ec["correct_dimension"],
+                                 episodes=run.episodes)
         record.update({f"eval/{k}": v for k, v in report.items()
                        if isinstance(v, float) and k != "temperature"})
         value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None
