@@ -15,6 +15,9 @@ from grpo_core.sources import read_rows  # noqa: F401  (its home before grpo_cor
 
 #: Columns every reward also receives: token count of each completion, and its group.
 RESERVED_COLUMNS = ("completion_tokens", "group_ids")
+#: Columns rewards also receive when an environment runs episodes: the whole trajectory as
+#: chat messages (see grpo_core.episodes)
+EPISODE_COLUMNS = ("messages",)
 
 
 def column_map(data_cfg: dict) -> dict[str, str]:
@@ -268,14 +271,23 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
     return Batch([r[field] for r in rows], prompts, ids, columns)
 
 
-def reward_inputs(tokenizer, batch: Batch, ro: Rollout) -> tuple[list, list[str], dict]:
+def reward_inputs(tokenizer, batch: Batch, ro: Rollout,
+                  transcripts: list | None = None) -> tuple[list, list[str], dict]:
     """What a reward is called with, one entry per completion: the dataset prompts, the
-    decoded completions, and the columns (dataset fields plus the reserved ones)."""
-    texts = tokenizer.batch_decode(ro.completion_ids * ro.completion_mask
-                                   + tokenizer.pad_token_id * (1 - ro.completion_mask),
-                                   skip_special_tokens=True)
+    decoded completions, and the columns (dataset fields plus the reserved ones). For
+    environment episodes (``transcripts``, grpo_core.episodes) the completion is the last
+    model turn's text, ``messages`` the whole trajectory, and ``completion_tokens`` counts
+    the model's tokens only."""
+    if transcripts is None:
+        texts = tokenizer.batch_decode(ro.completion_ids * ro.completion_mask
+                                       + tokenizer.pad_token_id * (1 - ro.completion_mask),
+                                       skip_special_tokens=True)
+    else:
+        texts = [t.final for t in transcripts]
     g = ro.group.cpu().tolist()
     columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
-    columns["completion_tokens"] = ro.completion_mask.sum(-1).tolist()
+    columns["completion_tokens"] = ro.action_mask.sum(-1).tolist()
     columns["group_ids"] = g
+    if transcripts is not None:
+        columns["messages"] = [t.messages for t in transcripts]
     return [batch.raw[i] for i in g], texts, columns

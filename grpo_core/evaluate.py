@@ -9,6 +9,7 @@ import sys
 import time
 
 from grpo_core.data import make_batch, reward_inputs
+from grpo_core.episodes import EpisodeRunner
 from grpo_core.hookspecs import Generator, Reward
 from grpo_core.rollout import SamplingParams
 from grpo_core.scores import Scores
@@ -33,8 +34,10 @@ def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg:
              n: int = 1, temperature: float = 0.0, max_new_tokens: int = 64,
              batch_prompts: int = 16, pass_threshold: float = 1.0,
              correct_dimension: str | None = None, seed: int = 1234,
-             progress: bool = False) -> tuple[dict, list[dict]]:
-    """Generate ``n`` completions per problem and score them; returns (report, records)."""
+             progress: bool = False,
+             episodes: EpisodeRunner | None = None) -> tuple[dict, list[dict]]:
+    """Generate ``n`` completions per problem (with ``episodes``: ``n`` environment episodes,
+    each scored on its last turn) and score them; returns (report, records)."""
     sampling = SamplingParams(max_new_tokens, temperature or 1.0, greedy=temperature == 0)
     records, per_problem = [], []
     dims: dict[str, list[float]] = {}
@@ -42,8 +45,12 @@ def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg:
     for s in range(0, len(rows), batch_prompts):
         chunk = rows[s:s + batch_prompts]
         batch = make_batch(chunk, data_cfg, tokenizer)
-        ro = generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n)
-        prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+        if episodes is None:
+            ro, transcripts = generator.generate(batch.prompt_ids, n, sampling, seed=seed,
+                                                 row_offset=s * n), None
+        else:
+            ro, transcripts = episodes.sample(batch, chunk, n, sampling, seed, s * n)
+        prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
         g, lengths = columns["group_ids"], columns["completion_tokens"]
         scores = reward_fn(prompts, texts, **columns)
         dimensions = scores.dimensions if isinstance(scores, Scores) else {}
@@ -55,7 +62,8 @@ def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg:
             records.append({"problem": s + g[i], "prompt": batch.raw[g[i]], "completion": text,
                             "reward": float(scores[i]), "correct": ok, "tokens": lengths[i],
                             "dimensions": {k: float(v[i]) for k, v in dimensions.items()},
-                            **{k: columns[k][i] for k in batch.columns}})
+                            **{k: columns[k][i] for k in batch.columns},
+                            **({"messages": columns["messages"][i]} if transcripts else {})})
             for k, v in dimensions.items():
                 dims.setdefault(k, []).append(float(v[i]))
         per_problem += correct_by_prompt

@@ -66,7 +66,12 @@ def logger(register):
     """Register experiment trackers (:class:`Logger`)."""
 
 
-KINDS = ("reward", "baseline", "kl", "generator", "objective", "logger")
+@hookspec
+def environment(register):
+    """Register multi-turn environments and tools (:class:`Environment`)."""
+
+
+KINDS = ("reward", "baseline", "kl", "generator", "objective", "environment", "logger")
 
 
 class Component:
@@ -181,6 +186,43 @@ class Generator(Component):
     def sync_weights(self, model: Any) -> None:
         """Make the next ``generate`` sample from ``model``'s current weights."""
 
+    #: can sample environment episodes turn by turn (:meth:`start_episodes`)
+    supports_episodes: bool = False
+
+    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+        """``n`` trajectories of each prompt, to be sampled turn by turn: trajectory ``r`` is
+        row ``row_offset + r`` (prompt ``r // n``) for the sampling noise, as in ``generate``;
+        ``sampling.max_new_tokens`` does not apply (each turn has its own budget)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Turn:
+    """One model turn of one trajectory: the sampled token ids, their log-probs under the
+    sampling distribution, and why it ended: ``eos``, ``stop`` (a stop string) or ``length``
+    (its token budget ran out)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str
+
+
+class TurnSampler:
+    """A generator's handle on a batch of trajectories sampled turn by turn (environment
+    episodes); made by :meth:`Generator.start_episodes`, closed after the last turn."""
+
+    def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],
+             stop: tuple[str, ...]) -> list[Turn]:
+        """Append ``context[i]`` (the environment's tokens; empty before the first turn) to
+        trajectory ``rows[i]``, then sample one model turn for every row together: at most
+        ``budgets[i]`` tokens, ending at an EOS token or once the turn's text contains one of
+        ``stop``. Rows left out of ``rows`` are finished and never come back."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the trajectories hold (caches, an engine's memory)."""
+
 
 @dataclass
 class PolicyTerm:
@@ -231,9 +273,56 @@ class Logger(Component):
 
     def close(self) -> None:
         """Flush and finish, at the end of the run."""
+@dataclass
+class Observation:
+    """What an environment answers to a model turn: ``text`` goes into the context (a tool's
+    result, a game's reply) unless ``done`` ends the episode; ``tool_call`` / ``tool_error``
+    count for the metrics and the trajectory rewards see; ``info`` is free-form."""
+
+    text: str = ""
+    done: bool = False
+    tool_call: bool = False
+    tool_error: bool = False
+    info: dict = field(default_factory=dict)
+
+
+class Environment(Component):
+    """A multi-turn episode around the model: ``reset(row)`` starts one from a dataset row
+    (whose prompt is the first message) and returns its state; ``step(state, text)`` gets the
+    text of each model turn and returns the next :class:`Observation`. One instance serves
+    every episode of a run, so per-episode data lives in the state, never on ``self``."""
+
+    #: strings that end a model turn besides EOS (a tool call's closing tag)
+    stop_strings: tuple[str, ...] = ()
+    #: the chat role of observations (``tool`` falls back to ``user`` when the chat template
+    #: has no tool role)
+    role: str = "tool"
+    #: written before and after an observation when there is no chat template
+    delimiters: tuple[str, str] = ("", "")
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        """The dataset fields ``reset`` reads with these options (``grpo validate`` checks
+        that the data has them)."""
+        return ()
+
+    @classmethod
+    def example_row(cls, options: dict) -> dict:
+        """A dataset row ``grpo plugins check`` starts its episodes from: the prompt and each
+        declared column set to ``"5"`` unless the environment gives a realistic one."""
+        return {"prompt": "What is 2+3?", **{c: "5" for c in cls.columns_for(options)}}
+
+    def reset(self, row: dict) -> Any:
+        raise NotImplementedError
+
+    def step(self, state: Any, text: str) -> Observation:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the environment holds at the end of a run."""
 
 
 #: the base class a component of each kind must derive from
 CONTRACTS: dict[str, type] = {"reward": Reward, "baseline": Baseline, "kl": KLController,
                               "generator": Generator, "objective": Objective,
-                              "logger": Logger}
+                              "environment": Environment, "logger": Logger}

@@ -16,6 +16,7 @@ import torch
 
 from grpo_core import dist, parallel
 from grpo_core.data import Batch, make_batch
+from grpo_core.episodes import Transcript, completion_budget, episode_metrics
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate
 from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
@@ -44,23 +45,32 @@ def _warn(run: Run, step: int, message: str) -> None:
 
 @dataclass
 class Sampled:
-    """Phase 1: this rank's prompts and G completions of each."""
+    """Phase 1: this rank's prompts and G completions of each (with an environment: G
+    episodes, and their transcripts)."""
 
     batch: Batch
     rollout: Rollout
     seconds: float
+    transcripts: list[Transcript] | None = None
 
 
 def sample(run: Run, step: int) -> Sampled:
     t0 = time.time()
     P, G = run.prompts, run.cfg["sampling"]["group_size"]
-    rows = run.stream.take(run.cfg["train"]["prompts_per_step"])
-    batch = make_batch(rows[run.rank * P:(run.rank + 1) * P], run.cfg["data"], run.tokenizer)
+    every = run.stream.take(run.cfg["train"]["prompts_per_step"])
+    rows = every[run.rank * P:(run.rank + 1) * P]
+    batch = make_batch(rows, run.cfg["data"], run.tokenizer)
+    seed, offset = step_seed(run.cfg["train"]["seed"], step), run.rank * P * G
     with run.autocast, parallel.gathered(run.policy, run.reshard):
-        ro = run.generator.generate(batch.prompt_ids, G, run.sampling,
-                                    seed=step_seed(run.cfg["train"]["seed"], step),
-                                    row_offset=run.rank * P * G)
-    return Sampled(batch, ro.to(run.device), time.time() - t0)
+        if run.episodes is None:
+            ro, transcripts = run.generator.generate(batch.prompt_ids, G, run.sampling,
+                                                     seed=seed, row_offset=offset), None
+        else:
+            ro, transcripts = run.episodes.sample(batch, rows, G, run.sampling, seed, offset)
+            if run.episodes.problem:
+                _warn(run, step, f"{run.episodes.problem}; applied environment.failure: "
+                                 f"{run.cfg['environment']['failure']}")
+    return Sampled(batch, ro.to(run.device), time.time() - t0, transcripts)
 
 
 @dataclass
@@ -80,10 +90,11 @@ class Judged:
 def score(run: Run, step: int, s: Sampled) -> Judged:
     t0 = time.time()
 
-    def judge(batch: Batch, ro: Rollout) -> Scored:
-        return score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro)
+    def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
+        return score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
+                             transcripts)
 
-    ro, scored, extra = s.rollout, judge(s.batch, s.rollout), 0
+    ro, scored, extra = s.rollout, judge(s.batch, s.rollout, s.transcripts), 0
     if scored.problem:
         _warn(run, step, f"{scored.problem}; applied reward.failure: "
                          f"{run.cfg['reward']['failure']}")
@@ -120,7 +131,7 @@ class Advantages:
 def advantages(run: Run, j: Judged) -> Advantages:
     t0, ro, cfg = time.time(), j.rollout, run.cfg
     temp, chunk = cfg["sampling"]["temperature"], cfg["runtime"]["logprob_chunk"]
-    mask = ro.completion_mask.float()
+    mask = ro.action_mask.float()  # the model's tokens: an environment's are context only
     ref_logp = None if run.reference is None else reference_logprobs(
         run.reference, ro, temp, chunk, run.autocast)
     old_logp, is_weights = ro.logprobs, None
@@ -160,10 +171,10 @@ class Updated:
 def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     t0, ro, cfg = time.time(), j.rollout, run.cfg
     oc = cfg["objective"]
-    loss_mask = ro.completion_mask.float() * a.keep[:, None]
+    loss_mask = ro.action_mask.float() * a.keep[:, None]  # no loss on environment tokens
     norm = Normaliser(float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
                       float(dist.all_sum(a.keep.sum().double()).clamp(min=1)),
-                      float(cfg["sampling"]["max_new_tokens"]))
+                      float(completion_budget(cfg)[1]))
     kl_coef = run.kl.value if cfg["kl"]["placement"] == "loss" else 0.0
     aggregation = oc["aggregation"] or run.objective.aggregation
     stats: dict[str, float] = {}
@@ -229,6 +240,8 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
         "time/train": u.seconds, "time/step": time.time() - started,
         "data/long_prompts": run.stream.long_prompts, **_memory(run)})
+    if s.transcripts is not None:
+        record.update(episode_metrics(s.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
         ec = cfg["eval"]
         if (step + 1) % ec["every_n_steps"] == 0 or step + 1 == cfg["train"]["steps"]:
@@ -266,7 +279,8 @@ def _validate(run: Run, step: int, record: dict) -> None:
                                  temperature=ec["temperature"],
                                  max_new_tokens=sc["max_new_tokens"],
                                  pass_threshold=ec["pass_threshold"],
-                                 correct_dimension=ec["correct_dimension"])
+                                 correct_dimension=ec["correct_dimension"],
+                                 episodes=run.episodes)
         record.update({f"eval/{k}": v for k, v in report.items()
                        if isinstance(v, float) and k != "temperature"})
         value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None

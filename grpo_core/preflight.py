@@ -12,8 +12,9 @@ import torch
 
 from grpo_core import rundir, schedules, tracking
 from grpo_core.data import check_fields, column_map, column_problems
+from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Reward
+from grpo_core.hookspecs import Environment, Reward
 from grpo_core.registry import registry
 from grpo_core.sources import Source, looks_like_hub_id, open_stream, read_rows
 
@@ -26,6 +27,7 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
+    problems += episode_problems(cfg)
     tc = cfg["train"]
     problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
@@ -34,7 +36,7 @@ def check(cfg: dict) -> None:
         problems.append(f"data.columns: the reward reads {missing}; add them to data.columns "
                         f"(a field of that name, or {{field: {missing[0]}}} to pass another "
                         f"field under that name)")
-    fields = [cfg["data"]["prompt_field"], *passed]
+    fields = [cfg["data"]["prompt_field"], *passed, *environment_columns(cfg)]
     problems += _rows(cfg, cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
     if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
         problems += _rows(cfg, cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
@@ -47,6 +49,15 @@ def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
     factory = registry().get("reward", reward_cfg["name"]).factory
     if isinstance(factory, type) and issubclass(factory, Reward):
         return tuple(factory.columns_for(reward_cfg["options"]))
+    return ()
+
+
+def environment_columns(cfg: dict) -> tuple[str, ...]:
+    """The dataset fields the configured environment declares it reads (none without one)."""
+    env = cfg["environment"]
+    factory = registry().get("environment", env["name"]).factory if env else None
+    if isinstance(factory, type) and issubclass(factory, Environment):
+        return tuple(factory.columns_for(env["options"]))
     return ()
 
 

@@ -119,13 +119,18 @@ def _number(v) -> float:
 
 
 def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
-                  ro: Rollout) -> Scored:
+                  ro: Rollout, transcripts: list | None = None) -> Scored:
     """Decode a rollout and score it as the ``reward`` config section says (failure policy,
-    time limit)."""
-    prompts, texts, columns = reward_inputs(tokenizer, batch, ro)
+    time limit). Episodes (``transcripts``) that failed under ``environment.failure: drop``
+    get no reward (NaN: left out of their group's statistics and of the loss)."""
+    prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
     timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
-    return score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
-                 reward_cfg["failure"], timeout)
+    scored = score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
+                   reward_cfg["failure"], timeout)
+    dropped = [i for i, t in enumerate(transcripts or []) if t.dropped]
+    if dropped:
+        scored.rewards[dropped] = torch.nan
+    return scored
 
 
 def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:

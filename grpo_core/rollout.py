@@ -24,8 +24,12 @@ class Rollout:
     prompt_ids, prompt_mask: [P, Lp], left-padded.
     completion_ids, completion_mask: [B, T], right-padded; the mask covers EOS.
     logprobs: [B, T], log-probs under the sampling policy (temperature applied), 0 on padding.
-    truncated: [B] bool, True when no EOS came within the budget.
+    truncated: [B] bool, True when no EOS came within the budget (an episode: when it was
+    cut by ``environment.max_turns`` or the token budget).
     group: [B] long, the prompt index of each completion.
+    action_mask: [B, T], 1 where the model produced the token, 0 on padding and on an
+    environment's tokens (context only: no loss, KL or entropy); left out, the
+    completion_mask (a single-turn rollout's tokens are all the model's).
     """
 
     prompt_ids: torch.Tensor
@@ -35,6 +39,11 @@ class Rollout:
     logprobs: torch.Tensor
     truncated: torch.Tensor
     group: torch.Tensor
+    action_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.action_mask is None:
+            self.action_mask = self.completion_mask
 
     @property
     def size(self) -> int:
@@ -44,7 +53,7 @@ class Rollout:
         """The completions at ``index`` (prompts kept whole; ``group`` still indexes them)."""
         return Rollout(self.prompt_ids, self.prompt_mask, self.completion_ids[index],
                        self.completion_mask[index], self.logprobs[index], self.truncated[index],
-                       self.group[index])
+                       self.group[index], self.action_mask[index])
 
     def to(self, device) -> Rollout:
         return Rollout(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -63,4 +72,5 @@ def merge(a: Rollout, b: Rollout) -> Rollout:
                    pad_right([a.completion_ids, b.completion_ids], 0),
                    pad_right([a.completion_mask, b.completion_mask], 0),
                    pad_right([a.logprobs, b.logprobs], 0.0),
-                   torch.cat([a.truncated, b.truncated]), torch.cat([a.group, b.group]))
+                   torch.cat([a.truncated, b.truncated]), torch.cat([a.group, b.group]),
+                   pad_right([a.action_mask, b.action_mask], 0))

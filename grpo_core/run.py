@@ -27,6 +27,8 @@ from grpo_core.data import (
     fit_prompt,
     fit_prompts,
 )
+from grpo_core.episodes import EpisodeRunner, completion_budget
+from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import UserError
 from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
@@ -82,6 +84,7 @@ class Run:
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
     reshard: bool = False  # fsdp frees gathered layers after each forward (see parallel)
+    episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
 
     @property
     def main(self) -> bool:
@@ -148,7 +151,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if tc["prompts_per_step"] % world:
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
-    problems = column_problems(cfg["data"]) + tracking.problems(oc)
+    problems = column_problems(cfg["data"]) + tracking.problems(oc) + episode_problems(cfg)
     if problems:
         raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
@@ -177,11 +180,11 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     params = [p for p in policy.parameters() if p.requires_grad]
     generator = _plugin("generator", cfg["generator"])
     generator.setup(policy, tokenizer, device)
-    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) \
-        - cfg["sampling"]["max_new_tokens"]
+    budget_key, budget = completion_budget(cfg)
+    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
     if limit < 1:
-        raise UserError(f"sampling.max_new_tokens: {cfg['sampling']['max_new_tokens']} leaves "
-                        f"no room for a prompt in the model's context")
+        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
+                        f"context")
     stream = _stream(cfg, tokenizer, limit, rank == 0)
     ec = cfg["eval"]
     eval_rows = None
@@ -207,6 +210,9 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
     run.reshard = how == "fsdp" and cfg["distributed"]["reshard_after_forward"]
+    if cfg["environment"]:
+        run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
+                                     tokenizer, cfg)
     if resume:
         persist.resume(run, resume, force)
     if run.main:
@@ -267,6 +273,8 @@ def finish(run: Run) -> dict:
             save_model(run.policy.merge_and_unload(), run.tokenizer,
                        os.path.join(final, "merged"), run.save_dtype)
     run.reward.close()
+    if run.episodes is not None:
+        run.episodes.close()
     if run.main:
         run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -194,6 +194,23 @@ TRAIN = _obj({
              "description": "data order, sampling noise and initial RNG state"},
 }, description="The loop: steps, batch and micro-batch sizes, seed.")
 
+ENVIRONMENT = {**plugin_ref(
+    "environment", description="Phase 1 with several turns: an environment the model talks "
+    "to (a tool, a game); null: one completion per rollout.", extra={
+        "max_turns": {**POS_INT, "default": 4, "description": "model turns per episode"},
+        "max_total_tokens": {**POS_INT, "default": 1024,
+                             "description": "tokens after the prompt per episode, the model's "
+                                          "and the environment's (sampling.max_new_tokens caps "
+                                          "each turn)"},
+        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 30,
+                    "description": "seconds an environment call may take (null: forever); "
+                                   "one past it is abandoned, not killed"},
+        "failure": {"enum": ["raise", "end", "drop"], "default": "raise",
+                    "description": "an environment call that raises or hangs: stop the run, "
+                                   "end the episode there (scored as it is), or end it and "
+                                   "leave its reward out"},
+    }), "type": ["object", "null"], "default": None}
+
 RUNTIME = _obj({
     "device": {"enum": ["auto", "cpu", "cuda"], "default": "auto",
                "description": "auto: CUDA when available"},
@@ -291,6 +308,7 @@ CORE_SCHEMA: dict = {
         "kl": KL, "objective": OBJECTIVE, "optimizer": OPTIMIZER, "train": TRAIN,
         "generator": plugin_ref("generator", default="hf",
                                 description="Phase 1: the rollout backend."),
+        "environment": ENVIRONMENT,
         "runtime": RUNTIME, "distributed": DISTRIBUTED, "output": OUTPUT, "eval": EVAL,
         "health": HEALTH,
         "deepspeed": {"type": ["object", "string", "null"], "default": None,

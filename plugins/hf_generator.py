@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from grpo_core.hookspecs import Generator, hookimpl
+from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
 from grpo_core.sampling import sample
 
@@ -114,6 +114,8 @@ def _direct_parts(model):
 class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
 
+    supports_episodes = True
+
     def __init__(self, check_every: int = 8):
         self.check_every = check_every
         self.model = None
@@ -167,6 +169,17 @@ class HFGenerator(Generator):
             logits = out.logits[:, -1]
         new = getattr(out, "cache", None)
         return logits, new if new is not None else out.past_key_values
+    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+        """Trajectories sampled turn by turn on one growing KV cache (plugins/hf_turns.py)."""
+        from grpo_core_plugins.hf_turns import HFTurns
+
+        return HFTurns(self, prompt_ids, n, sampling, seed, row_offset)
+
+    def _forward(self, **kw):
+        if "cache" in kw:
+            kw[self._cache_kw] = kw.pop("cache")
+        return self.model(use_cache=True, **kw)
 
     def _decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
         with torch.no_grad():

@@ -15,7 +15,7 @@ import os
 import torch
 
 from grpo_core.errors import UserError
-from grpo_core.hookspecs import Generator, hookimpl
+from grpo_core.hookspecs import Generator, Turn, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
 
 GRPO_CORE_API = (2,)
@@ -23,6 +23,7 @@ GRPO_CORE_API = (2,)
 
 class VLLMGenerator(Generator):
     recompute_old_logprobs = True
+    supports_episodes = True
 
     def __init__(self, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
                  sleep: bool = True, sync_every: int = 1, tis_cap: float = 2.0,
@@ -110,6 +111,63 @@ class VLLMGenerator(Generator):
             pmask[i, width - len(p):] = 1
         return Rollout(pids, pmask, pad_right(ids, pad), pad_right(masks, 0),
                        pad_right(logps, 0.0).float(), torch.tensor(trunc), torch.tensor(group))
+
+
+    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+        return VLLMTurns(self, prompt_ids, n, sampling, seed, row_offset)
+
+
+class VLLMTurns(TurnSampler):
+    """Environment episodes on the engine: each turn is one ``generate`` call over every
+    trajectory still in its episode, each prompted with its whole prefix (prompt, earlier
+    turns, the environment's tokens, as token ids: nothing is re-tokenized). vLLM's
+    automatic prefix caching (on by default in its V1 engine) finds the KV blocks of the
+    prefix it has already seen, so a turn prefills only the tokens added since the last one.
+    Each request draws its own seed from (seed, row, turn)."""
+
+    def __init__(self, gen: VLLMGenerator, prompt_ids: list[list[int]], n: int,
+                 sampling: SamplingParams, seed: int, row_offset: int):
+        self.gen, self.sp, self.seed, self.row_offset = gen, sampling, seed, row_offset
+        self.prefix = [list(prompt_ids[r // n]) for r in range(len(prompt_ids) * n)]
+        self.turns = 0
+        if gen.sleep:
+            gen.llm.wake_up()
+
+    def _params(self, row: int, budget: int, stop: tuple[str, ...]):
+        sp = self.sp
+        return self.gen.vllm.SamplingParams(
+            n=1, max_tokens=budget, logprobs=0,
+            seed=(self.seed * 1_000_003 + (self.row_offset + row) * 7919 + self.turns)
+            & 0x7FFFFFFF,
+            temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else -1, stop=list(stop) or None,
+            include_stop_str_in_output=True)
+
+    @torch.no_grad()
+    def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],
+             stop: tuple[str, ...]) -> list[Turn]:
+        for r, c in zip(rows, context):
+            self.prefix[r] += list(c)
+        outputs = self.gen.llm.generate([{"prompt_token_ids": self.prefix[r]} for r in rows],
+                                        sampling_params=[self._params(r, b, stop)
+                                                         for r, b in zip(rows, budgets)],
+                                        use_tqdm=False)
+        turns = []
+        for r, out in zip(rows, outputs):
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lp = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+            finish = "length" if c.finish_reason == "length" else \
+                "stop" if isinstance(c.stop_reason, str) else "eos"
+            self.prefix[r] += ids
+            turns.append(Turn(ids, lp[:len(ids)] + [0.0] * (len(ids) - len(lp)), finish))
+        self.turns += 1
+        return turns
+
+    def close(self) -> None:
+        if self.gen.sleep:
+            self.gen.llm.sleep(level=1)
 
 
 @hookimpl

@@ -73,7 +73,7 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
     assert gone.returncode == 2 and "unknown baseline plugin 'grpo_median'" in gone.stderr
 
 
-@pytest.mark.parametrize("kind", ["reward", "baseline", "kl", "objective"])
+@pytest.mark.parametrize("kind", ["reward", "baseline", "kl", "objective", "environment"])
 def test_new_skeleton_passes_check_as_written(venv, tmp_path, kind):
     name = f"my_{kind}_thing"
     made = run(venv, "-m", "grpo_core.cli", "plugins", "new", name, "--kind", kind, "--out",
@@ -111,3 +111,30 @@ def test_check_reports_a_broken_plugin(tmp_path):
     assert out.returncode == 2
     assert "FAIL  schema is valid JSON Schema" in out.stdout
     assert "FAIL  sample call returns the right shape and types" in out.stdout
+
+
+def test_third_party_environment_installs_checks_and_trains(venv, tiny_model, tmp_path):
+    example = os.path.join(ROOT, "examples", "third_party_environment")
+    pip(venv, "install", "--no-deps", "--no-build-isolation", example)
+    try:
+        for kind, name in (("environment", "lookup"), ("reward", "lookup_errors")):
+            check = run(venv, "-m", "grpo_core.cli", "plugins", "check", kind, name)
+            assert check.returncode == 0, check.stdout
+        data = tmp_path / "facts.jsonl"
+        data.write_text("".join(json.dumps({"prompt": f"Capital of {c}?", "answer": a,
+                                            "facts": {f"capital of {c}": a}}) + "\n"
+                                for c, a in (("France", "Paris"), ("Peru", "Lima"))))
+        cfg = write_config(tmp_path / "c.json", make_config(
+            tiny_model, str(data), str(tmp_path / "run"),
+            environment={"name": "lookup", "max_total_tokens": 48},
+            reward={"name": "lookup_errors"}, data={"path": str(data), "columns": []},
+            train={"steps": 2, "prompts_per_step": 2}))
+        trained = run(venv, "-m", "grpo_core.cli", "train", cfg)
+        assert trained.returncode == 0, trained.stderr
+        rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+        assert len(rows) == 2 and all(r["env/turns"] >= 1 for r in rows)
+        tests = run(venv, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    os.path.join(example, "tests"), cwd=str(tmp_path))
+        assert tests.returncode == 0, tests.stdout
+    finally:
+        pip(venv, "uninstall", "-y", "grpo-lookup-env")

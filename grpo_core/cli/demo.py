@@ -38,8 +38,9 @@ def build_tokenizer():
 
 
 def build_model(path: str, hidden: int = 64, layers: int = 2, seed: int = 0,
-                max_positions: int = 256) -> str:
-    """Write a randomly initialised Qwen2-shaped causal LM and its tokenizer to ``path``."""
+                max_positions: int = 256, rope_theta: float | None = None) -> str:
+    """Write a randomly initialised Qwen2-shaped causal LM and its tokenizer to ``path``
+    (``rope_theta``: the rotary base, the model default when None)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -51,7 +52,8 @@ def build_model(path: str, hidden: int = 64, layers: int = 2, seed: int = 0,
                       num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=max_positions, tie_word_embeddings=True,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      bos_token_id=None)
+                      bos_token_id=None,
+                      **({"rope_theta": rope_theta} if rope_theta is not None else {}))
     model = Qwen2ForCausalLM(cfg)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

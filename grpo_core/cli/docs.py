@@ -76,9 +76,11 @@ def config_reference() -> str:
         req = " (required)" if section in CORE_SCHEMA["required"] else ""
         out.append(f"## `{section}`{req}\n\n{s.get('description', '')}\n")
         if "x-plugin" in s:
-            default = s.get("default", {}).get("name")
-            out.append(f"A `{s['x-plugin']}` plugin by name" + (
-                f" (default `{default}`)" if default else "") + "; `grpo plugins` lists them.\n")
+            default = (s.get("default") or {}).get("name")
+            article = "An" if s["x-plugin"][0] in "aeiou" else "A"
+            out.append(f"{article} `{s['x-plugin']}` plugin by name" + (
+                f" (default `{default}`)" if default else "") + "; `grpo plugins` lists them."
+                + (" Optional (default `null`)." if s.get("default", 0) is None else "") + "\n")
         if "properties" not in s:
             out.append(f"Type: {_type(s)}; default {_default(s)}.\n")
             continue

@@ -10,6 +10,7 @@ import torch
 import grpo_core
 from grpo_core import config as config_mod
 from grpo_core.data import check_fields, column_map
+from grpo_core.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate, write
 from grpo_core.isolation import build_reward
@@ -36,6 +37,14 @@ def evaluate_cli(args) -> int:
     gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
     gen.setup(model, tokenizer, device)
     reward_fn = build_reward(cfg["reward"])
+    episodes = None
+    if cfg["environment"]:  # episodes, scored on their last turn as in training
+        if not gen.supports_episodes:
+            raise UserError(f"generator.name: {cfg['generator']['name']!r} cannot sample "
+                            f"multi-turn episodes; use hf or vllm")
+        episodes = EpisodeRunner(grpo_core.create("environment", cfg["environment"]["name"],
+                                                  cfg["environment"]["options"]), gen,
+                                 tokenizer, cfg)
     path, dc = args.data or cfg["data"]["path"], cfg["data"]
     same = path == dc["path"]  # the training set's source keeps its configuration, data_files
     rows = read_rows(path, args.split, dc["name"] if same else None,
@@ -46,7 +55,9 @@ def evaluate_cli(args) -> int:
         report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
                                    temperature=args.temperature,
                                    max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                                   progress=True)
+                                   progress=True, episodes=episodes)
+    if episodes is not None:
+        episodes.close()
     report["model"] = cfg["model"]["name_or_path"]
     out = args.out or os.path.join(cfg["output"]["dir"], "eval")
     write(out, report, records)

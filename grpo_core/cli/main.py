@@ -82,9 +82,15 @@ def cmd_train(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if args.task == "calculator":
+        from grpo_core.cli import demo_calculator
+
+        return demo_calculator.run(args.out or "runs/demo-calculator", steps=args.steps,
+                                   overrides=args.set)
     from grpo_core.cli import demo
 
-    return demo.run(args.out, steps=args.steps, baseline=args.baseline, overrides=args.set)
+    return demo.run(args.out or "runs/demo", steps=args.steps, baseline=args.baseline,
+                    overrides=args.set)
 
 
 def cmd_eval(args) -> int:
@@ -148,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_train)
 
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
-    de.add_argument("--out", default="runs/demo")
+    de.add_argument("--task", choices=["sums", "calculator"], default="sums",
+                    help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
+                         "calculator tool (multi-turn)")
+    de.add_argument("--out", default=None, help="default runs/demo or runs/demo-calculator")
     de.add_argument("--steps", type=int, default=None)
     de.add_argument("--baseline", default="grpo")
     de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")

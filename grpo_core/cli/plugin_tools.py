@@ -22,7 +22,7 @@ def table(rows: list[dict]) -> str:
 
 # --- conformance checks -----------------------------------------------------------------------
 
-def _sample_call(kind: str, plugin):
+def _sample_call(kind: str, plugin, options: dict):
     """One call on a sample batch of the plugin's kind; returns a comparable result."""
     import torch
 
@@ -48,6 +48,9 @@ def _sample_call(kind: str, plugin):
         term = plugin(logp, old, torch.tensor([1.0, -1.0]), mask)
         (term.loss * mask).sum().backward()
         return term, (logp.grad, mask)
+    if kind == "environment":  # each text answers a fresh episode's first turn
+        row = {"answer": "5", **type(plugin).example_row(options)}
+        return [plugin.step(plugin.reset(dict(row)), t) for t in ENV_TEXTS], row
     return None, None
 
 
@@ -66,6 +69,31 @@ def _try_logger(plugin) -> tuple[bool, str]:
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
     return True, ""
+#: first model turns an environment answers in the conformance check
+ENV_TEXTS = ("5", "<calc>2+3</calc>", '<tool_call>{"name": "x"}</tool_call>', "I give up.")
+
+
+def _environment_ok(plugin, out) -> tuple[bool, str]:
+    """An environment's declarations have the right types and each answer is an Observation
+    of a text and flags."""
+    from grpo_core.hookspecs import Observation
+
+    problems = []
+    if not (isinstance(plugin.stop_strings, (tuple, list))
+            and all(isinstance(x, str) and x for x in plugin.stop_strings)):
+        problems.append(f"stop_strings {plugin.stop_strings!r}: expected non-empty strings")
+    if not (isinstance(plugin.delimiters, (tuple, list)) and len(plugin.delimiters) == 2
+            and all(isinstance(x, str) for x in plugin.delimiters)):
+        problems.append(f"delimiters {plugin.delimiters!r}: expected two strings")
+    if not (isinstance(plugin.role, str) and plugin.role):
+        problems.append(f"role {plugin.role!r}: expected a chat role")
+    for o in out:
+        if not (isinstance(o, Observation) and isinstance(o.text, str)
+                and all(isinstance(v, bool) for v in (o.done, o.tool_call, o.tool_error))):
+            problems.append(f"step returned {o!r}, expected an Observation(text: str, done: "
+                            f"bool, ...)")
+            break
+    return not problems, "; ".join(problems)
 
 
 def check(kind: str, name: str, options: dict | None = None) -> int:
@@ -110,8 +138,11 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
     if kind == "logger":
         record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
         return _report(kind, name, results)
+    from grpo_core.config import validate_options
+
+    options = validate_options(info.schema, options, f"{kind}.{name}.options")
     try:
-        first, extra = _sample_call(kind, plugin)
+        first, extra = _sample_call(kind, plugin, options)
         ok, detail = True, ""
         if kind == "reward":
             ok = len(first) == 4 and all(isinstance(v, (int, float)) for v in first)
@@ -133,26 +164,37 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
             ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in first) and \
                 fresh.value == plugin.value
             detail = f"value {first[0]} -> {first[1]}; state_dict round trip"
+        elif kind == "environment":
+            ok, detail = _environment_ok(plugin, first)
         record("sample call returns the right shape and types", ok, "" if ok else detail)
     except Exception as exc:
         record("sample call returns the right shape and types", False,
                f"{type(exc).__name__}: {exc}")
         return _report(kind, name, results)
     try:
-        again, _ = _sample_call(kind, grpo_core.create(kind, name, options))
+        again, _ = _sample_call(kind, grpo_core.create(kind, name, options), options)
         if kind == "kl":
-            first_fresh, _ = _sample_call(kind, grpo_core.create(kind, name, options))
+            first_fresh, _ = _sample_call(kind, grpo_core.create(kind, name, options), options)
             same = again == first_fresh
         elif kind == "objective":
             same = torch.equal(again.loss, first.loss)
         elif kind == "baseline":
-            second, _ = _sample_call(kind, grpo_core.create(kind, name, options))
+            second, _ = _sample_call(kind, grpo_core.create(kind, name, options), options)
             same = torch.equal(again, second)
         else:
             same = again == first
         record("same input gives the same output", bool(same))
     except Exception as exc:
         record("same input gives the same output", False, f"{type(exc).__name__}: {exc}")
+    if kind == "environment":
+        row = extra
+        for label, text in (("an empty turn", ""), ("a very long turn", "x " * 100_000)):
+            try:
+                out = plugin.step(plugin.reset(dict(row)), text)
+                ok, detail = _environment_ok(plugin, [out])
+                record(f"handles {label}", ok, detail)
+            except Exception as exc:
+                record(f"handles {label}", False, f"{type(exc).__name__}: {exc}")
     if kind == "reward":
         for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
             try:
@@ -247,10 +289,38 @@ class {cls}(Objective):
 def objective(register):
     register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
 ''',
+    "environment": '''
+class {cls}(Environment):
+    """TODO: say what the model talks to, and when an episode ends."""
+
+    role = "user"  # chat role of observations ("tool" for a tool's results)
+    stop_strings = ()  # strings that end a model turn besides EOS (a tool call's closing tag)
+    delimiters = ("\\n", "\\n")  # around an observation when there is no chat template
+
+    def __init__(self, scale: float = 1.0):
+        self.limit = max(1, round(20 * scale))  # words an answer may have
+
+    def reset(self, row):
+        # one episode per trajectory; row is the dataset row. Keep per-episode data in the
+        # state you return, never on self (one instance serves every episode)
+        return {{"turns": 0}}
+
+    def step(self, state, text):
+        # text: the model's turn; return the observation, or done=True to end the episode
+        state["turns"] += 1
+        if len(text.split()) <= self.limit:
+            return Observation("thanks", done=True)
+        return Observation(f"shorter, please: at most {{self.limit}} words")
+
+
+@hookimpl
+def environment(register):
+    register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
+''',
 }
 
 BASES = {"reward": "Reward", "baseline": "Baseline", "kl": "KLController",
-         "objective": "Objective, PolicyTerm"}
+         "objective": "Objective, PolicyTerm", "environment": "Environment, Observation"}
 
 
 def new(name: str, kind: str, out: str) -> int:
