@@ -1,126 +1,322 @@
-"""``grpo compare``: every variant x every seed on the same task, then a table and plots."""
+"""``grpo compare``: variants x seeds on one task, each variant tuned on its own seeds, the
+runs measured against steps, generated tokens and wall time, and the variants compared with
+bootstrap intervals and a test per pair (the numbers: grpo_core/cli/stats.py).
+
+A variant is one value of each ``--vary KEY=A,B`` axis (and of ``--baselines``). ``--tune
+KEY=A,B`` values are candidates, chosen per variant on the tuning seeds (1000, 1001, ...) by
+``--criterion``; the evaluation seeds (0, 1, ...) then run at the chosen value. Each run is a
+``grpo train`` subprocess in ``OUT/<variant>-seed<k>``; one that finished with the same config
+is reused and a partial one restarted, so an interrupted study resumes where it stopped.
+"""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
-import statistics
+import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import yaml
 
+import grpo_core
 from grpo_core import config as config_mod
-from grpo_core.cli.plots import plot_groups
+from grpo_core.cli import stats
+from grpo_core.cli.plots import build_report, plot_study
 from grpo_core.configfile import unresolved
-from grpo_core.errors import UserError
+from grpo_core.errors import ConfigError, UserError
 from grpo_core.metrics import read
-from grpo_core.registry import registry
+from grpo_core.schema import CORE_SCHEMA
 
-KINDS = ("baseline", "kl", "reward", "generator", "objective")
+TUNE_SEED0 = 1000
+DONE = "compare_run.json"  # written after a run finished; holds its config and wall time
+PLUGIN_SECTIONS = tuple(k for k, v in CORE_SCHEMA["properties"].items() if v.get("x-plugin"))
+
+Setting = tuple[str, str, object]  # (key path, value as typed, parsed value)
 
 
-def variants(args) -> list[dict[str, str]]:
-    """Cartesian product of --baselines and every --vary KIND=A,B."""
-    axes: dict[str, list[str]] = {}
+def parse_value(raw: str):
+    """A value as typed on the command line, read as YAML (``3e-3`` taken as a number)."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def split_values(text: str) -> list[str]:
+    """``a,b,[1,2]`` -> ['a', 'b', '[1,2]']: commas inside brackets do not split."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [v for v in [*out, cur.strip()] if v]
+
+
+def parse_axis(flag: str, item: str) -> tuple[str, list[Setting]]:
+    """``KEY=V1,V2`` -> (current key path, settings). KEY is a dotted config path (old names
+    such as train.lr are read at their new place) or a plugin section (``kl``: its name)."""
+    key, _, raw = item.partition("=")
+    key, values = key.strip(), split_values(raw)
+    if not values or not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
+        raise UserError(f"{flag} {item!r}: expected KEY=V1,V2,... with KEY a config key path "
+                        f"(optimizer.lr) or a plugin section ({', '.join(PLUGIN_SECTIONS)})")
+    key = config_mod.moved_path(key)
+    return key, [(key, v, v if key in PLUGIN_SECTIONS else parse_value(v)) for v in values]
+
+
+def apply(cfg: dict, settings: list[Setting]) -> dict:
+    """A copy of ``cfg`` with the settings applied; a plugin section given another plugin's
+    name starts from that plugin's default options."""
+    cfg = copy.deepcopy(cfg)  # keeps ${env:NAME} values resolvable and unresolvable
+    for key, _, value in settings:
+        if key in PLUGIN_SECTIONS:
+            section = cfg.get(key) or {}
+            if section.get("name") != value:
+                cfg[key] = {**{k: v for k, v in section.items() if k not in ("name", "options")},
+                            "name": value, "options": {}}
+            continue
+        node, parts = cfg, key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return cfg
+
+
+def label(settings: list[Setting]) -> str:
+    """``rloo,optimizer.lr=1e-3``: a baseline by its name, anything else as key=value."""
+    return ",".join(text if key == "baseline" else f"{key}={text}" for key, text, _ in settings)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text.replace("=", "-").replace(",", "_")) or "base"
+
+
+def plan(args, base: dict) -> tuple[list[list[Setting]], list[list[Setting]]]:
+    """(variants, tuning candidates); every value is validated before anything runs, and a
+    bad one is reported with the flag that gave it."""
+    axes: dict[str, list[Setting]] = {}
+    flags: dict[str, str] = {}
     if args.baselines:
-        axes["baseline"] = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    for item in args.vary:
-        kind, _, names = item.partition("=")
-        if kind not in KINDS or not names:
-            raise UserError(f"--vary {item!r}: expected KIND=NAME,NAME with KIND one of {KINDS}")
-        axes[kind] = [n.strip() for n in names.split(",") if n.strip()]
+        axes["baseline"] = [("baseline", b, b) for b in split_values(args.baselines)]
+        flags["baseline"] = f"--baselines {args.baselines!r}"
+    for flag, items in (("--vary", args.vary), ("--tune", args.tune)):
+        for item in items:
+            key, values = parse_axis(flag, item)
+            if key in flags:
+                raise UserError(f"{flag} {item!r}: {key} is already given by {flags[key]}")
+            axes[key], flags[key] = values, f"{flag} {item!r}"
     if not axes:
-        raise UserError("grpo compare: give --baselines A,B and/or --vary KIND=A,B")
-    for kind, names in axes.items():
-        for n in names:
-            registry().get(kind, n)  # unknown names fail now, not after an hour
-    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+        raise UserError("grpo compare: give --baselines A,B, --vary KEY=A,B and/or --tune KEY=A,B")
+    for key, values in axes.items():
+        for setting in values:
+            try:
+                config_mod.validate(apply(base, [setting]))
+            except ConfigError as exc:
+                raise UserError(f"{flags[key]}: {exc.problems[0]}") from exc
+    tuned = [k for k in axes if flags[k].startswith("--tune")]
+    variants = [list(c) for c in itertools.product(*(v for k, v in axes.items()
+                                                      if k not in tuned))]
+    candidates = [list(c) for c in itertools.product(*(axes[k] for k in tuned))]
+    for v, c in itertools.product(variants, candidates):
+        try:
+            config_mod.validate(apply(base, v + c))
+        except ConfigError as exc:
+            raise UserError(f"variant {label(v + c)}: {exc.problems[0]}") from exc
+    return variants, candidates
 
 
-def label(variant: dict[str, str]) -> str:
-    return ",".join(f"{v}" if k == "baseline" else f"{k}={v}" for k, v in variant.items())
+class Progress:
+    """Follows a child run's metrics.jsonl and prints a compact line: each quarter of the run
+    on a log, in place about once a second on a terminal."""
+
+    def __init__(self, run_dir: str, steps: int, tag: str):
+        self.path, self.steps, self.tag = os.path.join(run_dir, "metrics.jsonl"), steps, tag
+        self.offset, self.step, self.rewards, self.t0 = 0, 0, [], time.time()
+        self.tty, self.shown, self.last = sys.stderr.isatty(), 0, 0.0
+
+    def update(self, final: bool = False) -> None:
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+            lines = chunk.split("\n")
+            self.offset += len(chunk) - len(lines[-1])  # keep a partly written line for later
+            for line in lines[:-1]:
+                if line.strip():
+                    rec = json.loads(line)
+                    self.step = rec["step"] + 1
+                    self.rewards = [*self.rewards[-19:], rec.get("reward")]
+        quarter = 4 * self.step // max(self.steps, 1)
+        due = (time.time() - self.last > 1.0) if self.tty else quarter > self.shown
+        r = [x for x in self.rewards if x is not None]
+        mean = f", reward {sum(r) / len(r):.3f} (last {len(r)} steps)" if r else ""
+        if final:
+            print(f"{self.tag}: done, {self.step}/{self.steps} steps{mean}, "
+                  f"{time.time() - self.t0:.0f} s", file=sys.stderr, flush=True)
+        elif due and 0 < self.step < self.steps:
+            print(f"{self.tag}: step {self.step}/{self.steps}{mean}, "
+                  f"{time.time() - self.t0:.0f} s", end="\r" if self.tty else "\n",
+                  file=sys.stderr, flush=True)
+            self.shown, self.last = quarter, time.time()
 
 
-def run_one(base_cfg: dict, variant: dict, seed: int, steps: int | None, out: str) -> dict:
-    cfg = unresolved(base_cfg)  # ${env:NAME} stays a reference in the configs written here
-    for kind, name in variant.items():
-        if cfg.get(kind, {}).get("name") != name:
-            cfg[kind] = {"name": name, "options": {}}
-    cfg["train"]["seed"] = seed
-    if steps:
-        cfg["train"]["steps"] = steps
-    run_dir = os.path.join(out, f"{label(variant).replace('=', '-').replace(',', '_')}-seed{seed}")
-    cfg["output"].update({"dir": run_dir, "progress": False, "checkpoint_every": 0})
-    cfg = config_mod.validate(cfg)
-    os.makedirs(run_dir, exist_ok=True)
-    path = run_dir + ".yaml"  # beside the run: its directory is the trainer's own
+def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str]:
+    """Run ``grpo train path``: progress from its metrics, its warnings echoed as they come;
+    returns (exit code, its whole output). The child is stopped if we are interrupted."""
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", path],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+
+    def pump(stream, echo: bool) -> None:
+        for line in stream:
+            out.append(line)
+            if echo and line.lstrip().startswith("warning"):
+                print(f"  {tag}: {line.strip()}", file=sys.stderr, flush=True)
+
+    pumps = [threading.Thread(target=pump, args=(s, e), daemon=True)
+             for s, e in ((proc.stdout, False), (proc.stderr, True))]
+    for t in pumps:
+        t.start()
+    progress = Progress(run_dir, steps, tag)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            progress.update()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    for t in pumps:
+        t.join()
+    progress.update(final=True)
+    return proc.returncode, "".join(out)
+
+
+def execute(cfg: dict, run_dir: str, tag: str) -> dict:
+    """One run: reused when it finished earlier with this config, else run from scratch. Its
+    config is written beside its directory (``<run>.yaml``), which is the trainer's own; what
+    is written keeps ``${env:NAME}`` references, never their values."""
+    written = unresolved(cfg)
+    marker, path = os.path.join(run_dir, DONE), run_dir + ".yaml"
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            done = json.load(f)
+        if json.dumps(done["config"], sort_keys=True) == json.dumps(written, sort_keys=True):
+            print(f"{tag}: finished earlier, reused", file=sys.stderr, flush=True)
+            return {"config": cfg, "records": read(run_dir), "seconds": done["seconds"],
+                    "reused": True}
+    if os.path.isdir(run_dir):
+        if not os.path.exists(path):
+            raise UserError(f"{run_dir} exists and is not a compare run: move it or choose "
+                            f"another --out")
+        shutil.rmtree(run_dir)  # partial, or another config: start again
     with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(unresolved(cfg), f, sort_keys=False)
+        yaml.safe_dump(written, f, sort_keys=False)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", path],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise UserError(f"run {run_dir} failed: {tail[0]}")
-    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
-    return {"records": read(run_dir), "seconds": time.time() - t0, "summary": summary}
+    code, output = train_child(path, run_dir, cfg["train"]["steps"], tag)
+    with open(run_dir + ".log", "w", encoding="utf-8") as f:
+        f.write(output)
+    if code != 0:
+        last = [ln for ln in output.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise UserError(f"{tag} failed (exit {code}): {last[0].strip()}; output in "
+                        f"{run_dir}.log")
+    seconds = time.time() - t0
+    with open(marker + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"config": written, "seconds": seconds}, f)
+    os.replace(marker + ".tmp", marker)
+    return {"config": cfg, "records": read(run_dir), "seconds": seconds, "reused": False}
 
 
-def table(results: dict[str, list[dict]], threshold: float) -> str:
-    lines = [f"| variant | final reward (mean ± std over seeds) | steps to reward >= {threshold} "
-             f"| wall time (s) | mean KL | peak memory (MiB) |",
-             "|---|---|---|---|---|---|"]
-    for name, runs in results.items():
-        finals, reach, kls = [], [], []
-        for run in runs:
-            rec = run["records"]
-            tail = rec[-max(1, len(rec) // 10):]
-            finals.append(statistics.fmean(r["reward"] for r in tail))
-            hit = next((r["step"] for i, r in enumerate(rec)
-                        if statistics.fmean(x["reward"] for x in rec[max(0, i - 19):i + 1])
-                        >= threshold), None)
-            reach.append(hit)
-            kls.append(statistics.fmean(r["kl"] for r in rec))
-        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        hits = [h for h in reach if h is not None]
-        reach_txt = (f"{statistics.fmean(hits):.0f} ({len(hits)}/{len(runs)} seeds)" if hits
-                     else f"not reached (0/{len(runs)})")
-        secs = statistics.fmean(r["seconds"] for r in runs)
-        mem = max(r["summary"].get("peak_memory_mb", 0) for r in runs)
-        lines.append(f"| {name} | {statistics.fmean(finals):.3f} ± {sd:.3f} | {reach_txt} | "
-                     f"{secs:.0f} | {statistics.fmean(kls):.4f} | {mem:.0f} |")
-    return "\n".join(lines)
+class Study:
+    """Every run of a comparison, run or reused in order, with its per-run figures."""
+
+    def __init__(self, args, base: dict, total: int):
+        self.args, self.base, self.count, self.total = args, base, 0, total
+        self.dirs: dict[str, str] = {}  # run directory -> the settings it holds
+
+    def runs(self, settings: list[Setting], seeds: list[int]) -> list[dict]:
+        out = []
+        for seed in seeds:
+            run_dir = os.path.join(self.args.out, f"{slug(label(settings))}-seed{seed}")
+            if self.dirs.setdefault(run_dir, label(settings)) != label(settings):
+                raise UserError(f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
+                                f"the run directory {run_dir}; write the values differently")
+            cfg = apply(self.base, settings)
+            cfg["train"]["seed"] = seed
+            if self.args.steps and "train.steps" not in (k for k, _, _ in settings):
+                cfg["train"]["steps"] = self.args.steps
+            cfg["output"].update({"dir": run_dir, "progress": False, "checkpoint_every": 0})
+            cfg = config_mod.validate(cfg)
+            self.count += 1
+            tag = f"[{self.count}/{self.total}] {label(settings) or 'base'} seed {seed}"
+            run = execute(cfg, run_dir, tag)
+            b = cfg["baseline"]
+            greedy = grpo_core.create("baseline", b["name"], b["options"]).needs_greedy
+            run["seed"], run["dir"] = seed, run_dir
+            try:
+                run["figures"] = stats.run_figures(
+                    run["records"], cfg["train"]["prompts_per_step"], bool(greedy),
+                    self.args.threshold, self.args.window)
+            except ValueError as exc:
+                raise UserError(f"{tag}: {exc} ({run_dir})") from exc
+            out.append(run)
+        return out
 
 
 def compare_cli(args) -> int:
+    """``grpo compare``: plan, tune, evaluate; then compare.md, compare.json and the PNGs."""
     base = config_mod.load(args.config, args.set)
-    combos = variants(args)
-    if args.seeds < 1:
-        raise UserError("--seeds: expected a number >= 1")
+    for flag, value in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds),
+                        ("--steps", args.steps), ("--window", args.window)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag}: expected a number >= 1, got {value}")
+    variants, candidates = plan(args, base)
+    tuning = bool(args.tune)
+    if tuning and args.seeds > TUNE_SEED0:
+        raise UserError(f"--seeds: at most {TUNE_SEED0} with --tune (tuning seeds start there)")
+    tune_seeds = list(range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)) if tuning else []
+    study = Study(args, base, len(variants) * (args.seeds + len(candidates) * len(tune_seeds)))
     os.makedirs(args.out, exist_ok=True)
-    results: dict[str, list[dict]] = {}
     t0 = time.time()
-    total = len(combos) * args.seeds
-    for i, (variant, seed) in enumerate(itertools.product(combos, range(args.seeds))):
-        print(f"[{i + 1}/{total}] {label(variant)} seed {seed} ...", file=sys.stderr, flush=True)
-        results.setdefault(label(variant), []).append(
-            run_one(base, variant, seed, args.steps, args.out))
-    md = table(results, args.threshold)
-    wall = time.time() - t0
-    report = (f"# grpo compare\n\nconfig: {args.config}; {args.seeds} seeds; total wall time "
-              f"{wall:.0f} s\n\n{md}\n\nFinal reward: mean over the last 10% of steps. Steps to "
-              f"reach: the first step where the mean reward of the last 20 steps reaches the "
-              f"threshold.\n")
+    results, tuned = {}, {}
+    for variant in variants:
+        name, chosen = label(variant) or "base", []
+        if tuning:
+            scores = []
+            for cand in candidates:
+                runs = study.runs(variant + cand, tune_seeds)
+                values = [r["figures"][args.criterion] for r in runs]
+                scores.append({"value": label(cand), "scores": values,
+                               "mean": sum(values) / len(values)})
+            best = max(range(len(scores)), key=lambda i: (scores[i]["mean"], -i))
+            chosen = candidates[best]
+            tuned[name] = {"candidates": scores, "chosen": label(chosen),
+                           "edge": len(candidates) > 2 and best in (0, len(candidates) - 1)}
+        results[name] = {"settings": label(variant + chosen),
+                         "runs": study.runs(variant + chosen, list(range(args.seeds)))}
+    text, data = build_report(args, results, tuned, tune_seeds, time.time() - t0)
     with open(os.path.join(args.out, "compare.md"), "w", encoding="utf-8") as f:
-        f.write(report)
-    groups = {name: [r["records"] for r in runs] for name, runs in results.items()}
-    steps = max(len(r["records"]) for runs in results.values() for r in runs)
-    paths = plot_groups(groups, ["reward", "kl", "entropy"], args.out, max(1, steps // 50))
-    print(report)
-    for p in paths:
-        print(p)
+        f.write(text)
+    with open(os.path.join(args.out, "compare.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    print(text)
+    for path in plot_study(results, args.out):
+        print(path)
     return 0

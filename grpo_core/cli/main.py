@@ -108,7 +108,9 @@ def cmd_compare(args) -> int:
 def cmd_plot(args) -> int:
     from grpo_core.cli.plots import plot_runs
 
-    for path in plot_runs(args.runs, args.metrics.split(","), args.out):
+    metrics = None if args.metrics is None else [m.strip() for m in args.metrics.split(",")
+                                                  if m.strip()]
+    for path in plot_runs(args.runs, metrics, args.out):
         print(path)
     return 0
 
@@ -173,19 +175,36 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default=None, help="report directory")
     ev.set_defaults(func=cmd_eval)
 
-    co = with_config(sub.add_parser("compare", help="run plugin variants x seeds, then compare"))
-    co.add_argument("--baselines", default=None, help="comma-separated baseline names")
-    co.add_argument("--vary", action="append", default=[], metavar="KIND=A,B",
-                    help="vary any plugin kind, e.g. kl=fixed,adaptive")
-    co.add_argument("--seeds", type=int, default=3)
-    co.add_argument("--steps", type=int, default=None)
-    co.add_argument("--threshold", type=float, default=0.9, help="reward for 'steps to reach'")
-    co.add_argument("--out", default="runs/compare")
+    co = with_config(sub.add_parser(
+        "compare", help="variants x seeds, tuned per variant; table with intervals and tests"))
+    co.add_argument("--baselines", default=None, metavar="A,B",
+                    help="comma-separated baseline names (an axis of variants)")
+    co.add_argument("--vary", action="append", default=[], metavar="KEY=A,B",
+                    help="an axis of variants: any config key (optimizer.lr=1e-3,2e-3) or a "
+                         "plugin section (kl=fixed,adaptive); repeatable, axes are crossed")
+    co.add_argument("--tune", action="append", default=[], metavar="KEY=A,B",
+                    help="candidates chosen per variant on the tuning seeds; repeatable")
+    co.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds (1000, 1001, ...)")
+    co.add_argument("--criterion", choices=["auc", "final"], default="auc",
+                    help="tuning criterion: area under the reward curve, or final reward")
+    co.add_argument("--seeds", type=int, default=3, help="evaluation seeds (0, 1, ...)")
+    co.add_argument("--steps", type=int, default=None, help="train.steps of every run")
+    co.add_argument("--threshold", type=float, default=0.9,
+                    help="reward for 'steps/tokens/seconds to reach'")
+    co.add_argument("--window", type=int, default=20,
+                    help="steps in the trailing mean compared with --threshold")
+    co.add_argument("--test", choices=["welch", "permutation"], default="welch",
+                    help="the pairwise test whose Holm-adjusted p gives the verdict (both are "
+                         "reported; an exact permutation test needs many seeds to reach 0.05)")
+    co.add_argument("--out", default="runs/compare",
+                    help="study directory; finished runs in it are reused")
     co.set_defaults(func=cmd_compare)
 
     pt = sub.add_parser("plot", help="plot metrics of run directories")
     pt.add_argument("runs", nargs="+")
-    pt.add_argument("--metrics", default="reward,kl,entropy")
+    pt.add_argument("--metrics", default=None,
+                    help="comma-separated (default: reward, reward/<dim>, kl, entropy, "
+                         "completion_len, eval/* when present)")
     pt.add_argument("--out", default=None, help="output directory (default: the first run)")
     pt.set_defaults(func=cmd_plot)
 
