@@ -3,7 +3,7 @@
 A value whose schema carries ``"x-plugin": KIND`` is a plugin reference ``{name, options}``;
 its options are checked against that plugin's own schema, and the walk continues into that
 schema, so composite plugins (a weighted reward of rewards) are checked all the way down.
-Keys that moved between sections (``schema.MOVED``) are read at their old place too, with a
+Keys that moved between sections (``MOVED`` below) are read at their old place too, with a
 one-line notice naming the new place. ``${env:NAME}`` in a string is replaced by the
 environment variable's value here, at load (see ``configfile.resolve_env``).
 """
@@ -21,7 +21,24 @@ from grpo_core.configfile import Resolved, apply_overrides, read_file, resolve_e
 from grpo_core.errors import ConfigError
 from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
-from grpo_core.schema import CORE_SCHEMA, MOVED
+from grpo_core.schema import CORE_SCHEMA
+
+#: keys that moved, old path -> new path; old configs still load, with a notice
+MOVED: dict[str, str] = {
+    **{f"train.{k}": f"optimizer.{k}" for k in ("lr", "weight_decay", "betas", "lr_schedule",
+                                                 "warmup_steps", "max_grad_norm")},
+    "train.clip_low": "objective.options.clip_low",
+    "train.clip_high": "objective.options.clip_high",
+    "train.aggregation": "objective.aggregation",
+    "train.entropy_coef": "objective.entropy_coef",
+    "train.kl_estimator": "kl.estimator",
+    "train.kl_placement": "kl.placement",
+    "train.drop_zero_std_groups": "groups.drop_zero_std",
+    "train.resample_zero_std_max": "groups.resample_zero_std_max",
+    "train.reward_failure": "reward.failure",
+    "train.reward_timeout": "reward.timeout",
+    **{f"train.{k}": f"runtime.{k}" for k in ("device", "threads", "logprob_chunk")},
+}
 
 # JSON Schema counts 2.0 as an integer; a step count of 2.0 is more likely a mistake
 _TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
@@ -48,7 +65,7 @@ def moved_path(path: str) -> str:
 
 
 def migrate(config: dict) -> dict:
-    """Move keys from their deprecated places (``schema.MOVED``) to the current ones; a key
+    """Move keys from their deprecated places (``MOVED``) to the current ones; a key
     set at both places is an error, since either reading could be the wrong one."""
     config = copy.deepcopy(config)
     problems = []

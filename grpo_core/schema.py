@@ -312,23 +312,7 @@ CORE_SCHEMA: dict = {
         "runtime": RUNTIME, "distributed": DISTRIBUTED, "output": OUTPUT, "eval": EVAL,
         "health": HEALTH,
         "deepspeed": {"type": ["object", "string", "null"], "default": None,
-                      "description": "DeepSpeed config (ZeRO 1, 2 or 3) or a path to its JSON"},
+                      "description": "DeepSpeed config (ZeRO 1 or 2) or a path to its JSON; "
+                                     "for ZeRO-3-style sharding: distributed.strategy fsdp"},
     }, required=("model", "data", "reward")),
-}
-
-#: keys that moved, old path -> new path; old configs still load, with a notice
-MOVED: dict[str, str] = {
-    **{f"train.{k}": f"optimizer.{k}" for k in ("lr", "weight_decay", "betas", "lr_schedule",
-                                                 "warmup_steps", "max_grad_norm")},
-    "train.clip_low": "objective.options.clip_low",
-    "train.clip_high": "objective.options.clip_high",
-    "train.aggregation": "objective.aggregation",
-    "train.entropy_coef": "objective.entropy_coef",
-    "train.kl_estimator": "kl.estimator",
-    "train.kl_placement": "kl.placement",
-    "train.drop_zero_std_groups": "groups.drop_zero_std",
-    "train.resample_zero_std_max": "groups.resample_zero_std_max",
-    "train.reward_failure": "reward.failure",
-    "train.reward_timeout": "reward.timeout",
-    **{f"train.{k}": f"runtime.{k}" for k in ("device", "threads", "logprob_chunk")},
 }

@@ -365,6 +365,26 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
     assert record["env/turns"] == 31 / 16  # episodes of 1, 2, 3, 1, 2, ... turns
 
 
+def test_evaluation_runs_episodes_scored_on_the_last_turn(tiny_model):
+    from grpo_core.evaluate import evaluate
+
+    model, tok, gen, runner = setup(tiny_model, Script(turns=(1, 2, 3)))
+    seen = []
+
+    def reward(prompts, completions, **kw):
+        seen.extend(kw["messages"])
+        return [float(len(c)) for c in completions]
+
+    report, records = evaluate(model, tok, gen, ROWS, DATA, reward, n=2, temperature=1.0,
+                               max_new_tokens=6, episodes=runner)
+    assert len(records) == 6 and report["problems"] == 3
+    turns = [sum(m["role"] == "assistant" for m in r["messages"]) for r in records]
+    assert sorted(set(turns)) == [1, 2, 3]  # episodes of every scripted length were played
+    for r, msgs in zip(records, seen):  # the reward saw the last model turn, the record too
+        assert r["messages"] == msgs and r["reward"] == len(r["completion"])
+        assert r["completion"] == [m for m in msgs if m["role"] == "assistant"][-1]["content"]
+
+
 def test_validate_names_what_an_environment_run_cannot_do(tiny_model, addition_data, tmp_path):
     cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
                       environment={"name": "calculator"}, baseline={"name": "remax"},

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from grpo_core.schema import CORE_SCHEMA, MOVED
+from grpo_core.config import MOVED
+from grpo_core.schema import CORE_SCHEMA
 
 HEADER = """# The config file
 
