@@ -184,7 +184,7 @@ def apply_overrides(config: dict, overrides: list[str], moved=lambda key: key) -
             raise ConfigError([f"--set {item!r}: expected key.path=value"])
         key, raw = item.split("=", 1)
         key = moved(key)
-        value = _scalar(raw)
+        value = scalar(raw)
         _check_values(value, f"--set {key}")
         parts = split_path(key)
         node: Any = config
@@ -206,7 +206,7 @@ def apply_overrides(config: dict, overrides: list[str], moved=lambda key: key) -
     return config
 
 
-def _scalar(raw: str) -> Any:
+def scalar(raw: str) -> Any:
     """Read an override value as YAML, but take ``3e-3`` as a number (YAML 1.1 would not)."""
     try:
         value = parse_yaml(raw)

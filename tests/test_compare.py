@@ -161,11 +161,12 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
 def test_compare_streams_child_warnings(tiny_model, addition_data, tmp_path):
     cfg = tiny(tmp_path, tiny_model, addition_data)
     p = run_grpo("compare", cfg, "--set",
-                 "reward={name: math, options: {answer_column: nope}, failure: zero}",
+                 "reward={name: http, options: {url: 'http://127.0.0.1:9/score'}, "
+                 "failure: zero}",
                  "--baselines", "grpo", "--seeds", "1", "--steps", "1",
                  "--out", str(tmp_path / "w"), cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert "[1/1] grpo seed 0: warning (step 0): reward 'math' raised KeyError" in p.stderr
+    assert "[1/1] grpo seed 0: warning (step 0): reward 'http' raised" in p.stderr, p.stderr
 
 
 def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp_path, capsys):

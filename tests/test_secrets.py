@@ -145,11 +145,12 @@ def test_compare_writes_configs_with_the_reference(tmp_path, monkeypatch):
         "name": "http", "options": {"url": "http://127.0.0.1:9/x",
                                     "headers": {"X-Key": "${env:GRPO_T_KEY}"}}}))
     calls = []
-    monkeypatch.setattr(compare.subprocess, "run",
-                        lambda *a, **k: calls.append(a) or type("P", (), {"returncode": 1,
-                                                                       "stderr": "stop"})())
+    monkeypatch.setattr(compare, "train_child",
+                        lambda path, *a: calls.append(path) or (1, "stop"))
+    cfg = compare.apply(cfg, [("baseline", "rloo", "rloo")])
+    (tmp_path / "cmp").mkdir()  # the study directory (compare_cli makes it)
     with pytest.raises(Exception, match="stop"):
-        compare.run_one(cfg, {"baseline": "rloo"}, 0, 1, str(tmp_path / "cmp"))
-    text = open(calls[0][0][-1]).read()
+        compare.execute(cfg, str(tmp_path / "cmp" / "rloo-seed0"), "rloo seed 0")
+    text = open(calls[0]).read()
     assert SECRET not in text and "${env:GRPO_T_KEY}" in yaml.safe_load(text)["reward"][
         "options"]["headers"]["X-Key"]

@@ -28,7 +28,7 @@ import grpo_core
 from grpo_core import config as config_mod
 from grpo_core.cli import stats
 from grpo_core.cli.plots import build_report, plot_study
-from grpo_core.configfile import unresolved
+from grpo_core.configfile import scalar, unresolved
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.metrics import read
 from grpo_core.schema import CORE_SCHEMA
@@ -38,20 +38,6 @@ DONE = "compare_run.json"  # written after a run finished; holds its config and 
 PLUGIN_SECTIONS = tuple(k for k, v in CORE_SCHEMA["properties"].items() if v.get("x-plugin"))
 
 Setting = tuple[str, str, object]  # (key path, value as typed, parsed value)
-
-
-def parse_value(raw: str):
-    """A value as typed on the command line, read as YAML (``3e-3`` taken as a number)."""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 def split_values(text: str) -> list[str]:
@@ -76,7 +62,7 @@ def parse_axis(flag: str, item: str) -> tuple[str, list[Setting]]:
         raise UserError(f"{flag} {item!r}: expected KEY=V1,V2,... with KEY a config key path "
                         f"(optimizer.lr) or a plugin section ({', '.join(PLUGIN_SECTIONS)})")
     key = config_mod.moved_path(key)
-    return key, [(key, v, v if key in PLUGIN_SECTIONS else parse_value(v)) for v in values]
+    return key, [(key, v, v if key in PLUGIN_SECTIONS else scalar(v)) for v in values]
 
 
 def apply(cfg: dict, settings: list[Setting]) -> dict:
