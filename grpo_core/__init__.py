@@ -6,15 +6,27 @@ reward may return; :data:`PLUGIN_API_VERSION` is the plugin contract's version.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from grpo_core.errors import ConfigError, PluginError, UserError
+from grpo_core.hookspecs import Reward
 from grpo_core.registry import PLUGIN_API_VERSION, registry
 from grpo_core.scores import Scores
 
 __all__ = ["create", "Scores", "PLUGIN_API_VERSION", "UserError", "ConfigError", "PluginError",
            "registry"]
 __version__ = "0.1.0"
+
+
+class FunctionReward(Reward):
+    """A plain function registered as a reward: no declared columns, no known maximum."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, prompts, completions, **columns):
+        return self.fn(prompts, completions, **columns)
 
 
 def create(kind: str, name: str, options: dict | None = None) -> Any:
@@ -35,7 +47,7 @@ def create(kind: str, name: str, options: dict | None = None) -> Any:
 
 def _checked(kind: str, name: str, distribution: str, component: Any) -> Any:
     """The component, if it honours its kind's contract (a plain function becomes a reward)."""
-    from grpo_core.hookspecs import CONTRACTS, FunctionReward
+    from grpo_core.hookspecs import CONTRACTS
 
     base = CONTRACTS[kind]
     if isinstance(component, base):

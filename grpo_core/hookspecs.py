@@ -19,7 +19,6 @@ plugin whose set excludes :data:`grpo_core.PLUGIN_API_VERSION` is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +78,9 @@ class Component:
 
     @classmethod
     def check_options(cls, options: dict) -> list[str]:
-        """Problems with options that passed the schema but that the schema cannot express (a
-        regex that will not compile, say), found without building the component: one short
-        line each, starting with the option's path. ``grpo validate`` and every command that
-        reads a config report them with the rest."""
+        """Problems with options that passed the schema but that it cannot express (a regex
+        that will not compile, say), found without building the component: one short line
+        each, starting with the option's path, reported with the config's other problems."""
         return []
 
 
@@ -114,16 +112,6 @@ class Reward(Component):
 
     def close(self) -> None:
         """Release what the reward holds (worker processes, connections) at the end of a run."""
-
-
-class FunctionReward(Reward):
-    """A plain function registered as a reward: no declared columns, no known maximum."""
-
-    def __init__(self, fn: Callable[..., Any]):
-        self.fn = fn
-
-    def __call__(self, prompts, completions, **columns):
-        return self.fn(prompts, completions, **columns)
 
 
 class Baseline(Component):
@@ -273,6 +261,8 @@ class Logger(Component):
 
     def close(self) -> None:
         """Flush and finish, at the end of the run."""
+
+
 @dataclass
 class Observation:
     """What an environment answers to a model turn: ``text`` goes into the context (a tool's

@@ -161,7 +161,8 @@ OLD_LAYOUT = {"model": {"name_or_path": "m"}, "data": {"path": PROMPTS, "columns
                         "drop_zero_std_groups": True, "device": "cpu", "logprob_chunk": 64}}
 
 
-def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys):
+def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(config, "_noticed", set())  # once per process: start afresh
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(OLD_LAYOUT))
     assert main(["validate", str(path), "--set", "train.entropy_coef=0.01"]) == 0

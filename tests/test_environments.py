@@ -273,7 +273,7 @@ def test_rewards_get_the_final_turn_and_the_trajectory(tiny_model):
         seen.update(columns, completions=completions)
         return [0.0] * len(completions)
 
-    score_rollout(grpo_core.hookspecs.FunctionReward(spy), {"name": "spy", "timeout": None,
+    score_rollout(grpo_core.FunctionReward(spy), {"name": "spy", "timeout": None,
                                                           "failure": "raise"},
                   tok, make_batch(ROWS, DATA, tok), ro, tr)
     assert seen["completions"] == [t.final for t in tr]
