@@ -233,3 +233,20 @@ def test_a_run_with_model_defaults_writes_them_and_resumes(configured_model, add
     assert p.returncode == 0, p.stderr
     steps = [json.loads(x)["step"] for x in open(os.path.join(out, "metrics.jsonl"))]
     assert steps == [0, 1, 2]
+
+
+def test_an_episode_turn_samples_as_generate_does(tiny):
+    """The multi-turn sampler applies the same settings: a first turn with no environment
+    tokens gives the completions ``generate`` gives for the same seed."""
+    gen, tok, _, prompts = tiny
+    sp = SamplingParams(10, temperature=0.9, min_p=0.05, repetition_penalty=2.0)
+    stop = _stop_string(tok, _completions(gen.generate(prompts, 2, sp, seed=6)))
+    ro = gen.generate(prompts, 2, replace(sp, stop=(stop,)), seed=6)
+    sampler = gen.start_episodes(prompts, 2, sp, seed=6)
+    try:
+        turns = sampler.turn(list(range(ro.size)), [[] for _ in range(ro.size)],
+                             [10] * ro.size, (stop,))
+    finally:
+        sampler.close()
+    assert [t.ids for t in turns] == _completions(ro)
+    assert [t.finish != "length" for t in turns] == (~ro.truncated).tolist()
