@@ -211,8 +211,8 @@ def test_vllm_gets_the_same_settings():
 
 def test_a_run_with_model_defaults_writes_them_and_resumes(configured_model, addition_data,
                                                           tmp_path):
-    """config.json keeps the nulls as written, checkpoints hold the resolved values, the loss
-    uses the model's temperature, and the run resumes from its own checkpoint."""
+    """config.json keeps the nulls as written, checkpoints hold the resolved values, and the
+    run resumes from its own checkpoint (and from one written before min_p existed)."""
     path, _ = configured_model
     out = str(tmp_path / "run")
     cfg = make_config(path, addition_data, out, train={"steps": 2, "prompts_per_step": 2,
@@ -228,6 +228,10 @@ def test_a_run_with_model_defaults_writes_them_and_resumes(configured_model, add
     held = [json.load(open(m)).get("config", {}).get("sampling") for m in meta]
     assert {"temperature": 0.7, "top_k": 5, "repetition_penalty": 1.3}.items() <= \
         next(h for h in held if h).items()
+    for m in meta:  # as a checkpoint written before min_p existed: it read as 0.0 there
+        state = json.load(open(m))
+        del state["config"]["sampling"]["min_p"]
+        json.dump(state, open(m, "w"))
     cfg["train"]["steps"] = 3
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), "--resume", cwd=ROOT)
     assert p.returncode == 0, p.stderr
