@@ -107,10 +107,11 @@ class EpisodeRunner:
                 active.append(b)
         context: list[list[int]] = [[] for _ in active]
         sampler = self.gen.start_episodes(prompt_ids, n, sampling, seed, row_offset)
+        stop = tuple(self.env.stop_strings) + sampling.stop  # a turn ends at either
         try:
             while active:
                 budgets = [min(sampling.max_new_tokens, total - len(ids[b])) for b in active]
-                turns = sampler.turn(active, context, budgets, tuple(self.env.stop_strings))
+                turns = sampler.turn(active, context, budgets, stop)
                 nxt: list[tuple[int, list[int]]] = []
                 for b, turn in zip(active, turns):
                     ids[b] += turn.ids

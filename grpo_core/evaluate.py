@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 from grpo_core.data import make_batch, reward_inputs
 from grpo_core.episodes import EpisodeRunner
@@ -34,11 +35,14 @@ def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg:
              n: int = 1, temperature: float = 0.0, max_new_tokens: int = 64,
              batch_prompts: int = 16, pass_threshold: float = 1.0,
              correct_dimension: str | None = None, seed: int = 1234,
-             progress: bool = False,
-             episodes: EpisodeRunner | None = None) -> tuple[dict, list[dict]]:
+             progress: bool = False, episodes: EpisodeRunner | None = None,
+             settings: SamplingParams | None = None) -> tuple[dict, list[dict]]:
     """Generate ``n`` completions per problem (with ``episodes``: ``n`` environment episodes,
-    each scored on its last turn) and score them; returns (report, records)."""
-    sampling = SamplingParams(max_new_tokens, temperature or 1.0, greedy=temperature == 0)
+    each scored on its last turn) and score them; returns (report, records). ``settings``:
+    the run's sampling (top-k/p, min-p, repetition penalty, stop strings), whose
+    temperature, token budget and batch size are replaced by this evaluation's."""
+    sampling = replace(settings or SamplingParams(), max_new_tokens=max_new_tokens,
+                       temperature=temperature or 1.0, greedy=temperature == 0, batch_size=None)
     records, per_problem = [], []
     dims: dict[str, list[float]] = {}
     t0 = time.time()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
 from grpo_core.errors import UserError
+from grpo_core.rollout import MODEL_DEFAULTED, NEUTRAL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,6 +153,41 @@ def context_length(model) -> int | None:
     config = model.get_base_model().config if is_peft(model) else model.config
     n = getattr(config, "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
+
+
+#: the range a generation_config value must be in to be taken (as the config schema's)
+_VALID = {"temperature": lambda v: v > 0, "top_p": lambda v: 0 < v <= 1,
+          "top_k": lambda v: v >= 0 and v == int(v), "min_p": lambda v: 0 <= v <= 1,
+          "repetition_penalty": lambda v: v > 0}
+
+
+def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
+    """The values of the model's generation_config for the sampling settings the config
+    leaves null: only those the model sets (differing from transformers' own defaults, as
+    vLLM reads them) and in range; a config value always wins."""
+    gen = getattr(model, "generation_config", None)
+    given = gen.to_diff_dict() if gen is not None else {}
+    taken = {}
+    for key in MODEL_DEFAULTED:
+        value = given.get(key)
+        if sampling_cfg.get(key) is None and isinstance(value, (int, float)) and \
+                not isinstance(value, bool) and _VALID[key](value):
+            taken[key] = int(value) if key == "top_k" else float(value)
+    return taken
+
+
+def resolve_sampling(model, sampling_cfg: dict, announce: bool) -> None:
+    """Fill the config's null sampling settings in place, once the model is loaded: the
+    model's generation_config value when it sets one, else the neutral value. With
+    ``announce`` (rank 0), one ``note:`` line on stderr names the values taken from the model."""
+    taken = sampling_defaults(model, sampling_cfg)
+    for key in MODEL_DEFAULTED:
+        if sampling_cfg.get(key) is None:
+            sampling_cfg[key] = taken.get(key, NEUTRAL[key])
+    if taken and announce:
+        said = ", ".join(f"{k}={v}" for k, v in taken.items())
+        print(f"note: sampling settings from the model's generation_config: {said} (set them "
+              f"in the config's sampling section to override)", file=sys.stderr)
 
 
 def _tied_names(model) -> set[str]:

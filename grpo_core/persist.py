@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from grpo_core import checkpoint, dist, schedules
 from grpo_core.configfile import unresolved
 from grpo_core.errors import UserError
+from grpo_core.rollout import NEUTRAL
 
 SHARDS = "dcp"
 
@@ -96,6 +97,8 @@ def resume(run, target: str | bool, force: bool) -> None:
         if problem:
             raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
     state = checkpoint.read_state(path)
+    for key, value in NEUTRAL.items():  # written before the setting existed: sampled without it
+        (state.get("config") or {}).get("sampling", {}).setdefault(key, value)
     diffs = checkpoint.config_differences(state, unresolved(run.cfg))
     if diffs and not force:
         raise UserError("cannot resume: the config differs from the checkpoint's in "

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,7 +25,7 @@ from grpo_core.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.metrics import peak_memory_mb, rollout_metrics, write_samples
 from grpo_core.models import save_model
 from grpo_core.rewards import Scored, score_rollout
-from grpo_core.rollout import Rollout, SamplingParams
+from grpo_core.rollout import Rollout
 from grpo_core.run import Run
 
 
@@ -107,9 +107,7 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     greedy, t1 = None, time.time()
     if run.baseline.needs_greedy:  # ReMax: one greedy completion per prompt
-        sp = run.sampling
-        g = run.generator.generate(s.batch.prompt_ids, 1, SamplingParams(
-            sp.max_new_tokens, greedy=True, batch_size=sp.batch_size))
+        g = run.generator.generate(s.batch.prompt_ids, 1, replace(run.sampling, greedy=True))
         greedy = judge(s.batch, g.to(run.device)).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
                   time.time() - t1 if greedy is not None else 0.0)
@@ -280,7 +278,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
                                  max_new_tokens=sc["max_new_tokens"],
                                  pass_threshold=ec["pass_threshold"],
                                  correct_dimension=ec["correct_dimension"],
-                                 episodes=run.episodes)
+                                 episodes=run.episodes, settings=run.sampling)
         record.update({f"eval/{k}": v for k, v in report.items()
                        if isinstance(v, float) and k != "temperature"})
         value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None

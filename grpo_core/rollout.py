@@ -9,12 +9,55 @@ import torch
 
 @dataclass
 class SamplingParams:
+    """How completions are sampled; the defaults are the neutral values (no effect).
+
+    Applied in this order (as transformers does): the repetition penalty on the raw logits,
+    the temperature, then top-k, top-p and min-p (grpo_core.sampling). ``greedy`` takes the
+    argmax after the penalty. A completion ends at an EOS id or at the token that completes
+    one of the ``stop`` strings (that token is kept, like EOS)."""
+
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
     batch_size: int | None = None  # most completions generated at once (None: all)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, sc: dict, **override) -> SamplingParams:
+        """From a config's ``sampling`` section whose model defaults are resolved
+        (grpo_core.models.resolve_sampling); ``override`` replaces fields."""
+        kw = {k: sc[k] for k in MODEL_DEFAULTED}
+        kw.update(max_new_tokens=sc["max_new_tokens"], stop=tuple(sc["stop"]),
+                  batch_size=sc["generation_batch_size"])
+        return cls(**{**kw, **override})
+
+
+def _from_model(name: str, kind: str, what: str, **limits) -> tuple[str, dict]:
+    """The config schema of a sampling setting that null leaves to the model."""
+    neutral = next(f.default for f in fields(SamplingParams) if f.name == name)
+    return name, {"type": [kind, "null"], "default": None, **limits, "description":
+                  f"{what} (null: the model's generation_config value, else {neutral})"}
+
+
+#: config ``sampling`` entries a model's generation_config may supply (see
+#: grpo_core.models.resolve_sampling); the neutral values are SamplingParams' defaults
+MODEL_SETTINGS = dict([
+    _from_model("temperature", "number", "sampling temperature, log-probs use the same",
+                exclusiveMinimum=0),
+    _from_model("top_p", "number", "nucleus sampling mass", exclusiveMinimum=0, maximum=1),
+    _from_model("top_k", "integer", "sample among the k likeliest tokens, 0: all", minimum=0),
+    _from_model("min_p", "number", "keep tokens at least min_p times as likely as the "
+                "likeliest", minimum=0, maximum=1),
+    _from_model("repetition_penalty", "number", "tokens already in the prompt or completion "
+                "get positive logits divided by it, negative ones multiplied",
+                exclusiveMinimum=0),
+])
+MODEL_DEFAULTED = tuple(MODEL_SETTINGS)
+NEUTRAL = {f.name: f.default for f in fields(SamplingParams) if f.name in MODEL_SETTINGS}
 
 
 @dataclass
@@ -23,7 +66,11 @@ class Rollout:
 
     prompt_ids, prompt_mask: [P, Lp], left-padded.
     completion_ids, completion_mask: [B, T], right-padded; the mask covers EOS.
-    logprobs: [B, T], log-probs under the sampling policy (temperature applied), 0 on padding.
+    logprobs: [B, T], log-probs of the sampled tokens under the policy at the sampling
+    temperature, log softmax(logits / T), 0 on padding: what the trainer recomputes, and
+    what vLLM returns by default. The repetition penalty and the top-k/top-p/min-p filters
+    shape which token is drawn but are left out of these log-probs (so the ratio against the
+    trainer's log-probs is 1 at the first update).
     truncated: [B] bool, True when no EOS came within the budget (an episode: when it was
     cut by ``environment.max_turns`` or the token budget).
     group: [B] long, the prompt index of each completion.

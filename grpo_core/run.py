@@ -40,6 +40,7 @@ from grpo_core.models import (
     load_model,
     load_tokenizer,
     pick_device,
+    resolve_sampling,
     save_model,
     saved_dtype,
 )
@@ -163,6 +164,9 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
 
     tokenizer = load_tokenizer(cfg["model"])
     policy = load_model(cfg["model"], device)
+    # null sampling settings take the model's generation_config values, before anything reads
+    # them (the loss's temperature too); config.json above keeps them as written
+    resolve_sampling(policy, cfg["sampling"], rank == 0)
     kl = _plugin("kl", cfg["kl"])
     reference = None
     if kl.needs_reference():  # no reference model at all when the coefficient stays 0
@@ -201,9 +205,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
               _engine(cfg, policy, params, opt, sched, world),
-              SamplingParams(cfg["sampling"]["max_new_tokens"], cfg["sampling"]["temperature"],
-                             cfg["sampling"]["top_p"], cfg["sampling"]["top_k"],
-                             batch_size=cfg["sampling"]["generation_batch_size"]),
+              SamplingParams.from_config(cfg["sampling"]),
               torch.autocast("cuda", dtype=torch.bfloat16,
                              enabled=device.type == "cuda" and cfg["model"]["dtype"] == "auto"),
               None, HealthMonitor(window=cfg["health"]["window"])

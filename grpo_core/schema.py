@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_core.rollout import MODEL_SETTINGS
+
 
 def plugin_ref(kind: str, default: str | None = None, description: str = "",
                extra: dict | None = None) -> dict:
@@ -110,12 +112,9 @@ SAMPLING = _obj({
     "group_size": {**POS_INT, "default": 8, "description": "G: completions per prompt"},
     "max_new_tokens": {**POS_INT, "default": 64,
                        "description": "longest completion, in tokens"},
-    "temperature": {"type": "number", "exclusiveMinimum": 0, "default": 1.0,
-                    "description": "sampling temperature (log-probs use the same)"},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0,
-              "description": "nucleus sampling mass"},
-    "top_k": {"type": "integer", "minimum": 0, "default": 0,
-              "description": "sample among the k likeliest tokens (0: all)"},
+    **MODEL_SETTINGS,
+    "stop": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
+             "description": "strings that end a completion (the token completing one is kept)"},
     "generation_batch_size": {"type": ["integer", "null"], "minimum": 1, "default": None,
                               "description": "most completions generated at once"},
 }, description="Phase 1, sample: G completions per prompt.")

@@ -18,7 +18,7 @@ import torch
 
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_right
-from grpo_core.sampling import sample
+from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
 
 GRPO_CORE_API = (2,)
 
@@ -201,20 +201,28 @@ class HFGenerator(Generator):
         keep = attn.bool()[:, None, None, :] if self.mask_key else None
         noise_rows = rows + row_offset
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
+        used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
+        if sp.repetition_penalty != 1.0:
+            used = torch.zeros((R, logits.shape[-1]), dtype=torch.int32, device=pids.device)
+            used = used.scatter_add_(1, pids[rows // n], pmask[rows // n].int()) > 0
         toks, lps, lives = [], [], []
         for t in range(T):
-            z = logits.float()
-            if not sp.greedy and sp.temperature != 1.0:
-                z = z / sp.temperature
+            raw, scale = logits.float(), 1.0 if sp.greedy else sp.temperature
+            z = raw / scale if scale != 1.0 else raw
+            # penalized logits pick the token; the log-prob kept is the policy's (see Rollout)
+            picked = z if used is None else \
+                apply_repetition_penalty(raw, used, sp.repetition_penalty) / scale
             if sp.greedy:
-                tok = torch.argmax(z, dim=-1)
+                tok = torch.argmax(picked, dim=-1)
             else:
-                tok = sample(z, seed, noise_rows, t, sp.top_k, sp.top_p)
+                tok = sample(picked, seed, noise_rows, t, sp.top_k, sp.top_p, sp.min_p)
             lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
             lives.append(~done)
             toks.append(tok.masked_fill(done, self.pad))
             lps.append(lp.masked_fill(done, 0.0))
-            done = done | torch.isin(tok, self.eos)
+            if used is not None:
+                used.scatter_(1, tok[:, None], True)
+            done = done | torch.isin(tok, self.eos) | self._stopped(toks, done, sp.stop)
             if t == T - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
                 break
             seen = Lp + t + 1
@@ -223,6 +231,18 @@ class HFGenerator(Generator):
             pos = pos + 1
         self.model.train(was_training)
         return (torch.stack(toks, 1), torch.stack(lives, 1).long(), torch.stack(lps, 1), ~done)
+
+    def _stopped(self, toks: list[torch.Tensor], done: torch.Tensor,
+                 stop: tuple[str, ...]) -> torch.Tensor:
+        """[R] bool: rows still going whose newest token completes a stop string (only the
+        decoded tail of their last tokens is looked at)."""
+        hit = torch.zeros_like(done)
+        if not stop:
+            return hit
+        tail = torch.stack(toks[-stop_window(stop):], 1).tolist()
+        for i in torch.nonzero(~done).squeeze(1).tolist():
+            hit[i] = hits_stop(self.tokenizer, tail[i], stop)
+        return hit
 
 
 @hookimpl

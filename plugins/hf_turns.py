@@ -17,7 +17,7 @@ import torch
 
 from grpo_core.hookspecs import Turn, TurnSampler
 from grpo_core.rollout import SamplingParams
-from grpo_core.sampling import sample
+from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
@@ -57,6 +57,10 @@ class HFTurns(TurnSampler):
         self.noise = torch.arange(P * n, device=self.device) + row_offset
         self.steps = torch.zeros(P * n, dtype=torch.long, device=self.device)  # tokens so far
         self.pending: dict[int, int] = {}  # a turn's last token, not yet in the cache
+        self.used = None  # [R, V] tokens each trajectory holds (the repetition penalty's)
+        if sampling.repetition_penalty != 1.0:
+            used = torch.zeros_like(self.logits, dtype=torch.int32)
+            self.used = used.scatter_add_(1, pids[index], pmask[index].int()) > 0
 
     def _keep(self, rows: list[int]) -> None:
         """Drop finished trajectories from the cache; keep ``rows`` in that order."""
@@ -66,6 +70,7 @@ class HFTurns(TurnSampler):
         sel = torch.tensor([where[r] for r in rows], device=self.device)
         self.cache.batch_select_indices(sel)
         self.attn, self.pos, self.logits = self.attn[sel], self.pos[sel], self.logits[sel]
+        self.used = None if self.used is None else self.used[sel]
         self.alive = list(rows)
 
     def _append(self, rows: list[int], context: list[list[int]]) -> None:
@@ -83,6 +88,9 @@ class HFTurns(TurnSampler):
                 ids[i, width - len(c):] = torch.tensor(c)
                 mask[i, width - len(c):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
+        if self.used is not None:  # the environment's tokens count as seen (as in vLLM)
+            self.used |= torch.zeros_like(self.used, dtype=torch.int32).scatter_add_(
+                1, ids, mask.int()) > 0
         self.attn = torch.cat([self.attn, mask], 1)
         out = self.gen._forward(input_ids=ids, attention_mask=self.attn,
                                 position_ids=self.pos[:, None] + (mask.cumsum(-1) - 1).clamp(min=0),
@@ -99,16 +107,21 @@ class HFTurns(TurnSampler):
         self._append(list(rows), context)
         sp, R = self.sp, len(rows)
         noise, start = self.noise[rows], self.steps[rows]
-        window = 4 * max((len(s) for s in stop), default=0) + 4  # <= 4 tokens per character
+        window = stop_window(stop)
         live = torch.ones(R, dtype=torch.bool, device=self.device)
         ids: list[list[int]] = [[] for _ in range(R)]
         lps: list[list[float]] = [[] for _ in range(R)]
         finish = ["length"] * R
         for t in range(max(budgets)):
-            z = self.logits.to(_acc(self.logits)) / (1.0 if sp.greedy else sp.temperature)
-            tok = torch.argmax(z, -1) if sp.greedy else sample(z, self.seed, noise, start + t,
-                                                                 sp.top_k, sp.top_p)
+            raw, scale = self.logits.to(_acc(self.logits)), 1.0 if sp.greedy else sp.temperature
+            z = raw / scale  # the log-prob kept is the policy's, unpenalized (see Rollout)
+            picked = z if self.used is None else \
+                apply_repetition_penalty(raw, self.used, sp.repetition_penalty) / scale
+            tok = torch.argmax(picked, -1) if sp.greedy else sample(
+                picked, self.seed, noise, start + t, sp.top_k, sp.top_p, sp.min_p)
             lp = torch.log_softmax(z, -1).gather(1, tok[:, None]).squeeze(1)
+            if self.used is not None:
+                self.used[live] = self.used[live].scatter(1, tok[live, None], True)
             fed = live.clone()
             eos = torch.isin(tok, self.gen.eos)
             for i in torch.nonzero(live).squeeze(1).tolist():
@@ -116,7 +129,7 @@ class HFTurns(TurnSampler):
                 lps[i].append(float(lp[i]))
                 if bool(eos[i]):
                     finish[i] = "eos"
-                elif stop and self._stopped(ids[i][-window:], stop):
+                elif stop and hits_stop(self.gen.tokenizer, ids[i][-window:], stop):
                     finish[i] = "stop"
                 elif len(ids[i]) < budgets[i]:
                     continue
@@ -133,12 +146,6 @@ class HFTurns(TurnSampler):
             self.pos = self.pos + fed.long()
         self.steps[rows] += torch.tensor([len(i) for i in ids], device=self.device)
         return [Turn(i, lp, f) for i, lp, f in zip(ids, lps, finish)]
-
-    def _stopped(self, tail: list[int], stop: tuple[str, ...]) -> bool:
-        """Whether the turn's last tokens hold a stop string (one can only end in the newest
-        token: the text before it was checked at the step before)."""
-        text = self.gen.tokenizer.decode(tail, skip_special_tokens=False)
-        return any(s in text for s in stop)
 
     def close(self) -> None:
         self.cache = self.logits = None

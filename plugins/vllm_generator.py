@@ -21,6 +21,16 @@ from grpo_core.rollout import Rollout, SamplingParams, pad_right
 GRPO_CORE_API = (2,)
 
 
+def settings(sp: SamplingParams, stop: tuple[str, ...]) -> dict:
+    """Our sampling settings as vllm.SamplingParams arguments: greedy is temperature 0, top-k
+    off is -1 (accepted by every vLLM version; newer ones also take 0), and a stop string is
+    kept in the output, as the hf generator keeps the token completing it."""
+    return dict(temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
+                top_k=sp.top_k if sp.top_k > 0 else -1, min_p=sp.min_p,
+                repetition_penalty=sp.repetition_penalty, stop=list(stop) or None,
+                include_stop_str_in_output=True)
+
+
 class VLLMGenerator(Generator):
     recompute_old_logprobs = True
     supports_episodes = True
@@ -82,10 +92,8 @@ class VLLMGenerator(Generator):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
                  seed: int = 0, row_offset: int = 0) -> Rollout:
-        sp = self.vllm.SamplingParams(
-            n=n, max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-            temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1)
+        sp = self.vllm.SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0,
+                                      seed=seed, **settings(sampling, sampling.stop))
         if self.sleep:
             self.llm.wake_up()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
@@ -135,14 +143,10 @@ class VLLMTurns(TurnSampler):
             gen.llm.wake_up()
 
     def _params(self, row: int, budget: int, stop: tuple[str, ...]):
-        sp = self.sp
         return self.gen.vllm.SamplingParams(
             n=1, max_tokens=budget, logprobs=0,
             seed=(self.seed * 1_000_003 + (self.row_offset + row) * 7919 + self.turns)
-            & 0x7FFFFFFF,
-            temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
-            top_k=sp.top_k if sp.top_k > 0 else -1, stop=list(stop) or None,
-            include_stop_str_in_output=True)
+            & 0x7FFFFFFF, **settings(self.sp, stop))
 
     @torch.no_grad()
     def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],

@@ -14,7 +14,8 @@ from grpo_core.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.evaluate import evaluate, write
 from grpo_core.isolation import build_reward
-from grpo_core.models import load_model, load_tokenizer, pick_device
+from grpo_core.models import load_model, load_tokenizer, pick_device, resolve_sampling
+from grpo_core.rollout import SamplingParams
 from grpo_core.sources import read_rows
 
 
@@ -34,6 +35,7 @@ def evaluate_cli(args) -> int:
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(cfg["model"])
     model = load_model(cfg["model"], device).eval()
+    resolve_sampling(model, cfg["sampling"], announce=True)
     gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
     gen.setup(model, tokenizer, device)
     reward_fn = build_reward(cfg["reward"])
@@ -55,7 +57,8 @@ def evaluate_cli(args) -> int:
         report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
                                    temperature=args.temperature,
                                    max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                                   progress=True, episodes=episodes)
+                                   progress=True, episodes=episodes,
+                                   settings=SamplingParams.from_config(cfg["sampling"]))
     if episodes is not None:
         episodes.close()
     report["model"] = cfg["model"]["name_or_path"]
