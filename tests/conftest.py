@@ -76,6 +76,18 @@ def run_grpo(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProc
                           text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
+def gsm8k_or_stand_in(tmp_path) -> list[str]:
+    """``--set`` overrides for an example config that reads ../shared/data/gsm8k: none where
+    the real data is there, else a two-row stand-in with the same fields, so the config's
+    validation (schema, plugins, columns) is still tested in a clone without ../shared."""
+    if os.path.exists(os.path.join(SHARED, "gsm8k")):
+        return []
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"})
+                            + "\n" for i in range(2)))
+    return ["--set", f"data.path={path}", "--set", f"eval.data={path}"]
+
+
 def needs_shared(sub: str) -> str:
     path = os.path.join(SHARED, sub)
     if not os.path.exists(path):

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import ROOT, make_config, run_grpo, write_config
+from conftest import ROOT, gsm8k_or_stand_in, make_config, run_grpo, write_config
 
 COLOURS = {"C0": (0x1F, 0x77, 0xB4), "C1": (0xFF, 0x7F, 0x0E)}  # matplotlib's first two
 RECIPE = os.path.join(ROOT, "examples", "recipe_grpo.yaml")
@@ -199,8 +199,8 @@ def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp
     assert p.stderr.strip().splitlines()[-1].startswith("error: --vary 'colour=red'")
 
 
-def test_recipe_example_validates():
-    p = run_grpo("validate", RECIPE, cwd=ROOT)
+def test_recipe_example_validates(tmp_path):
+    p = run_grpo("validate", RECIPE, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
     assert p.returncode == 0, p.stderr
     import yaml
 

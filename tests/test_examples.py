@@ -6,7 +6,7 @@ import json
 import os
 
 import yaml
-from conftest import ROOT, needs_shared, run_grpo
+from conftest import ROOT, gsm8k_or_stand_in, needs_shared, run_grpo
 
 import grpo_core
 from grpo_core import config
@@ -14,8 +14,8 @@ from grpo_core import config
 EXAMPLE = os.path.join(ROOT, "examples", "gsm8k_qwen.yaml")
 
 
-def test_gsm8k_example_validates():
-    out = run_grpo("validate", EXAMPLE, cwd=ROOT)
+def test_gsm8k_example_validates(tmp_path):
+    out = run_grpo("validate", EXAMPLE, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     eff = yaml.safe_load(out.stdout)
     assert eff["reward"]["options"]["components"][1]["requires"] == ["format"]
