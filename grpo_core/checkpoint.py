@@ -26,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from grpo_core.config import fill_defaults
-from grpo_core.errors import UserError
+from grpo_core.errors import UserError, write_failure
 from grpo_core.models import is_peft, save_model
 from grpo_core.schema import CORE_SCHEMA
 
@@ -93,9 +93,7 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: d
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}-{os.getpid()}")
-    for stale in os.listdir(root):  # left by a crash mid-write; never loaded
-        if stale.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+    clear_leftovers(root)
     try:
         os.makedirs(tmp)
         save_model(model, None, tmp, dtype)
@@ -106,7 +104,7 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: d
         _fault_pause()
     except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, quota, permissions
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {_reason(exc, root)}; "
+        raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
     return finish_save(root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last,
                        optimizer_state)
@@ -139,23 +137,24 @@ def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokeniz
         _fsync(root)
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {_reason(exc, root)}; "
+        raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
     for old in list_checkpoints(root, run_id)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        gone = os.path.join(root, ".del-" + os.path.basename(old))
+        os.rename(old, gone)  # out of sight in one step: a kill cannot leave half of it
+        shutil.rmtree(gone, ignore_errors=True)
     return final
 
 
-def _reason(exc: Exception, where: str) -> str:
-    """Why a write failed, in words: torch.save reports a full disk as a position mismatch."""
-    if getattr(exc, "strerror", None):
-        return exc.strerror
-    try:
-        if os.statvfs(where).f_bavail * os.statvfs(where).f_frsize < 1 << 20:
-            return "No space left on device"
-    except OSError:
-        pass
-    return str(exc).splitlines()[0]
+def clear_leftovers(root: str) -> None:
+    """Remove what a crash can leave under ``root``: a half-written checkpoint (``.tmp-``) or
+    a half-removed one (``.del-``, or a step directory without its state.json); no resume
+    ever loads them, but they take space and would be miscounted."""
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith((".tmp-", ".del-")) or (
+                name.startswith(PREFIX) and not os.path.isfile(os.path.join(path, "state.json"))):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _fault_pause() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class UserError(Exception):
     """Bad input from the user: a config, a plugin name, a file. Printed without traceback."""
@@ -17,3 +19,15 @@ class ConfigError(UserError):
 
 class PluginError(UserError):
     """A plugin could not be loaded, found or built."""
+
+
+def write_failure(exc: Exception, where: str) -> str:
+    """Why a write failed, in words: torch.save reports a full disk as a position mismatch."""
+    if getattr(exc, "strerror", None):
+        return exc.strerror
+    try:
+        if os.statvfs(where).f_bavail * os.statvfs(where).f_frsize < 1 << 20:
+            return "No space left on device"
+    except OSError:
+        pass
+    return str(exc).splitlines()[0]

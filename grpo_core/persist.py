@@ -63,9 +63,7 @@ def _save_sharded(run, root: str, step: int, meta: dict) -> None:
     tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run.run_id}")
     if run.main:
         os.makedirs(root, exist_ok=True)
-        for stale in os.listdir(root):
-            if stale.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+        checkpoint.clear_leftovers(root)
         os.makedirs(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(run.policy, run.optimizer)

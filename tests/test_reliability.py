@@ -106,6 +106,21 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny_model, addition_data, tmp_
     assert not [d for d in os.listdir(ckpts) if d.startswith(".tmp-")]
 
 
+def test_leftovers_of_a_crash_are_cleared_and_never_counted(tmp_path):
+    from grpo_core.checkpoint import clear_leftovers, list_checkpoints
+
+    root = tmp_path / "checkpoints"
+    for name, files in (("step-00000002", ["state.json", "model.safetensors"]),
+                        ("step-00000001", ["model.safetensors"]),  # its state.json gone
+                        (".del-step-00000000", ["x"]), (".tmp-step-00000003-9", ["y"])):
+        (root / name).mkdir(parents=True)
+        for f in files:
+            (root / name / f).write_text("{}")
+    assert list_checkpoints(str(root)) == [str(root / "step-00000002")]
+    clear_leftovers(str(root))
+    assert sorted(os.listdir(root)) == ["step-00000002"]
+
+
 def test_incompatible_resume_is_refused_unless_forced(tiny_model, addition_data, tmp_path):
     out = str(tmp_path / "run")
     cfg = resumable_config(tiny_model, addition_data, out, steps=2)
