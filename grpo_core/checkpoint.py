@@ -141,7 +141,8 @@ def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokeniz
                         f"earlier checkpoints are intact") from exc
     for old in list_checkpoints(root, run_id)[:-keep_last]:
         gone = os.path.join(root, ".del-" + os.path.basename(old))
-        os.rename(old, gone)  # out of sight in one step: a kill cannot leave half of it
+        shutil.rmtree(gone, ignore_errors=True)
+        os.replace(old, gone)  # out of sight in one step: a kill cannot leave half of it
         shutil.rmtree(gone, ignore_errors=True)
     return final
 

@@ -13,8 +13,8 @@ def init(device: torch.device) -> tuple[int, int]:
     """Join the process group when launched with WORLD_SIZE > 1; returns (rank, world)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not td.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        td.init_process_group(backend)
+        # on GPUs NCCL for tensors on the device, gloo for the small CPU ones (flags, sums)
+        td.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     if td.is_initialized():
         return td.get_rank(), td.get_world_size()
     return 0, 1
@@ -87,9 +87,9 @@ def weights_in_sync(params) -> bool:
     """Whether every rank holds the same weights (a float64 checksum per rank, compared)."""
     if not active():
         return True
-    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in params]
-    with torch.no_grad():
-        local = torch.stack([p.detach().double().sum() for p in params]).reshape(-1)
+    with torch.no_grad():  # one parameter gathered at a time, never the whole model
+        local = torch.stack([(p.full_tensor() if isinstance(p, DTensor) else p).double().sum()
+                             for p in params]).reshape(-1)
         mine = torch.cat([local, (local * torch.arange(1, len(local) + 1,
                                                         dtype=torch.float64)).sum().reshape(1)])
     everyone = [torch.empty_like(mine) for _ in range(td.get_world_size())]

@@ -100,14 +100,19 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
                          f"{run.cfg['reward']['failure']}")
     flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     n = run.cfg["groups"]["resample_zero_std_max"]
-    if n and flat.any():  # dynamic sampling: more completions for groups with no signal
-        ro, scored, extra = resample(run.generator, judge, s.batch, ro, scored, flat, n,
-                                     run.sampling, step_seed(run.cfg["train"]["seed"], step),
-                                     run.rank * 1_000_000)
+    # dynamic sampling: more completions for groups with no signal; the weights are gathered
+    # by every rank together, so all enter when any rank has a flat group
+    if n and dist.all_sum(flat.any().double().reshape(1)).item():
+        with run.autocast, parallel.gathered(run.policy, run.reshard):
+            if flat.any():
+                ro, scored, extra = resample(
+                    run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
+                    step_seed(run.cfg["train"]["seed"], step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     greedy, t1 = None, time.time()
     if run.baseline.needs_greedy:  # ReMax: one greedy completion per prompt
-        g = run.generator.generate(s.batch.prompt_ids, 1, replace(run.sampling, greedy=True))
+        with run.autocast, parallel.gathered(run.policy, run.reshard):
+            g = run.generator.generate(s.batch.prompt_ids, 1, replace(run.sampling, greedy=True))
         greedy = judge(s.batch, g.to(run.device)).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
                   time.time() - t1 if greedy is not None else 0.0)
@@ -268,24 +273,30 @@ def _memory(run: Run) -> dict:
 
 
 def _validate(run: Run, step: int, record: dict) -> None:
-    """Validation on held-out problems into the same record; keeps the best model."""
+    """Validation on held-out problems (rank 0, on weights every rank helped gather) into the
+    same record; keeps the best model."""
     ec, sc = run.cfg["eval"], run.cfg["sampling"]
-    if run.main:
-        with torch.no_grad(), run.autocast:
-            report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
-                                 run.cfg["data"], run.reward, n=ec["n"],
-                                 temperature=ec["temperature"],
-                                 max_new_tokens=sc["max_new_tokens"],
-                                 pass_threshold=ec["pass_threshold"],
-                                 correct_dimension=ec["correct_dimension"],
-                                 episodes=run.episodes, settings=run.sampling)
-        record.update({f"eval/{k}": v for k, v in report.items()
-                       if isinstance(v, float) and k != "temperature"})
-        value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None
-        if value is not None and (run.best is None or value > run.best):
-            run.best = value
+    better = 0.0
+    with parallel.gathered(run.policy, run.reshard):
+        if run.main:
+            with torch.no_grad(), run.autocast:
+                report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
+                                     run.cfg["data"], run.reward, n=ec["n"],
+                                     temperature=ec["temperature"],
+                                     max_new_tokens=sc["max_new_tokens"],
+                                     pass_threshold=ec["pass_threshold"],
+                                     correct_dimension=ec["correct_dimension"],
+                                     episodes=run.episodes, settings=run.sampling)
+            record.update({f"eval/{k}": v for k, v in report.items()
+                           if isinstance(v, float) and k != "temperature"})
+            value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None
+            if value is not None and (run.best is None or value > run.best):
+                run.best, better = value, 1.0
+    if dist.all_sum(torch.tensor([better])).item():  # every rank takes part in gathering
+        whole = parallel.full_state_dict(run.policy) if run.engine.sharded else None
+        if run.main:
             best = os.path.join(run.dir, "best")
-            save_model(run.policy, run.tokenizer, best, run.save_dtype)
+            save_model(run.policy, run.tokenizer, best, run.save_dtype, whole)
             with open(os.path.join(best, "best.json"), "w", encoding="utf-8") as f:
-                json.dump({"step": step, ec["keep_best"]: value}, f)
+                json.dump({"step": step, ec["keep_best"]: run.best}, f)
     dist.barrier()

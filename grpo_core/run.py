@@ -183,7 +183,6 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     # an FSDP2 unit holding gathered copies in their place until it shards again
     params = [p for p in policy.parameters() if p.requires_grad]
     generator = _plugin("generator", cfg["generator"])
-    generator.setup(policy, tokenizer, device)
     budget_key, budget = completion_budget(cfg)
     limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
     if limit < 1:
@@ -217,6 +216,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
                                      tokenizer, cfg)
     if resume:
         persist.resume(run, resume, force)
+    generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(oc["dir"], run.start_step)

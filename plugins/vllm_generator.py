@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Turn, TurnSampler, hookimpl
@@ -29,6 +30,11 @@ def settings(sp: SamplingParams, stop: tuple[str, ...]) -> dict:
                 top_k=sp.top_k if sp.top_k > 0 else -1, min_p=sp.min_p,
                 repetition_penalty=sp.repetition_penalty, stop=list(stop) or None,
                 include_stop_str_in_output=True)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: gathered from its shards under ddp/fsdp (every rank calls this)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 class VLLMGenerator(Generator):
@@ -80,7 +86,7 @@ class VLLMGenerator(Generator):
         if not force and self.updates % self.sync_every:
             return
         base = model.get_base_model() if hasattr(model, "merge_and_unload") else model
-        weights = ((k, v.detach().to(torch.bfloat16)) for k, v in base.state_dict().items())
+        weights = ((k, _whole(v).detach().to(torch.bfloat16)) for k, v in base.state_dict().items())
         if self.sleep and not force:
             self.llm.wake_up()
         self._engine_model().load_weights(weights=weights)

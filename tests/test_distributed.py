@@ -174,6 +174,36 @@ def test_batch_statistics_do_not_depend_on_the_process_count(tiny_model, additio
     assert adv[1] == pytest.approx(adv[2], abs=1e-6)
 
 
+def test_remax_flat_group_resampling_and_validation_under_fsdp(tiny_model, addition_data,
+                                                                tmp_path):
+    """The generations outside the sampling phase (ReMax's greedy completions, extra
+    completions for flat groups, rank 0's validation) run on gathered weights, and a best
+    model is gathered from the shards."""
+    runs = {}
+    for n in (1, 2):
+        out = str(tmp_path / f"n{n}")
+        cfg = cfg_for(tiny_model, addition_data, out, "fsdp" if n > 1 else "auto",
+                      baseline={"name": "remax"},
+                      eval={"data": addition_data, "split": "train", "every_n_steps": 1,
+                            "max_problems": 4, "keep_best": "reward"})
+        p = torchrun(write_config(tmp_path / f"{n}.json", cfg), nproc=n) if n > 1 else \
+            one_process(write_config(tmp_path / f"{n}.json", cfg))
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[n] = out
+    for a, b in zip(rows(runs[1]), rows(runs[2])):
+        assert a["reward"] == b["reward"] and a["eval/reward"] == b["eval/reward"]
+        assert abs(a["loss"] - b["loss"]) < 1e-6  # the same greedy baselines
+    best = [load_file(os.path.join(r, "best", "model.safetensors")) for r in runs.values()]
+    assert best[0].keys() == best[1].keys()
+    for k in best[0]:
+        torch.testing.assert_close(best[0][k], best[1][k], rtol=1e-4, atol=1e-5)
+    out = str(tmp_path / "resample")
+    cfg = cfg_for(tiny_model, addition_data, out, "fsdp", groups={"resample_zero_std_max": 2})
+    p = torchrun(write_config(tmp_path / "r.json", cfg))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.load(open(os.path.join(out, "summary.json")))["ranks_in_sync"] is True
+
+
 def test_two_nodes_on_one_machine(tiny_model, addition_data, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
