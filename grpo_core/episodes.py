@@ -15,7 +15,6 @@ completion) and the counts behind the ``env/*`` metrics.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from grpo_core import dist
 from grpo_core.data import EPISODE_COLUMNS, Batch
 from grpo_core.hookspecs import Baseline, Environment, Generator, Observation, Turn
 from grpo_core.observations import EnvironmentFailure, Renderer, first_messages
+from grpo_core.rewards import call_bounded
 from grpo_core.rollout import Rollout, SamplingParams
 
 
@@ -43,29 +43,6 @@ class Transcript:
     env_tokens: int = 0
     cut: str | None = None  # "turns", "tokens" or "failed"; None: the environment ended it
     dropped: bool = False  # failed under environment.failure: drop (its reward goes missing)
-
-
-def call(fn: Callable, args: tuple, timeout: float | None) -> Any:
-    """``fn(*args)`` in a daemon thread, waiting at most ``timeout`` seconds (None: forever).
-    Python cannot stop a thread: a call past its time is abandoned, not killed."""
-    if timeout is None:
-        return fn(*args)
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["out"] = fn(*args)
-        except BaseException as exc:  # handed to the caller
-            box["exc"] = exc
-
-    worker = threading.Thread(target=run, daemon=True, name="environment")
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise TimeoutError(f"did not return within {timeout:g} s (environment.timeout)")
-    if "exc" in box:
-        raise box["exc"]
-    return box["out"]
 
 
 class EpisodeRunner:
@@ -165,7 +142,7 @@ class EpisodeRunner:
         """An environment call under ``environment.timeout`` and ``environment.failure``."""
         t0 = time.time()
         try:
-            out = call(fn, args, self.ec["timeout"])
+            out = call_bounded(fn, args, {}, self.ec["timeout"], "environment.timeout")
             if what == "step" and not isinstance(out, Observation):
                 raise TypeError(f"returned {type(out).__name__}, expected an Observation")
             return True, out

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,24 +38,26 @@ class Scored:
     problem: str | None = None  # first failure, for the warning
 
 
-def _call(fn, args, kwargs, timeout: float | None):
-    """Call ``fn`` in a daemon thread and wait at most ``timeout`` seconds (None: forever).
-    A hung reward cannot be killed from Python; its thread is abandoned, the run goes on."""
+def call_bounded(fn: Callable, args: tuple, kwargs: dict, timeout: float | None,
+                 key: str) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread, waiting at most ``timeout`` seconds (None:
+    forever); past it a TimeoutError names the config ``key``. Python cannot stop a thread: a
+    hung call (a reward, an environment) is abandoned, not killed, and the run goes on."""
     if timeout is None:
         return fn(*args, **kwargs)
     box: dict = {}
 
-    def run():
+    def run() -> None:
         try:
             box["out"] = fn(*args, **kwargs)
         except BaseException as exc:  # handed to the caller below
             box["exc"] = exc
 
-    t = threading.Thread(target=run, daemon=True, name="reward")
+    t = threading.Thread(target=run, daemon=True, name=key)
     t.start()
     t.join(timeout)
     if t.is_alive():
-        raise TimeoutError(f"did not return within {timeout:g} s (reward.timeout)")
+        raise TimeoutError(f"did not return within {timeout:g} s ({key})")
     if "exc" in box:
         raise box["exc"]
     return box["out"]
@@ -64,7 +68,7 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     """Score completions; ``group`` [B] maps each completion to its prompt's group."""
     B = len(completions)
     try:
-        out = _call(fn, (prompts, completions), columns, timeout)
+        out = call_bounded(fn, (prompts, completions), columns, timeout, "reward.timeout")
         values = list(out)
     except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
         problem = f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:200]}"
