@@ -27,7 +27,7 @@ from grpo_core.data import EPISODE_COLUMNS, Batch
 from grpo_core.hookspecs import Baseline, Environment, Generator, Observation, Turn
 from grpo_core.observations import EnvironmentFailure, Renderer, first_messages
 from grpo_core.rewards import call_bounded
-from grpo_core.rollout import Rollout, SamplingParams
+from grpo_core.rollout import Rollout, SamplingParams, pad_left
 
 
 @dataclass
@@ -159,12 +159,7 @@ class EpisodeRunner:
             self.seconds += time.time() - t0
 
     def _rollout(self, prompt_ids: list[list[int]], n: int, out: list) -> Rollout:
-        P, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-        pids = torch.full((P, width), self.pad, dtype=torch.long)
-        pmask = torch.zeros((P, width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            pids[i, width - len(p):] = torch.tensor(p)
-            pmask[i, width - len(p):] = 1
+        pids, pmask = pad_left(prompt_ids, self.pad)
         B, T = len(out), max([1] + [len(o[0]) for o in out])
         ids = torch.full((B, T), self.pad, dtype=torch.long)
         mask, action = torch.zeros((B, T), dtype=torch.long), torch.zeros((B, T), dtype=torch.long)

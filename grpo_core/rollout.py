@@ -106,6 +106,18 @@ class Rollout:
         return Rollout(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
+def pad_left(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as [P, max len] ids and attention mask, left-padded (the layout every
+    generator prefills from)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 def pad_right(rows: list[torch.Tensor], value) -> torch.Tensor:
     """Stack [B, T_i] tensors into [sum B, max T], padding on the right."""
     width = max(r.shape[1] for r in rows)

@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
-from grpo_core.rollout import Rollout, SamplingParams, pad_right
+from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
 from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
 
 GRPO_CORE_API = (2,)
@@ -140,13 +140,7 @@ class HFGenerator(Generator):
                  seed: int = 0, row_offset: int = 0) -> Rollout:
         """``n`` completions of each prompt. Row ids (for noise) are row_offset + p * n + j."""
         P = len(prompt_ids)
-        width = max(len(p) for p in prompt_ids)
-        pids = torch.full((P, width), self.pad, dtype=torch.long)
-        pmask = torch.zeros((P, width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            pids[i, width - len(p):] = torch.tensor(p)
-            pmask[i, width - len(p):] = 1
-        pids, pmask = pids.to(self.device), pmask.to(self.device)
+        pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, self.pad))
         rows = torch.arange(P * n, device=self.device)
         cap = sampling.batch_size or P * n
         parts = [self._decode(pids, pmask, rows[s:s + cap], n, sampling, seed, row_offset)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from grpo_core.hookspecs import Turn, TurnSampler
-from grpo_core.rollout import SamplingParams
+from grpo_core.rollout import SamplingParams, pad_left
 from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
 
 
@@ -36,13 +36,8 @@ class HFTurns(TurnSampler):
         self.model, self.device = gen.model, gen.device
         self.was_training = self.model.training
         self.model.eval()
-        P, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-        pids = torch.full((P, width), gen.pad, dtype=torch.long)
-        pmask = torch.zeros((P, width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            pids[i, width - len(p):] = torch.tensor(p)
-            pmask[i, width - len(p):] = 1
-        pids, pmask = pids.to(self.device), pmask.to(self.device)
+        P = len(prompt_ids)
+        pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, gen.pad))
         with torch.no_grad():
             out = gen._forward(input_ids=pids, attention_mask=pmask,
                                position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),

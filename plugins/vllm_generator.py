@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Turn, TurnSampler, hookimpl
-from grpo_core.rollout import Rollout, SamplingParams, pad_right
+from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
 
 GRPO_CORE_API = (2,)
 
@@ -117,12 +117,7 @@ class VLLMGenerator(Generator):
                 logps.append(torch.tensor([lp + [0.0] * (len(toks) - len(lp))]))
                 trunc.append(c.finish_reason == "length")
                 group.append(p)
-        width = max(len(p) for p in prompt_ids)
-        pids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-        pmask = torch.zeros_like(pids)
-        for i, p in enumerate(prompt_ids):
-            pids[i, width - len(p):] = torch.tensor(p)
-            pmask[i, width - len(p):] = 1
+        pids, pmask = pad_left(prompt_ids, pad)
         return Rollout(pids, pmask, pad_right(ids, pad), pad_right(masks, 0),
                        pad_right(logps, 0.0).float(), torch.tensor(trunc), torch.tensor(group))
 
