@@ -6,7 +6,6 @@ import os
 
 import torch
 import torch.distributed as td
-from torch.distributed.tensor import DTensor
 
 
 def init(device: torch.device) -> tuple[int, int]:
@@ -22,6 +21,10 @@ def init(device: torch.device) -> tuple[int, int]:
 
 def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def rank() -> int:
+    return td.get_rank() if td.is_initialized() else 0
 
 
 def world_size() -> int:
@@ -83,15 +86,13 @@ def gather_numbers(values: list[float]) -> list[list[float]]:
     return [t.tolist() for t in everyone]
 
 
-def weights_in_sync(params) -> bool:
-    """Whether every rank holds the same weights (a float64 checksum per rank, compared)."""
+def weights_in_sync(sums: torch.Tensor) -> bool:
+    """Whether every rank holds the same weights, from each whole parameter's float64 sum
+    (``sums``, [parameters]) and a position-weighted total, compared across ranks."""
     if not active():
         return True
-    with torch.no_grad():  # one parameter gathered at a time, never the whole model
-        local = torch.stack([(p.full_tensor() if isinstance(p, DTensor) else p).double().sum()
-                             for p in params]).reshape(-1)
-        mine = torch.cat([local, (local * torch.arange(1, len(local) + 1,
-                                                        dtype=torch.float64)).sum().reshape(1)])
+    weighted = (sums * torch.arange(1, len(sums) + 1, dtype=torch.float64)).sum().reshape(1)
+    mine = torch.cat([sums, weighted])
     everyone = [torch.empty_like(mine) for _ in range(td.get_world_size())]
     td.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], e) for e in everyone[1:])

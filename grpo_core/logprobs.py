@@ -15,6 +15,7 @@ import torch
 
 from grpo_core.models import is_peft
 from grpo_core.rollout import Rollout
+from grpo_core.zero import logprobs_through_head
 
 # Share a prompt's forward among its completions only when that saves at least this many
 # decoder tokens ((B - P) * Lp) per micro-batch: below it the second decoder call costs more
@@ -228,17 +229,21 @@ def _head_in_place(model) -> Iterator[None]:
         yield
 
 
+def repeated_inputs(ro: Rollout) -> dict:
+    """Each completion after its prompt (repeated), without the last completion token, which
+    predicts nothing we need."""
+    fed = max(ro.completion_ids.shape[1] - 1, 0)
+    attn = torch.cat([ro.prompt_mask[ro.group], ro.completion_mask[:, :fed]], 1)
+    return {"input_ids": torch.cat([ro.prompt_ids[ro.group], ro.completion_ids[:, :fed]], 1),
+            "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+            "use_cache": False}
+
+
 def _repeated_hidden(decoder, ro: Rollout) -> torch.Tensor:
     """[B, T, H]: the hidden state that predicts each completion token, with the decoder run
     over prompt + completion for every completion (the prompt repeated)."""
-    prompt, pmask = ro.prompt_ids[ro.group], ro.prompt_mask[ro.group]
-    T, Lp = ro.completion_ids.shape[1], prompt.shape[1]
-    fed = max(T - 1, 0)  # the last completion token predicts nothing we need
-    ids = torch.cat([prompt, ro.completion_ids[:, :fed]], 1)
-    attn = torch.cat([pmask, ro.completion_mask[:, :fed]], 1)
-    hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False,
-                     position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).last_hidden_state
-    return hidden[:, Lp - 1:Lp - 1 + T]
+    T, Lp = ro.completion_ids.shape[1], ro.prompt_ids.shape[1]
+    return decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1:Lp - 1 + T]
 
 
 def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
@@ -265,15 +270,19 @@ def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
     return torch.cat([first, rest], 1)
 
 
-def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int,
+def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int | None,
                         entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the completion tokens under ``model``: [B, T] each.
 
     Runs the decoder once over each prompt and its KV cache under the completions when that
     saves enough tokens (``share_prompts``), else over prompt + completion per row; applies
-    the LM head only at completion positions, in chunks (``token_logprobs``), never over the
-    whole vocabulary at once. Both ways give the same log-probs and gradients.
+    the LM head only at completion positions, ``chunk`` rows at a time (``token_logprobs``),
+    never over the whole vocabulary at once; ``chunk=None``: the model's own head module
+    (``grpo_core.zero.logprobs_through_head``). All ways give the same log-probs and gradients.
     """
+    if chunk is None:
+        return logprobs_through_head(model, repeated_inputs(rollout), rollout, temperature,
+                                     entropy)
     base = model.get_base_model() if is_peft(model) else model
     decoder = base.get_decoder()
     run = _ThroughModel(model, decoder)
@@ -290,7 +299,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int,
     return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if entropy else None)
 
 
-def reference_logprobs(reference, ro: Rollout, temperature: float, chunk: int,
+def reference_logprobs(reference, ro: Rollout, temperature: float, chunk: int | None,
                        autocast) -> torch.Tensor:
     """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
     policy itself with its adapter disabled. Runs in inference mode (less per-op bookkeeping

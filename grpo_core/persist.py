@@ -1,11 +1,13 @@
 """Saving a run's state and resuming it, whole or sharded.
 
 A run in one process writes checkpoints other tools load as models (grpo_core.checkpoint). A
-run over several processes (ddp, fsdp) writes its model and optimizer with
-``torch.distributed.checkpoint`` (``dcp/``, each rank its shards, in parallel), plus the
-same ``state.json`` and ``trainer.pt``; nothing is gathered on one rank. Either kind resumes on
-any number of processes and either strategy: DCP reshards on load, and a whole checkpoint's
-weights and optimizer (stored by parameter name) are sharded as they load.
+run over several processes writes its model and optimizer from every rank in parallel
+(``run.engine.save_shards``): ``dcp/`` for ddp and fsdp (``torch.distributed.checkpoint``),
+``deepspeed/`` for a DeepSpeed engine, plus the same ``state.json`` and ``trainer.pt``; nothing
+is gathered on one rank. A whole or ``dcp/`` checkpoint resumes on any number of processes
+under ddp or fsdp (DCP reshards on load; a whole checkpoint's weights and optimizer, stored by
+parameter name, are sharded as they load); a ``deepspeed/`` one under DeepSpeed with the same
+stage and number of processes.
 """
 
 from __future__ import annotations
@@ -17,10 +19,8 @@ import sys
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
-    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
-    set_state_dict,
 )
 
 from grpo_core import checkpoint, dist, schedules
@@ -28,8 +28,7 @@ from grpo_core.configfile import unresolved
 from grpo_core.errors import UserError
 from grpo_core.rollout import NEUTRAL
 
-SHARDS = "dcp"
-
+KINDS = ("dcp", "deepspeed")  # the folders of checkpoints every rank wrote (engine.shards)
 
 def optimizer_state(model, optimizer) -> dict:
     """The optimizer's state keyed by parameter name, whole: loads into any sharding."""
@@ -47,7 +46,7 @@ def save(run, step: int) -> None:
     meta = {"config": written, "config_hash": checkpoint.config_hash(written),
             "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
             "data_position": run.stream.position, "data": run.stream.state_dict()}
-    if run.engine.sharded:
+    if run.engine.shards:
         _save_sharded(run, root, step + 1, meta)
     elif run.main:
         checkpoint.save(root, step + 1, run.run_id, run.policy, run.tokenizer,
@@ -57,8 +56,6 @@ def save(run, step: int) -> None:
 
 
 def _save_sharded(run, root: str, step: int, meta: dict) -> None:
-    import torch.distributed.checkpoint as dcp
-
     final = os.path.join(root, f"{checkpoint.PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run.run_id}")
     if run.main:
@@ -66,9 +63,8 @@ def _save_sharded(run, root: str, step: int, meta: dict) -> None:
         checkpoint.clear_leftovers(root)
         os.makedirs(tmp)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(run.policy, run.optimizer)
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(tmp, SHARDS))
+        run.engine.save_shards(os.path.join(tmp, run.engine.shards))
     except Exception as exc:  # a rank's disk failed: every rank hears of it
         if run.main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -101,12 +97,7 @@ def resume(run, target: str | bool, force: bool) -> None:
     if diffs and not force:
         raise UserError("cannot resume: the config differs from the checkpoint's in "
                         + "; ".join(diffs) + " (use --force to resume anyway)")
-    if os.path.isdir(os.path.join(path, SHARDS)):
-        _load_sharded(path, run)
-    elif run.engine.sharded:
-        _load_whole_into_shards(path, run)
-    else:
-        checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
+    _load(path, run)
     checkpoint.restore_rng(path, state)
     if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
             None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
@@ -118,16 +109,27 @@ def resume(run, target: str | bool, force: bool) -> None:
     run.start_step = state["step"]
 
 
-def _load_sharded(path: str, run) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    model_sd, optim_sd = get_state_dict(run.policy, run.optimizer)
-    try:
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, SHARDS))
-    except Exception as exc:  # another model, or shards missing
-        raise UserError(f"cannot resume from {path}: {str(exc).splitlines()[0][:300]}") from exc
-    set_state_dict(run.policy, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    run.scheduler.load_state_dict(checkpoint.trainer_state(path)["scheduler"])
+def _load(path: str, run) -> None:
+    """Weights, optimizer and schedule, in whatever layout the checkpoint and run have."""
+    written = next((k for k in KINDS if os.path.isdir(os.path.join(path, k))), None)
+    if "deepspeed" in (written, run.engine.shards) and written != run.engine.shards:
+        raise UserError(f"cannot resume from {path}: " + (
+            "it was written by a DeepSpeed run and resumes only under deepspeed"
+            if written == "deepspeed" else "a DeepSpeed run resumes only from checkpoints "
+                                           "DeepSpeed wrote"))
+    if written:
+        try:
+            run.engine.load_shards(os.path.join(path, written))
+        except UserError:
+            raise
+        except Exception as exc:  # another model, or shards missing
+            raise UserError(f"cannot resume from {path}: "
+                            f"{str(exc).splitlines()[0][:300]}") from exc
+        run.scheduler.load_state_dict(checkpoint.trainer_state(path)["scheduler"])
+    elif run.engine.sharded:
+        _load_whole_into_shards(path, run)
+    else:
+        checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
 
 
 def _load_whole_into_shards(path: str, run) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from grpo_core import dist, parallel
+from grpo_core import dist
 from grpo_core.data import Batch, make_batch
 from grpo_core.episodes import Transcript, completion_budget, episode_metrics
 from grpo_core.errors import UserError
@@ -61,7 +61,7 @@ def sample(run: Run, step: int) -> Sampled:
     rows = every[run.rank * P:(run.rank + 1) * P]
     batch = make_batch(rows, run.cfg["data"], run.tokenizer)
     seed, offset = step_seed(run.cfg["train"]["seed"], step), run.rank * P * G
-    with run.autocast, parallel.gathered(run.policy, run.reshard):
+    with run.autocast, run.engine.gathered():
         if run.episodes is None:
             ro, transcripts = run.generator.generate(batch.prompt_ids, G, run.sampling,
                                                      seed=seed, row_offset=offset), None
@@ -103,7 +103,7 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
     # dynamic sampling: more completions for groups with no signal; the weights are gathered
     # by every rank together, so all enter when any rank has a flat group
     if n and dist.all_sum(flat.any().double().reshape(1)).item():
-        with run.autocast, parallel.gathered(run.policy, run.reshard):
+        with run.autocast, run.engine.gathered():
             if flat.any():
                 ro, scored, extra = resample(
                     run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
@@ -111,7 +111,7 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     greedy, t1 = None, time.time()
     if run.baseline.needs_greedy:  # ReMax: one greedy completion per prompt
-        with run.autocast, parallel.gathered(run.policy, run.reshard):
+        with run.autocast, run.engine.gathered():
             g = run.generator.generate(s.batch.prompt_ids, 1, replace(run.sampling, greedy=True))
         greedy = judge(s.batch, g.to(run.device)).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
@@ -131,10 +131,15 @@ class Advantages:
     seconds: float
 
 
+def _chunk(run: Run) -> int | None:
+    """LM-head rows per chunk for the policy; None: its own head module (grpo_core.zero)."""
+    return None if run.engine.head_module else run.cfg["runtime"]["logprob_chunk"]
+
+
 def advantages(run: Run, j: Judged) -> Advantages:
     t0, ro, cfg = time.time(), j.rollout, run.cfg
-    temp, chunk = cfg["sampling"]["temperature"], cfg["runtime"]["logprob_chunk"]
-    mask = ro.action_mask.float()  # the model's tokens: an environment's are context only
+    temp, chunk = cfg["sampling"]["temperature"], _chunk(run)  # the reference computes as
+    mask = ro.action_mask.float()  # the policy does: equal weights give equal log-probs
     ref_logp = None if run.reference is None else reference_logprobs(
         run.reference, ro, temp, chunk, run.autocast)
     old_logp, is_weights = ro.logprobs, None
@@ -191,7 +196,7 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
             sub = ro.rows(mb)
             with run.autocast:
                 logp, ent = completion_logprobs(run.policy, sub, cfg["sampling"]["temperature"],
-                                                cfg["runtime"]["logprob_chunk"], entropy=True)
+                                                _chunk(run), entropy=True)
             term = run.objective(logp, a.old_logp[mb], a.advantages[mb], loss_mask[mb])
             loss, s = objective_loss(
                 term, loss_mask[mb], aggregation, norm, logp=logp,
@@ -277,7 +282,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
     same record; keeps the best model."""
     ec, sc = run.cfg["eval"], run.cfg["sampling"]
     better = 0.0
-    with parallel.gathered(run.policy, run.reshard):
+    with run.engine.gathered():
         if run.main:
             with torch.no_grad(), run.autocast:
                 report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
@@ -293,7 +298,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
             if value is not None and (run.best is None or value > run.best):
                 run.best, better = value, 1.0
     if dist.all_sum(torch.tensor([better])).item():  # every rank takes part in gathering
-        whole = parallel.full_state_dict(run.policy) if run.engine.sharded else None
+        whole = run.engine.full_state_dict()
         if run.main:
             best = os.path.join(run.dir, "best")
             save_model(run.policy, run.tokenizer, best, run.save_dtype, whole)

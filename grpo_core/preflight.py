@@ -111,6 +111,10 @@ def _runtime(cfg: dict) -> list[str]:
         stage = (ds.get("zero_optimization") or {}).get("stage", 0)
         if stage not in (0, 1, 2, 3):
             problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
+        if stage == 3 and cfg["generator"]["name"] == "vllm":
+            problems.append("generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
+                            "weight sync would gather the whole model after every update); "
+                            "use distributed.strategy fsdp")
     return problems
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 import grpo_core
 from grpo_core import dist, parallel, persist, rundir, schedules, tracking
@@ -46,7 +45,8 @@ from grpo_core.models import (
 )
 from grpo_core.rollout import SamplingParams
 from grpo_core.sources import Source, open_stream, read_rows
-from grpo_core.update import DeepSpeedUpdate, TorchUpdate, deepspeed_config
+from grpo_core.update import TorchUpdate
+from grpo_core.zero import DeepSpeedUpdate, deepspeed_config
 
 
 @dataclass
@@ -84,7 +84,6 @@ class Run:
     nonfinite_run: int = 0  # steps in a row whose update was skipped
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
-    reshard: bool = False  # fsdp frees gathered layers after each forward (see parallel)
     episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
 
     @property
@@ -203,14 +202,13 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
-              _engine(cfg, policy, params, opt, sched, world),
+              _engine(cfg, policy, params, opt, sched, world, how),
               SamplingParams.from_config(cfg["sampling"]),
               torch.autocast("cuda", dtype=torch.bfloat16,
                              enabled=device.type == "cuda" and cfg["model"]["dtype"] == "auto"),
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
-    run.reshard = how == "fsdp" and cfg["distributed"]["reshard_after_forward"]
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)
@@ -225,35 +223,28 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     return run
 
 
-def _engine(cfg: dict, policy, params, opt, sched, world: int) -> TorchUpdate:
+def _engine(cfg: dict, policy, params, opt, sched, world: int, how: str) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
-    ds_cfg = deepspeed_config(cfg["deepspeed"])
     tc = cfg["train"]
-    if parallel.strategy(cfg, world) != "deepspeed":
-        return TorchUpdate(policy, params, opt, sched, cfg["optimizer"]["max_grad_norm"])
-    if cfg["output"]["checkpoint_every"]:
-        raise UserError("output.checkpoint_every: checkpoints are not yet supported with "
-                        "deepspeed; set it to 0")
+    if how != "deepspeed":
+        return TorchUpdate(policy, params, opt, sched, cfg["optimizer"]["max_grad_norm"],
+                           how == "fsdp" and cfg["distributed"]["reshard_after_forward"])
     per = tc["prompts_per_step"] // world
-    return DeepSpeedUpdate(policy, params, opt, sched, ds_cfg, -(-per // tc["micro_batch_groups"]),
+    return DeepSpeedUpdate(policy, params, opt, sched, deepspeed_config(cfg["deepspeed"]),
+                           -(-per // tc["micro_batch_groups"]),
                            tc["micro_batch_groups"] * cfg["sampling"]["group_size"],
                            cfg["optimizer"]["max_grad_norm"])
 
 
 def _held(run: Run) -> list[float]:
     """What this rank holds: parameter and optimizer-state elements, and its peak memory."""
-    def local(t):
-        return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
-
-    params = sum(local(p) for p in run.policy.parameters())
-    state = sum(local(v) for s in run.optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    params, state = run.engine.held()
     return [float(params), float(state), peak_memory_mb(run.device)]
 
 
 def finish(run: Run) -> dict:
     """Check the ranks agree, write the final model and the summary; returns the summary."""
-    in_sync = dist.weights_in_sync(list(run.policy.parameters()))
+    in_sync = dist.weights_in_sync(run.engine.parameter_sums())
     if not in_sync and run.main:
         print("\nwarning: ranks ended with different weights", file=sys.stderr)
     first, last = run.first or {}, run.last or {}
@@ -266,8 +257,8 @@ def finish(run: Run) -> dict:
                             for r in dist.gather_numbers(_held(run))],
                "long_prompts": run.stream.long_prompts,
                "health": run.health.summary() if run.health else []}
-    whole = parallel.full_state_dict(run.policy) if run.engine.sharded and \
-        run.cfg["output"]["save_model"] else None  # every rank takes part; rank 0 holds it
+    # every rank takes part in gathering a sharded model; rank 0 holds it
+    whole = run.engine.full_state_dict() if run.cfg["output"]["save_model"] else None
     if run.main and run.cfg["output"]["save_model"]:
         final = os.path.join(run.dir, "final")
         save_model(run.policy, run.tokenizer, final, run.save_dtype, whole)  # LoRA: adapter

@@ -311,7 +311,7 @@ CORE_SCHEMA: dict = {
         "runtime": RUNTIME, "distributed": DISTRIBUTED, "output": OUTPUT, "eval": EVAL,
         "health": HEALTH,
         "deepspeed": {"type": ["object", "string", "null"], "default": None,
-                      "description": "DeepSpeed config (ZeRO 1 or 2) or a path to its JSON; "
-                                     "for ZeRO-3-style sharding: distributed.strategy fsdp"},
+                      "description": "DeepSpeed config (ZeRO stage 0 to 3) or a path to its "
+                                     "JSON; see docs/scaling.md"},
     }, required=("model", "data", "reward")),
 }

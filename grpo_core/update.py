@@ -1,29 +1,45 @@
-"""How accumulated gradients become a weight update: plain torch (data parallel through
-torch.distributed), or a DeepSpeed ZeRO engine. Both see the same per-micro-batch losses,
-whose denominators are global, so the summed gradient is the full batch's gradient."""
+"""How accumulated gradients become a weight update, and what the rest of the run may ask of
+the model's distributed layout: whole weights for generation and saving, and its state in a
+checkpoint. ``TorchUpdate``: plain torch, one process or FSDP2-wrapped (ddp, fsdp:
+grpo_core.parallel); grpo_core.zero: a DeepSpeed ZeRO engine. All see the same
+per-micro-batch losses, whose denominators are global, so the summed gradient is the full
+batch's gradient."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import os
+from collections.abc import Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from grpo_core import dist, parallel
-from grpo_core.errors import UserError
+
+
+def _local(t: torch.Tensor) -> int:
+    return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
 class TorchUpdate:
-    """AdamW + LR schedule over a model that is whole (one process) or FSDP2-wrapped (ddp,
-    fsdp: grpo_core.parallel); gradients reduced on the last micro-batch only, clipped, and a
-    step with a non-finite loss or gradient norm on any rank skipped on every rank."""
+    """AdamW + LR schedule; gradients reduced on the last micro-batch only, clipped, and a step
+    with a non-finite loss or gradient norm on any rank skipped on every rank."""
 
-    def __init__(self, model, params, opt, sched, max_grad_norm: float | None):
+    #: the LM head is applied as the model's own module (all logits at once) rather than in
+    #: chunks from its weight: True where that weight is whole only inside the module's call
+    head_module = False
+
+    def __init__(self, model, params, opt, sched, max_grad_norm: float | None,
+                 reshard: bool = False):
         self.model, self.params, self.opt, self.sched = model, params, opt, sched
         self.max_norm = max_grad_norm or float("inf")
         self.sharded = bool(parallel.units(model))
+        self.reshard = reshard  # fsdp frees gathered layers after each forward (parallel)
+
+    @property
+    def shards(self) -> str | None:
+        """The folder of a checkpoint written by every rank (None: rank 0 writes it whole)."""
+        return "dcp" if self.sharded else None
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -46,58 +62,43 @@ class TorchUpdate:
         self.sched.step()
         return gnorm, True
 
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Whole weights on every rank while the body runs (generation); every rank enters."""
+        with parallel.gathered(self.model, self.reshard):
+            yield
 
-class DeepSpeedUpdate(TorchUpdate):
-    """A DeepSpeed engine (ZeRO stage 1 or 2) owns the optimizer step and the reduction."""
+    def full_state_dict(self) -> dict | None:
+        """The whole model's weights on rank 0 when the model holds shards (every rank calls
+        this); None when ``model.state_dict()`` is already whole."""
+        return parallel.full_state_dict(self.model) if self.sharded else None
 
-    def __init__(self, model, params, opt, sched, ds_config: dict, micro_batches: int,
-                 micro_batch_size: int, max_grad_norm: float | None):
-        try:
-            import deepspeed
-        except ImportError as exc:
-            raise UserError("deepspeed: configured but not installed "
-                            "(pip install 'grpo-core[deepspeed]')") from exc
-        cfg = dict(ds_config)
-        stage = cfg.get("zero_optimization", {}).get("stage", 0)
-        if stage not in (0, 1, 2):
-            raise UserError(f"deepspeed.zero_optimization.stage: {stage} is not supported by the "
-                            f"hf generator (it samples with full weights); use 1 or 2")
-        cfg.update({"gradient_accumulation_steps": micro_batches,
-                    "train_micro_batch_size_per_gpu": micro_batch_size,
-                    "zero_allow_untested_optimizer": True})
-        cfg.pop("train_batch_size", None)
-        if max_grad_norm:
-            cfg.setdefault("gradient_clipping", max_grad_norm)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
-                                                    lr_scheduler=sched, config=cfg)
-        self.world = dist.world_size()
-        self.skipped = False
-        super().__init__(model, params, opt, sched, None)
+    def parameter_sums(self) -> torch.Tensor:
+        """[parameters] float64: each whole parameter's sum (gathered one at a time)."""
+        with torch.no_grad():
+            return torch.stack([(p.full_tensor() if isinstance(p, DTensor) else p).double().sum()
+                                for p in self.model.parameters()]).reshape(-1)
 
-    def zero_grad(self) -> None:
-        self.skipped = False
+    def held(self) -> tuple[int, int]:
+        """Parameter and optimizer-state elements this rank holds."""
+        state = sum(_local(v) for s in self.opt.state.values() for v in s.values()
+                    if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return sum(_local(p) for p in self.model.parameters()), state
 
-    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
-        if not torch.isfinite(loss):  # the engine cannot skip a step: zero this one's gradient
-            loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0
-            self.skipped = True
-        # DeepSpeed averages over ranks; our denominators are already global: undo the mean
-        self.engine.backward(loss * self.world, scale_wrt_gas=False)
-        self.engine.step()
+    def save_shards(self, folder: str) -> None:
+        """Every rank writes its shards of the weights and optimizer (torch.distributed.checkpoint,
+        in parallel; nothing gathered)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    def step(self, loss_finite: bool) -> tuple[float, bool]:
-        norm = self.engine.get_global_grad_norm()
-        return (float(norm) if norm is not None else 0.0), not self.skipped
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
 
+    def load_shards(self, folder: str) -> None:
+        """Read what ``save_shards`` wrote, resharded to this run's layout."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-def deepspeed_config(value) -> dict | None:
-    """The ``deepspeed`` config entry: a dict, or a path to a DeepSpeed JSON file."""
-    if value is None or isinstance(value, dict):
-        return value
-    if not os.path.exists(value):
-        raise UserError(f"deepspeed: config file not found: {value}")
-    try:
-        with open(value, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"deepspeed: {value} is not valid JSON ({exc.msg})") from exc
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd)

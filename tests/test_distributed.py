@@ -55,6 +55,25 @@ def final(run):
     return load_file(os.path.join(run, "final", "model.safetensors"))
 
 
+def checkpoints(run) -> list[str]:
+    ckpts = os.path.join(run, "checkpoints")
+    return sorted(d for d in os.listdir(ckpts) if d.startswith("step-")) \
+        if os.path.isdir(ckpts) else []
+
+
+def kill_after_checkpoints(cmd: list[str], run: str, env: dict, n: int = 2) -> None:
+    """Start ``cmd`` (a torchrun launch); SIGKILL the launcher and every rank, mid-run, once
+    ``n`` checkpoints exist."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while len(checkpoints(run)) < n:
+        assert time.monotonic() - t0 < 600 and p.poll() is None
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
 @pytest.fixture(scope="module")
 def single(tiny_model, addition_data, tmp_path_factory):
     """The one-process run every strategy is compared with."""
@@ -117,22 +136,9 @@ def test_fsdp_sigkill_resume_is_identical_and_reshards(tiny_model, addition_data
             "keep_last": 2}
     path = write_config(tmp_path / "run.json", cfg_for(tiny_model, addition_data, run, "fsdp",
                                                        steps=6, output=keep))
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path],
-                         cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_after_checkpoints([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path], run, ENV)
     ckpts = os.path.join(run, "checkpoints")
-
-    def saved():
-        return sorted(d for d in os.listdir(ckpts) if d.startswith("step-")) \
-            if os.path.isdir(ckpts) else []
-
-    t0 = time.monotonic()
-    while len(saved()) < 2:
-        assert time.monotonic() - t0 < 300 and p.poll() is None
-        time.sleep(0.05)
-    os.killpg(p.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
-    p.wait()
     done = torchrun(path, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = final(ref), final(run)
@@ -140,7 +146,7 @@ def test_fsdp_sigkill_resume_is_identical_and_reshards(tiny_model, addition_data
     # the next-to-last sharded checkpoint finished on one process (2 -> 1)
     one = write_config(tmp_path / "one.json", cfg_for(tiny_model, addition_data, run, "auto",
                                                       steps=6, output=keep))
-    p = one_process(one, "--resume", os.path.join(ckpts, saved()[0]))
+    p = one_process(one, "--resume", os.path.join(ckpts, checkpoints(run)[0]))
     assert p.returncode == 0, p.stderr[-3000:]
     c = final(run)
     assert all(torch.allclose(c[k], a[k], rtol=1e-4, atol=1e-5) for k in a)

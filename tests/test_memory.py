@@ -34,6 +34,10 @@ def test_switches_move_the_estimate_the_right_way():
     ddp = plan(s, 8, 32, 256, 512, strategy="ddp", gpus=4)
     assert fsdp["optimizer"] == ddp["optimizer"] / 4 and fsdp["reference"] == ddp["reference"] / 4
     assert ddp["activations"] == base["activations"]  # 32 prompts on 4 devices: 8 each
+    z3 = plan(s, 8, 32, 256, 512, strategy="zero3", gpus=4)
+    assert z3["optimizer"] == z2["optimizer"] and z3["weights"] < z2["weights"] / 2
+    assert z3["reference"] == ddp["reference"]  # a whole copy on each device
+    assert z3["logits"] > fsdp["logits"]  # the head's logits at once, not in chunks
     assert plan(s, 8, 8, 256, 512, dtype="auto")["weights"] == 2 * plan(
         s, 8, 8, 256, 512, dtype="bfloat16")["weights"]  # float32 master weights, as trained
     assert base["ppo_total"] > base["total"] + 2 * base["weights"]
@@ -44,7 +48,7 @@ def test_cli_presets_and_config_json(tiny_model):
                    "--max-new-tokens", "1024", "--gpus", "8", "--prompts", "64", cwd=ROOT)
     assert out.returncode == 0 and "GRPO peak" in out.stdout and "PPO peak" in out.stdout
     rows = {line.split()[0] for line in out.stdout.splitlines()[2:-1]}
-    assert rows == {"ddp", "fsdp", "zero1", "zero2"}  # each strategy the trainer has
+    assert rows == {"ddp", "fsdp", "zero1", "zero2", "zero3"}  # each strategy the trainer has
     for args, needle in ((["--gpus", "0"], "--gpus"), (["--dtype", "int3"], "--dtype")):
         bad = run_grpo("plan-memory", "--model", "qwen2.5-7b", *args, cwd=ROOT)
         assert bad.returncode == 2 and needle in bad.stderr and "Traceback" not in bad.stderr

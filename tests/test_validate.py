@@ -41,6 +41,11 @@ def test_a_good_config_passes(tiny_model, addition_data, tmp_path, capsys):
     (lambda c, t: c.setdefault("eval", {}).update(data=str(t / "held_out.jsonl"), every_n_steps=5),
      "eval.data: file not found"),
     (lambda c, t: c.update(deepspeed=str(t / "ds.json")), "deepspeed: config file not found"),
+    (lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 4}}),
+     "deepspeed.zero_optimization.stage: 4; expected 0 to 3"),
+    (lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 3}},
+                           generator={"name": "vllm"}),
+     "vllm is not supported with deepspeed ZeRO-3"),
 ])
 def test_each_problem_is_found_before_training(tiny_model, addition_data, tmp_path, capsys,
                                                change, needle):

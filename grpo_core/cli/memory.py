@@ -106,7 +106,8 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     out["optimizer"] = trainable * opt_bytes / o_s
     gen = min(generation_batch or completions, completions)
     out["kv_cache"] = 2 * shape.layers * kv * seq * gen * ab
-    chunk = min(logprob_chunk, mb * new_tokens)
+    # ZeRO-3 runs the head as a module: the micro-batch's completion logits all at once
+    chunk = mb * new_tokens if strategy == "zero3" else min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
     per_token_layer = 8 * H + 4 * inter + 4 * kv  # tensors a decoder layer keeps for backward
     tokens = mb * seq
@@ -179,9 +180,7 @@ def plan_cli(args) -> int:
     s = _settings(args)
     shape = load_shape(s["model"])
     names = [s["strategy"]] if s["strategy"] else (
-        [n for n in STRATEGIES if n not in ("none", "zero3")] if s["gpus"] > 1 else ["none"])
-    if s["strategy"] == "zero3":
-        raise UserError("--strategy: zero3 is not supported by the trainer; use fsdp to shard")
+        [n for n in STRATEGIES if n != "none"] if s["gpus"] > 1 else ["none"])
     print(f"model: {s['model']} ({shape.params() / 1e9:.2f} B parameters), dtype {s['dtype']}, "
           f"{s['prompts']} prompts x G={s['group_size']} on {s['gpus']} device(s), "
           f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
