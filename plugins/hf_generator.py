@@ -3,10 +3,10 @@
 Each prompt is prefilled once and its cache shared by its completions; log-probs under the
 sampling distribution are kept, so no extra pass is needed to get the old policy's log-probs.
 For small models the per-call cost of a forward, not its arithmetic, bounds decoding, so the
-loop keeps its own share small: it runs without autograd (plain no_grad, not inference mode,
-which sharded FSDP weights refuse), calls the decoder and the LM head
-on the last position only (when that gives the model's own logits), and hands SDPA models
-each decode step's attention mask ready-made.
+loop keeps its own share small: it runs in inference mode (plain no_grad for sharded FSDP
+weights, which refuse it), calls the decoder and the LM head on the last position only (when
+that gives the model's own logits), hands SDPA models each decode step's attention mask
+ready-made, and draws every step's sampling noise at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
-from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
+from grpo_core.sampling import apply_repetition_penalty, draw, hits_stop, stop_window, uniform
 
 GRPO_CORE_API = (2,)
 
@@ -176,8 +176,19 @@ class HFGenerator(Generator):
         return self.model(use_cache=True, **kw)
 
     def _decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
-        with torch.no_grad():
-            return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        """The decode loop in inference mode (less bookkeeping per op than no_grad: no
+        version counters or autograd dispatch, which small models' decode steps feel); its
+        results are copied out of it, so the trainer can use them. Plain no_grad for a
+        sharded model, whose gathered weights are reused buffers that inference mode
+        refuses."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            with torch.no_grad():
+                return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        with torch.inference_mode():
+            out = self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        return tuple(t.clone() for t in out)
 
     def _loop(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
         was_training = self.model.training
@@ -192,8 +203,12 @@ class HFGenerator(Generator):
         R, T, Lp = rows.shape[0], sp.max_new_tokens, pmask.shape[1]
         attn = torch.cat([pmask[rows // n], pmask.new_ones((R, T))], 1)  # sliced as it grows
         pos = attn[:, :Lp].sum(-1, keepdim=True)
-        keep = attn.bool()[:, None, None, :] if self.mask_key else None
-        noise_rows = rows + row_offset
+        keep = None  # SDPA's additive mask (0 or -inf), built once: a bool one is converted
+        if self.mask_key:  # to this in every layer of every step
+            keep = torch.zeros(attn.shape, dtype=logits.dtype, device=attn.device)
+            keep = keep.masked_fill_(attn == 0, float("-inf"))[:, None, None, :]
+        noise = None if sp.greedy else \
+            uniform(seed, rows + row_offset, torch.arange(T, device=rows.device)[:, None])
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
         used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
         if sp.repetition_penalty != 1.0:
@@ -209,7 +224,7 @@ class HFGenerator(Generator):
             if sp.greedy:
                 tok = torch.argmax(picked, dim=-1)
             else:
-                tok = sample(picked, seed, noise_rows, t, sp.top_k, sp.top_p, sp.min_p)
+                tok = draw(picked, noise[t], sp.top_k, sp.top_p, sp.min_p)
             lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
             lives.append(~done)
             toks.append(tok.masked_fill(done, self.pad))
