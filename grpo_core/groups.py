@@ -29,13 +29,14 @@ def group_std_zero(rewards: torch.Tensor) -> torch.Tensor:
 
 def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor,
                                                                          torch.Tensor]:
-    """Rows [B] -> [P, Gmax] with NaN where a group has fewer rows; also each row's slot."""
-    slot = torch.zeros_like(group)
-    counts = torch.zeros(P, dtype=torch.long)
-    for i, g in enumerate(group.tolist()):
-        slot[i] = counts[g]
+    """Rows [B] -> [P, Gmax] with NaN where a group has fewer rows; also each row's slot
+    (counted in Python: per-element tensor updates cost a millisecond a call)."""
+    counts, slots = [0] * P, []
+    for g in group.tolist():
+        slots.append(counts[g])
         counts[g] += 1
-    grid = torch.full((P, int(counts.max())), torch.nan)
+    slot = torch.tensor(slots, dtype=group.dtype, device=group.device)
+    grid = torch.full((P, max(counts)), torch.nan)
     grid[group, slot] = values
     return grid, slot
 

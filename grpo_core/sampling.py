@@ -25,8 +25,10 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(seed: int, rows: torch.Tensor, step: int) -> torch.Tensor:
-    """One float64 in (0, 1) per row, determined by (seed, row id, step); 53 random bits."""
+def uniform(seed: int, rows: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """One float64 in (0, 1) per row, determined by (seed, row id, step); 53 random bits.
+    ``step`` may be a tensor that broadcasts against ``rows`` ([T, 1]: every step's numbers
+    at once, [T, R], the same as T calls: the hash is elementwise)."""
     key = _hash32(torch.tensor(seed & _M32, device=rows.device)
                   ^ _hash32(rows.long() * 0x9E3779B1 + step))
     hi = _hash32(key * 0x85EBCA77 + 1)
@@ -68,14 +70,20 @@ def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
     return z
 
 
-def sample(z: torch.Tensor, seed: int, rows: torch.Tensor, step: int, top_k: int = 0,
-           top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+def sample(z: torch.Tensor, seed: int, rows: torch.Tensor, step: int | torch.Tensor,
+           top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """Sample one token per row from temperature-scaled logits z [R, V] -> [R] (a repetition
     penalty, when set, is applied to the logits before the temperature)."""
+    return draw(z, uniform(seed, rows, step), top_k, top_p, min_p)
+
+
+def draw(z: torch.Tensor, u: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
+         min_p: float = 0.0) -> torch.Tensor:
+    """:func:`sample` with each row's uniform number ``u`` [R] given (a decode loop draws
+    every step's at once: the hash is a few dozen small ops per call)."""
     z = filter_logits(z.float(), top_k, top_p, min_p)
     cdf = torch.softmax(z.double(), dim=-1).cumsum(-1)
-    u = uniform(seed, rows, step) * cdf[:, -1]
-    tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
+    tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
     return tok.clamp(max=z.shape[-1] - 1)
 
 

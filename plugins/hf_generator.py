@@ -3,10 +3,10 @@
 Each prompt is prefilled once and its cache shared by its completions; log-probs under the
 sampling distribution are kept, so no extra pass is needed to get the old policy's log-probs.
 For small models the per-call cost of a forward, not its arithmetic, bounds decoding, so the
-loop keeps its own share small: it runs without autograd (plain no_grad, not inference mode,
-which sharded FSDP weights refuse), calls the decoder and the LM head
-on the last position only (when that gives the model's own logits), and hands SDPA models
-each decode step's attention mask ready-made.
+loop keeps its own share small: it runs in inference mode (plain no_grad for sharded FSDP
+weights, which refuse it), calls the decoder and the LM head on the last position only (when
+that gives the model's own logits), hands SDPA models each decode step's attention mask
+ready-made, and draws every step's sampling noise at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
-from grpo_core.sampling import apply_repetition_penalty, hits_stop, sample, stop_window
+from grpo_core.sampling import apply_repetition_penalty, draw, hits_stop, stop_window, uniform
 
 GRPO_CORE_API = (2,)
 
@@ -65,6 +65,11 @@ class _InPlace:
         self.v = v.new_empty((*v.shape[:-2], self.n + room, v.shape[-1]))
         self.k[..., :self.n, :], self.v[..., :self.n, :] = k, v
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (the layer's ``batch_select_indices``)."""
+        self.k, self.v, layer = self.k[rows], self.v[rows], self.layer()
+        layer.keys, layer.values = self.k[..., :self.n, :], self.v[..., :self.n, :]
+
     def __call__(self, key_states, value_states, *args, **kwargs):
         end = self.n + key_states.shape[-2]
         if end > self.k.shape[-2]:  # more than promised: make more room
@@ -84,6 +89,7 @@ def _make_room(cache, room: int) -> None:
         if type(layer).__name__ == "DynamicLayer" and \
                 isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4:
             layer.update = _InPlace(layer, room)
+            layer.batch_select_indices = layer.update.select
 
 
 def _direct_parts(model):
@@ -176,8 +182,19 @@ class HFGenerator(Generator):
         return self.model(use_cache=True, **kw)
 
     def _decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
-        with torch.no_grad():
-            return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        """The decode loop in inference mode (less bookkeeping per op than no_grad: no
+        version counters or autograd dispatch, which small models' decode steps feel); its
+        results are copied out of it, so the trainer can use them. Plain no_grad for a
+        sharded model, whose gathered weights are reused buffers that inference mode
+        refuses."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            with torch.no_grad():
+                return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        with torch.inference_mode():
+            out = self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        return tuple(t.clone() for t in out)
 
     def _loop(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
         was_training = self.model.training
@@ -192,14 +209,20 @@ class HFGenerator(Generator):
         R, T, Lp = rows.shape[0], sp.max_new_tokens, pmask.shape[1]
         attn = torch.cat([pmask[rows // n], pmask.new_ones((R, T))], 1)  # sliced as it grows
         pos = attn[:, :Lp].sum(-1, keepdim=True)
-        keep = attn.bool()[:, None, None, :] if self.mask_key else None
-        noise_rows = rows + row_offset
+        keep = None  # SDPA's additive mask (0 or -inf), built once: a bool one is converted
+        if self.mask_key:  # to this in every layer of every step
+            keep = torch.zeros(attn.shape, dtype=logits.dtype, device=attn.device)
+            keep = keep.masked_fill_(attn == 0, float("-inf"))[:, None, None, :]
+        noise = None if sp.greedy else \
+            uniform(seed, rows + row_offset, torch.arange(T, device=rows.device)[:, None])
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
         used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
         if sp.repetition_penalty != 1.0:
             used = torch.zeros((R, logits.shape[-1]), dtype=torch.int32, device=pids.device)
             used = used.scatter_add_(1, pids[rows // n], pmask[rows // n].int()) > 0
-        toks, lps, lives = [], [], []
+        out_tok = torch.full((R, T), self.pad, dtype=torch.long, device=pids.device)
+        out_live = torch.zeros((R, T), dtype=torch.bool, device=pids.device)
+        out_lp, at = None, slice(None)  # ``at``: the batch's rows in the outputs
         for t in range(T):
             raw, scale = logits.float(), 1.0 if sp.greedy else sp.temperature
             z = raw / scale if scale != 1.0 else raw
@@ -209,31 +232,47 @@ class HFGenerator(Generator):
             if sp.greedy:
                 tok = torch.argmax(picked, dim=-1)
             else:
-                tok = sample(picked, seed, noise_rows, t, sp.top_k, sp.top_p, sp.min_p)
+                tok = draw(picked, noise[t], sp.top_k, sp.top_p, sp.min_p)
             lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
-            lives.append(~done)
-            toks.append(tok.masked_fill(done, self.pad))
-            lps.append(lp.masked_fill(done, 0.0))
+            out_lp = lp.new_zeros((R, T)) if out_lp is None else out_lp
+            out_live[at, t], out_tok[at, t] = ~done, tok.masked_fill(done, self.pad)
+            out_lp[at, t] = lp.masked_fill(done, 0.0)
             if used is not None:
                 used.scatter_(1, tok[:, None], True)
-            done = done | torch.isin(tok, self.eos) | self._stopped(toks, done, sp.stop)
-            if t == T - 1 or ((t + 1) % self.check_every == 0 and bool(done.all())):
+            stopped = self._stopped(out_tok[at, max(t + 1 - stop_window(sp.stop), 0):t + 1],
+                                    done, sp.stop) if sp.stop else False
+            done = done | torch.isin(tok, self.eos) | stopped
+            if t == T - 1:
                 break
+            if (t + 1) % self.check_every == 0:
+                left = int((~done).sum())
+                if left == 0:
+                    break
+                # finished rows leave the batch once the decode work that saves (rows x steps
+                # left) reaches a step of the whole batch: about what copying the cache costs
+                if (len(done) - left) * (T - t - 1) >= len(done):
+                    kept = torch.nonzero(~done).squeeze(1)
+                    at = kept if isinstance(at, slice) else at[kept]
+                    cache.batch_select_indices(kept)
+                    tok, done, pos, attn = tok[kept], done[kept], pos[kept], attn[kept]
+                    keep = None if keep is None else keep[kept]
+                    noise = None if noise is None else noise[:, kept]
+                    used = None if used is None else used[kept]
             seen = Lp + t + 1
             mask = attn[:, :seen] if keep is None else {self.mask_key: keep[..., :seen]}
             logits, cache = self._step(tok[:, None], mask, pos, cache)
             pos = pos + 1
         self.model.train(was_training)
-        return (torch.stack(toks, 1), torch.stack(lives, 1).long(), torch.stack(lps, 1), ~done)
+        truncated = torch.zeros(R, dtype=torch.bool, device=pids.device)
+        truncated[at] = ~done  # rows that left the batch had finished
+        return out_tok[:, :t + 1], out_live[:, :t + 1].long(), out_lp[:, :t + 1], truncated
 
-    def _stopped(self, toks: list[torch.Tensor], done: torch.Tensor,
+    def _stopped(self, tail: torch.Tensor, done: torch.Tensor,
                  stop: tuple[str, ...]) -> torch.Tensor:
         """[R] bool: rows still going whose newest token completes a stop string (only the
-        decoded tail of their last tokens is looked at)."""
+        decoded ``tail`` [R, window] of their last tokens is looked at)."""
         hit = torch.zeros_like(done)
-        if not stop:
-            return hit
-        tail = torch.stack(toks[-stop_window(stop):], 1).tolist()
+        tail = tail.tolist()
         for i in torch.nonzero(~done).squeeze(1).tolist():
             hit[i] = hits_stop(self.tokenizer, tail[i], stop)
         return hit

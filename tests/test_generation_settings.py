@@ -146,6 +146,32 @@ def test_settings_keep_batch_invariance(tiny):
     torch.testing.assert_close(whole.logprobs, pieces.logprobs)
 
 
+def test_finished_rows_leaving_the_batch_change_nothing(tiny, monkeypatch):
+    """Completions that have ended leave the decode batch (fewer rows per forward); the
+    completions, masks and truncation flags are those of a batch that keeps them (checked
+    only at the end: check_every past the budget), the log-probs equal up to rounding, with
+    a stop string and the penalty on. Forty EOS ids make rows end early."""
+    _, tok, model, prompts = tiny
+    sp = SamplingParams(24, temperature=1.3, repetition_penalty=1.2)
+    gens, rows = {}, []
+    for every in (2, 100):
+        gen = HFGenerator(check_every=every)
+        gen.setup(model, tok, CPU)
+        gen.eos = torch.arange(40)
+        gens[every] = gen
+    step = gens[2]._step
+    monkeypatch.setattr(gens[2], "_step", lambda ids, *a: rows.append(len(ids)) or step(ids, *a))
+    stop = _stop_string(tok, _completions(gens[100].generate(prompts, 4, sp, seed=3)))
+    out = {k: g.generate(prompts, 4, replace(sp, stop=(stop,)), seed=3) for k, g in gens.items()}
+    assert min(rows) < len(prompts) * 4  # rows did leave
+    kept, left = out[100], out[2]
+    w = left.completion_mask.shape[1]  # the batch stops once all rows end (checked earlier)
+    assert _completions(kept) == _completions(left) and not kept.completion_mask[:, w:].any()
+    assert torch.equal(kept.completion_mask[:, :w], left.completion_mask)
+    assert torch.equal(kept.truncated, left.truncated) and not kept.truncated.all()
+    torch.testing.assert_close(kept.logprobs[:, :w], left.logprobs)
+
+
 @pytest.fixture(scope="module")
 def configured_model(tiny_model, tmp_path_factory, tiny):
     """The tiny model saved with a generation_config: temperature 0.7, top_k 5, repetition
