@@ -7,7 +7,7 @@ Strategies: ddp and fsdp (FSDP2), and DeepSpeed ZeRO-2 and ZeRO-3 when the deeps
 is installed (every parameter partitioned: persistence threshold 0). Each strategy trains the
 same randomly initialised Qwen2-shaped model (byte vocabulary) on 2 CPU processes (torchrun,
 gloo, one thread each) for ``--steps`` steps, 4 prompts x G=4, 8 new tokens, KL 0.05 (a
-reference model: sharded like the policy under fsdp, whole under DeepSpeed). Peak memory is
+reference model: sharded like the policy under fsdp and ZeRO-3, whole otherwise). Peak memory is
 each rank's maximum resident size; s/step is the median of the steps after the first.
 """
 

@@ -21,6 +21,10 @@ class PluginError(UserError):
     """A plugin could not be loaded, found or built."""
 
 
+class TrainingError(UserError):
+    """The run cannot go on (for example, repeated non-finite losses)."""
+
+
 def write_failure(exc: Exception, where: str) -> str:
     """Why a write failed, in words: torch.save reports a full disk as a position mismatch."""
     if getattr(exc, "strerror", None):

@@ -303,11 +303,13 @@ def reference_logprobs(reference, ro: Rollout, temperature: float, chunk: int | 
                        autocast) -> torch.Tensor:
     """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
     policy itself with its adapter disabled. Runs in inference mode (less per-op bookkeeping
-    than no_grad; plain no_grad for a sharded model, whose gathered weights are reused
-    buffers); the result is copied out of it so the loss can use it."""
+    than no_grad; plain no_grad for a sharded model, FSDP's or ZeRO-3's (``chunk`` None),
+    whose gathered weights are reused buffers); the result is copied out of it so the loss
+    can use it."""
     from torch.distributed.fsdp import FSDPModule
 
-    mode = torch.no_grad() if isinstance(reference, FSDPModule) else torch.inference_mode()
+    sharded = chunk is None or isinstance(reference, FSDPModule)
+    mode = torch.no_grad() if sharded else torch.inference_mode()
     with mode, autocast:
         if is_peft(reference):
             with reference.disable_adapter():

@@ -17,7 +17,7 @@ import torch
 from grpo_core import dist
 from grpo_core.data import Batch, make_batch
 from grpo_core.episodes import Transcript, completion_budget, episode_metrics
-from grpo_core.errors import UserError
+from grpo_core.errors import TrainingError
 from grpo_core.evaluate import evaluate
 from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
 from grpo_core.logprobs import completion_logprobs, reference_logprobs
@@ -27,10 +27,6 @@ from grpo_core.models import save_model
 from grpo_core.rewards import Scored, score_rollout
 from grpo_core.rollout import Rollout
 from grpo_core.run import Run
-
-
-class TrainingError(UserError):
-    """The run cannot go on (for example, repeated non-finite losses)."""
 
 
 def step_seed(seed: int, step: int) -> int:

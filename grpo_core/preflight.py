@@ -111,6 +111,15 @@ def _runtime(cfg: dict) -> list[str]:
         stage = (ds.get("zero_optimization") or {}).get("stage", 0)
         if stage not in (0, 1, 2, 3):
             problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
+        zero = ds.get("zero_optimization") or {}
+        for part in ("offload_optimizer", "offload_param"):
+            if (zero.get(part) or {}).get("device") == "nvme":
+                problems.append(f"deepspeed.zero_optimization.{part}.device: nvme is not "
+                                f"supported (its swapping hooks run only in DeepSpeed's own "
+                                f"forward; grpo-core calls the model); use cpu or none")
+        if (ds.get("checkpoint") or {}).get("writer"):
+            problems.append("deepspeed.checkpoint.writer: not supported (a checkpoint must be "
+                            "complete when its checksums are taken); remove it")
         if stage == 3 and cfg["generator"]["name"] == "vllm":
             problems.append("generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
                             "weight sync would gather the whole model after every update); "

@@ -201,7 +201,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
-              _engine(cfg, policy, params, opt, sched, world, how),
+              _engine(cfg, policy, reference, params, opt, sched, world, how),
               SamplingParams.from_config(cfg["sampling"]),
               torch.autocast("cuda", dtype=torch.bfloat16,
                              enabled=device.type == "cuda" and cfg["model"]["dtype"] == "auto"),
@@ -232,7 +232,8 @@ def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
                              weight_decay=oc["weight_decay"], fused=True if fused else None)
 
 
-def _engine(cfg: dict, policy, params, opt, sched, world: int, how: str) -> TorchUpdate:
+def _engine(cfg: dict, policy, reference, params, opt, sched, world: int,
+            how: str) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
     tc = cfg["train"]
     if how != "deepspeed":
@@ -242,7 +243,8 @@ def _engine(cfg: dict, policy, params, opt, sched, world: int, how: str) -> Torc
     return DeepSpeedUpdate(policy, params, opt, sched, deepspeed_config(cfg["deepspeed"]),
                            -(-per // tc["micro_batch_groups"]),
                            tc["micro_batch_groups"] * cfg["sampling"]["group_size"],
-                           cfg["optimizer"]["max_grad_norm"])
+                           cfg["optimizer"]["max_grad_norm"],
+                           None if cfg["model"]["reference_device"] == "cpu" else reference)
 
 
 def _held(run: Run) -> list[float]:

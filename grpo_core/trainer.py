@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from grpo_core import persist, phases
-from grpo_core.phases import TrainingError
+from grpo_core.errors import TrainingError
 from grpo_core.run import finish, start
 
 __all__ = ["train", "TrainingError"]

@@ -8,7 +8,9 @@ splits the weights: DeepSpeed's hooks gather each layer as it runs and free it a
   and the hooks lifted (DeepSpeed's ``unwrap_model_for_generation``);
 - the LM head runs as the model's own module (``head_module``): its weight exists whole only
   inside that module's forward and backward, never for a chunked head built from it;
-- saving the final model gathers one module's weights at a time onto rank 0.
+- saving the final model gathers one module's weights at a time onto rank 0;
+- the reference model is partitioned the same way (an engine without an optimizer), unless
+  ``model.reference_device`` puts it on the CPU.
 
 Checkpoints are DeepSpeed's own (``engine.save_checkpoint``: each rank its partitions of the
 fp32 weights and the optimizer), inside our atomic checkpoint directory; they resume under the
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from grpo_core import dist
-from grpo_core.errors import UserError
+from grpo_core.errors import TrainingError, UserError
 from grpo_core.rollout import Rollout
 from grpo_core.update import TorchUpdate
 
@@ -34,7 +36,7 @@ class DeepSpeedUpdate(TorchUpdate):
     """A DeepSpeed engine owns the reduction, the clipping and the optimizer step."""
 
     def __init__(self, model, params, opt, sched, ds_config: dict, micro_batches: int,
-                 micro_batch_size: int, max_grad_norm: float | None):
+                 micro_batch_size: int, max_grad_norm: float | None, reference=None):
         try:
             import deepspeed
         except ImportError as exc:
@@ -50,8 +52,12 @@ class DeepSpeedUpdate(TorchUpdate):
             cfg.setdefault("gradient_clipping", max_grad_norm)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
                                                     lr_scheduler=sched, config=cfg)
+        self.reference = None  # kept: a dropped engine takes its partitioning hooks with it
+        if self.stage == 3 and reference is not None and reference is not model:
+            # the reference partitioned as the policy is, its layers gathered as they run
+            self.reference, _, _, _ = deepspeed.initialize(model=reference, config={
+                k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")})
         self.world = dist.world_size()
-        self.skipped = False
         super().__init__(model, params, opt, sched, None)
         self.head_module = self.stage == 3
 
@@ -60,22 +66,30 @@ class DeepSpeedUpdate(TorchUpdate):
         return "deepspeed"
 
     def zero_grad(self) -> None:
-        self.skipped = False
+        """Nothing: the engine clears its gradients after each update."""
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
-        if not torch.isfinite(loss):  # the engine cannot skip a step: zero this one's gradient
-            loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0
-            self.skipped = True
+        from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+        # DeepSpeed cannot skip an update, and a non-finite loss leaves NaN in the gradients
+        # it would apply: every rank stops here together, the last checkpoint intact
+        if dist.all_sum(torch.tensor([0.0 if torch.isfinite(loss) else 1.0])).item():
+            raise TrainingError("non-finite loss under deepspeed, which cannot skip an update: "
+                                "resume from the last checkpoint with a lower optimizer.lr, or "
+                                "check the rewards")
+        # what engine.forward would arrange, as we call the model itself: whether this
+        # micro-batch ends the update (ZeRO reads it during backward: partitioned gradients,
+        # offload) ...
+        self.engine.set_gradient_accumulation_boundary(last)
         # DeepSpeed averages over ranks; our denominators are already global: undo the mean
         self.engine.backward(loss * self.world, scale_wrt_gas=False)
         self.engine.step()
-        if self.stage:  # what engine.forward does first, for the next micro-batch: we call the
-            # model itself, and without this ZeRO-3 overwrites the gradient it accumulated
-            self.engine.optimizer.clear_backward_seen_flag()
+        if isinstance(self.engine.optimizer, ZeROOptimizer):  # ... and that the next one adds
+            self.engine.optimizer.clear_backward_seen_flag()  # to it (ZeRO-3 would overwrite)
 
     def step(self, loss_finite: bool) -> tuple[float, bool]:
         norm = self.engine.get_global_grad_norm()
-        return (float(norm) if norm is not None else 0.0), not self.skipped
+        return (float(norm) if norm is not None else 0.0), self.engine.was_step_applied()
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
@@ -97,7 +111,7 @@ class DeepSpeedUpdate(TorchUpdate):
         if self.stage < 3:
             return None
         whole = dict(self.model.state_dict()) if dist.rank() == 0 else {}
-        for prefix, module in self.model.named_modules():
+        for prefix, module in self.model.named_modules(remove_duplicate=False):
             own = list(module.named_parameters(recurse=False, remove_duplicate=False))
             with self._whole([p for _, p in own]):  # one module at a time
                 for name, p in own:
@@ -106,6 +120,8 @@ class DeepSpeedUpdate(TorchUpdate):
         return whole
 
     def parameter_sums(self) -> torch.Tensor:
+        """Under ZeRO-3 each weight exists once, split across ranks: every rank sums the same
+        gathered tensor, so this checks the gathering, not a divergence."""
         sums = []
         with torch.no_grad():
             for p in self.model.parameters():
@@ -126,7 +142,8 @@ class DeepSpeedUpdate(TorchUpdate):
     def load_shards(self, folder: str) -> None:
         where = os.path.dirname(folder)
         try:
-            loaded, _ = self.engine.load_checkpoint(where, tag=os.path.basename(folder))
+            loaded, _ = self.engine.load_checkpoint(where, tag=os.path.basename(folder),
+                                                    load_lr_scheduler_states=False)  # trainer.pt
         except Exception as exc:  # another stage or number of processes, files missing
             raise UserError(f"cannot resume from {where}: {str(exc).splitlines()[0][:300]} "
                             f"(a DeepSpeed checkpoint resumes under the same ZeRO stage and "
@@ -141,10 +158,10 @@ def logprobs_through_head(model, inputs: dict, ro: Rollout, temperature: float,
     ``inputs`` (each prompt + completion), its own LM head making the [B, T, V] logits: under
     ZeRO-3 a module's weights are whole only inside that module's call and its backward. No
     prompt sharing, no chunks. [B, T] each."""
-    B, T = ro.completion_ids.shape
-    if T == 0:  # (logits_to_keep=0 would mean every position)
-        return torch.zeros((B, 0)), (torch.zeros((B, 0)) if entropy else None)
-    logits = model(**inputs, logits_to_keep=T).logits
+    T = ro.completion_ids.shape[1]
+    # called even with no completion tokens: the other ranks gather weights in this call
+    # (logits_to_keep=0 would mean every position: keep one, then none)
+    logits = model(**inputs, logits_to_keep=max(T, 1)).logits[:, 1 if T == 0 else 0:]
     logp = torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64
                                        else torch.float32) / temperature, -1)
     mask = ro.completion_mask.to(logp.dtype)

@@ -54,11 +54,21 @@ def single(tiny_model, addition_data, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# ZeRO-2 with its optimizer offloaded to the CPU and gradients reduced in small buckets: it
+# reads during backward whether the micro-batch ends the update (told, as no engine.forward
+# runs); untold, it stepped with the first micro-batch's gradient only
+OFFLOAD = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                 "reduce_bucket_size": 1000},
+           "zero_force_ds_cpu_optimizer": False}
+CONFIGS = {1: {"zero_optimization": {"stage": 1}}, 2: {"zero_optimization": {"stage": 2}},
+           3: ZERO3, "2-offload": OFFLOAD}
+
+
+@pytest.mark.parametrize("stage", list(CONFIGS))
 def test_zero_stages_match_one_process(tiny_model, addition_data, tmp_path, single, stage):
     out = str(tmp_path / f"zero{stage}")
     cfg = generating_cfg(tiny_model, addition_data, out)
-    cfg["deepspeed"] = ZERO3 if stage == 3 else {"zero_optimization": {"stage": stage}}
+    cfg["deepspeed"] = CONFIGS[stage]
     p = torchrun(write_config(tmp_path / "c.json", cfg))
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.load(open(os.path.join(out, "summary.json")))
@@ -107,3 +117,17 @@ def test_zero3_sigkill_resume_is_identical(tiny_model, addition_data, tmp_path):
     p = one_process(plain, "--resume", kept, "--force")
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "written by a DeepSpeed run" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_non_finite_loss_stops_every_rank_together(tiny_model, addition_data, tmp_path):
+    """DeepSpeed cannot skip an update: a learning rate that sends the weights to infinity
+    after the first step stops both ranks at the next loss, in one line, nothing hung."""
+    out = str(tmp_path / "nan")
+    cfg = cfg_for(tiny_model, addition_data, out, deepspeed={"zero_optimization": {"stage": 2}})
+    cfg["optimizer"] = {"lr": 1e30, "max_grad_norm": None}
+    p = torchrun(write_config(tmp_path / "nan.json", cfg))
+    assert p.returncode != 0
+    assert p.stderr.count("non-finite loss under deepspeed, which cannot skip") == 2, \
+        p.stderr[-3000:]
+    assert "Traceback" not in p.stderr.split("non-finite loss under deepspeed")[0]
+    assert [r["step"] for r in rows(out)] == [0]

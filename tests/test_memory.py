@@ -36,7 +36,7 @@ def test_switches_move_the_estimate_the_right_way():
     assert ddp["activations"] == base["activations"]  # 32 prompts on 4 devices: 8 each
     z3 = plan(s, 8, 32, 256, 512, strategy="zero3", gpus=4)
     assert z3["optimizer"] == z2["optimizer"] and z3["weights"] < z2["weights"] / 2
-    assert z3["reference"] == ddp["reference"]  # a whole copy on each device
+    assert z3["reference"] == fsdp["reference"]  # partitioned like the policy
     assert z3["logits"] > fsdp["logits"]  # the head's logits at once, not in chunks
     assert plan(s, 8, 8, 256, 512, dtype="auto")["weights"] == 2 * plan(
         s, 8, 8, 256, 512, dtype="bfloat16")["weights"]  # float32 master weights, as trained

@@ -46,6 +46,9 @@ def test_a_good_config_passes(tiny_model, addition_data, tmp_path, capsys):
     (lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 3}},
                            generator={"name": "vllm"}),
      "vllm is not supported with deepspeed ZeRO-3"),
+    (lambda c, t: c.update(deepspeed={"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme"}}}),
+     "deepspeed.zero_optimization.offload_param.device: nvme is not supported"),
 ])
 def test_each_problem_is_found_before_training(tiny_model, addition_data, tmp_path, capsys,
                                                change, needle):

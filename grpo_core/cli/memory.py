@@ -29,7 +29,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: what each strategy splits across the devices: weights, gradients, optimizer, reference
 SHARDED = {"none": (False, False, False, False), "ddp": (False, False, False, False),
            "fsdp": (True, True, True, True), "zero1": (False, False, True, False),
-           "zero2": (False, True, True, False), "zero3": (True, True, True, False)}
+           "zero2": (False, True, True, False), "zero3": (True, True, True, True)}
 GiB = 2**30
 
 
