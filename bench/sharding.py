@@ -14,6 +14,7 @@ each rank's maximum resident size; s/step is the median of the steps after the f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -68,8 +69,6 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--no-deepspeed", action="store_true", help="only ddp and fsdp")
     args = ap.parse_args()
-    import importlib.util
-
     strategies = ["ddp", "fsdp"]
     if not args.no_deepspeed and importlib.util.find_spec("deepspeed"):
         strategies += list(DEEPSPEED)

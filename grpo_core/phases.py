@@ -48,6 +48,8 @@ class Sampled:
     rollout: Rollout
     seconds: float
     transcripts: list[Transcript] | None = None
+    greedy: Rollout | None = None  # ReMax: one greedy completion per prompt
+    greedy_seconds: float = 0.0
 
 
 def sample(run: Run, step: int) -> Sampled:
@@ -66,7 +68,11 @@ def sample(run: Run, step: int) -> Sampled:
             if run.episodes.problem:
                 _warn(run, step, f"{run.episodes.problem}; applied environment.failure: "
                                  f"{run.cfg['environment']['failure']}")
-    return Sampled(batch, ro.to(run.device), time.time() - t0, transcripts)
+        greedy, t1 = None, time.time()
+        if run.baseline.needs_greedy:  # on the same gathered weights (sharded: one gathering)
+            greedy = run.generator.generate(batch.prompt_ids, 1,
+                                            replace(run.sampling, greedy=True)).to(run.device)
+    return Sampled(batch, ro.to(run.device), t1 - t0, transcripts, greedy, time.time() - t1)
 
 
 @dataclass
@@ -105,13 +111,10 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
                     run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
                     step_seed(run.cfg["train"]["seed"], step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
-    greedy, t1 = None, time.time()
-    if run.baseline.needs_greedy:  # ReMax: one greedy completion per prompt
-        with run.autocast, run.engine.gathered():
-            g = run.generator.generate(s.batch.prompt_ids, 1, replace(run.sampling, greedy=True))
-        greedy = judge(s.batch, g.to(run.device)).rewards
+    t1 = time.time()
+    greedy = None if s.greedy is None else judge(s.batch, s.greedy).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
-                  time.time() - t1 if greedy is not None else 0.0)
+                  s.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
 
 
 @dataclass

@@ -108,10 +108,10 @@ def _runtime(cfg: dict) -> list[str]:
                 problems.append(f"deepspeed: {ds} is not valid JSON ({exc})")
                 ds = None
     if isinstance(ds, dict):
-        stage = (ds.get("zero_optimization") or {}).get("stage", 0)
+        zero = ds.get("zero_optimization") or {}
+        stage = zero.get("stage", 0)
         if stage not in (0, 1, 2, 3):
             problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
-        zero = ds.get("zero_optimization") or {}
         for part in ("offload_optimizer", "offload_param"):
             if (zero.get(part) or {}).get("device") == "nvme":
                 problems.append(f"deepspeed.zero_optimization.{part}.device: nvme is not "

@@ -110,13 +110,14 @@ class DeepSpeedUpdate(TorchUpdate):
     def full_state_dict(self) -> dict | None:
         if self.stage < 3:
             return None
-        whole = dict(self.model.state_dict()) if dist.rank() == 0 else {}
+        main = dist.rank() == 0
+        whole = dict(self.model.state_dict()) if main else {}  # buffers; parameters below
         for prefix, module in self.model.named_modules(remove_duplicate=False):
             own = list(module.named_parameters(recurse=False, remove_duplicate=False))
             with self._whole([p for _, p in own]):  # one module at a time
-                for name, p in own:
-                    if whole:
-                        whole[f"{prefix}.{name}" if prefix else name] = p.detach().cpu().clone()
+                if main:
+                    whole.update({f"{prefix}.{name}" if prefix else name: p.detach().cpu().clone()
+                                  for name, p in own})
         return whole
 
     def parameter_sums(self) -> torch.Tensor:
