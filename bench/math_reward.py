@@ -218,7 +218,7 @@ def main() -> int:
             shown = 0
             for (c, g, r), x, y in zip(items, a, b):
                 if shown < args.show_disagreements and x != r:
-                    from grpo_core_plugins.math_reward.extract import extract_answer
+                    from grpo_core_plugins.rewards.math.extract import extract_answer
 
                     print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted="
                           f"{extract_answer(c)!r}")
@@ -231,7 +231,7 @@ def main() -> int:
     print(f"  mixed forms ({len(mixed)}), warm workers:      {rate(mixed):8.0f} items/s"
           f"   (math-verify {len(mixed) / t_mv:.0f} items/s)")
     print(f"  mixed forms, from a worker thread:        {rate_in_thread(mixed):8.0f} items/s")
-    from grpo_core_plugins.math_reward.extract import extract_answer, gold_answer
+    from grpo_core_plugins.rewards.math.extract import extract_answer, gold_answer
 
     reward.verifier.cache.clear()
     symbolic = [x for x in mixed if reward.verifier.fast(extract_answer(x[0]), gold_answer(x[1]))

@@ -58,7 +58,7 @@ def merge(a: dict, b: dict) -> dict:
 def main() -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.cli.demo import addition_rows, build_tokenizer, write_jsonl
+    from grpo_core.tiny import addition_rows, build_tokenizer, write_jsonl
 
     work = tempfile.mkdtemp(prefix="memsw_")
     tok = build_tokenizer()

@@ -12,7 +12,7 @@ approach of repeating the prompt G times in the batch. Training pass: the policy
 forward and backward (and the no-grad reference forward) with each prompt run once and its
 KV cache expanded to the G completions, against the prompt repeated G times, at several G
 and prompt lengths, in CPU seconds (median of interleaved repeats); it shows where
-``grpo_core.logprobs.SHARE_MIN_SAVED_TOKENS`` switches sharing on.
+``grpo_core.loss.logprobs.SHARE_MIN_SAVED_TOKENS`` switches sharing on.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def train_pass(model_dir: str, group: int, prompt_len: int, new_tokens: int = 32
     """CPU seconds of the log-prob pass: {grad,nograd} x {shared,repeated}."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_core import logprobs
+    from grpo_core.loss import logprobs
     from grpo_core.rollout import Rollout
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).train()
@@ -146,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     torch.set_num_threads(1)
-    from grpo_core.cli.demo import build_model, write_jsonl
+    from grpo_core.tiny import build_model, write_jsonl
 
     work = tempfile.mkdtemp(prefix="scaling_")
     model = build_model(os.path.join(work, "model"), hidden=256, layers=4, max_positions=1024)
@@ -185,7 +185,7 @@ def prefill_table(model: str, rows: list[dict]) -> None:
 
 
 def train_table(model: str) -> None:
-    from grpo_core.logprobs import SHARE_MIN_SAVED_TOKENS
+    from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
 
     print(f"\nTraining pass, 2 prompts x G, 32 completion tokens, CPU s (median of 5); "
           f"sharing is on when (G - 1) x 2 x prompt tokens >= {SHARE_MIN_SAVED_TOKENS}\n\n"

@@ -72,7 +72,7 @@ def main() -> None:
     strategies = ["ddp", "fsdp"]
     if not args.no_deepspeed and importlib.util.find_spec("deepspeed"):
         strategies += list(DEEPSPEED)
-    from grpo_core.cli.demo import addition_rows, build_model, write_jsonl
+    from grpo_core.tiny import addition_rows, build_model, write_jsonl
 
     out = tempfile.mkdtemp(prefix="grpo-sharding-")
     model = build_model(os.path.join(out, "model"), hidden=args.hidden, layers=args.layers)

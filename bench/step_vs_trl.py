@@ -116,7 +116,7 @@ def rows_for(case: str, data_root: str) -> list[dict]:
     if length is None:
         return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10)
                 for b in range(10)]
-    from grpo_core.data import read_rows
+    from grpo_core.data.prompts import read_rows
 
     path = os.path.join(data_root, "gsm8k", "train.jsonl")
     if not os.path.exists(path):
@@ -211,7 +211,7 @@ def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str)
 
 def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str) -> list[dict]:
     from grpo_core import config, phases
-    from grpo_core.cli.demo import write_jsonl
+    from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
 
     _, _, P, G, new_tokens, _ = CASES[case]
@@ -265,7 +265,7 @@ def summary(blocks: list[list[dict]]) -> dict:
 
 
 def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: bool) -> dict:
-    from grpo_core.cli.demo import build_model
+    from grpo_core.tiny import build_model
 
     hidden, layers, P, G, new_tokens, length = CASES[case]
     work = tempfile.mkdtemp(prefix=f"vs_trl_{case}_")

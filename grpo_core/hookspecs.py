@@ -228,7 +228,7 @@ class Objective(Component):
     adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""
 
     #: how per-token losses become one number when the config does not say (``token_mean``,
-    #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.losses.aggregate)
+    #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.loss.losses.aggregate)
     aggregation: str = "token_mean"
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,

@@ -14,19 +14,19 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from grpo_core import dist
-from grpo_core.data import Batch, make_batch
-from grpo_core.episodes import Transcript, completion_budget, episode_metrics
+from grpo_core.data.prompts import Batch, make_batch
+from grpo_core.engine import dist
+from grpo_core.env.episodes import Transcript, completion_budget, episode_metrics
 from grpo_core.errors import TrainingError
-from grpo_core.evaluate import evaluate
-from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
-from grpo_core.logprobs import completion_logprobs, reference_logprobs
-from grpo_core.losses import Normaliser, kl_penalty, objective_loss
-from grpo_core.metrics import peak_memory_mb, rollout_metrics, write_samples
-from grpo_core.models import save_model
-from grpo_core.rewards import Scored, score_rollout
+from grpo_core.loss.groups import group_std_zero, micro_batches, resample, to_grid
+from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
+from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
+from grpo_core.observe.evaluate import evaluate
+from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, write_samples
+from grpo_core.reward.call import Scored, score_rollout
 from grpo_core.rollout import Rollout
 from grpo_core.run import Run
+from grpo_core.store.models import save_model
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -131,7 +131,7 @@ class Advantages:
 
 
 def _chunk(run: Run) -> int | None:
-    """LM-head rows per chunk for the policy; None: its own head module (grpo_core.zero)."""
+    """LM-head rows per chunk for the policy; None: its own head module (grpo_core.engine.zero)."""
     return None if run.engine.head_module else run.cfg["runtime"]["logprob_chunk"]
 
 

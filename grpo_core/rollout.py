@@ -29,7 +29,7 @@ class SamplingParams:
     @classmethod
     def from_config(cls, sc: dict, **override) -> SamplingParams:
         """From a config's ``sampling`` section whose model defaults are resolved
-        (grpo_core.models.resolve_sampling); ``override`` replaces fields."""
+        (grpo_core.store.models.resolve_sampling); ``override`` replaces fields."""
         kw = {k: sc[k] for k in MODEL_DEFAULTED}
         kw.update(max_new_tokens=sc["max_new_tokens"], stop=tuple(sc["stop"]),
                   batch_size=sc["generation_batch_size"])
@@ -44,7 +44,7 @@ def _from_model(name: str, kind: str, what: str, **limits) -> tuple[str, dict]:
 
 
 #: config ``sampling`` entries a model's generation_config may supply (see
-#: grpo_core.models.resolve_sampling); the neutral values are SamplingParams' defaults
+#: grpo_core.store.models.resolve_sampling); the neutral values are SamplingParams' defaults
 MODEL_SETTINGS = dict([
     _from_model("temperature", "number", "sampling temperature, log-probs use the same",
                 exclusiveMinimum=0),

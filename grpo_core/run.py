@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 import grpo_core
-from grpo_core import dist, parallel, persist, rundir, schedules, tracking
-from grpo_core.configfile import unresolved
-from grpo_core.data import (
+from grpo_core.config.file import unresolved
+from grpo_core.data.prompts import (
     PromptStream,
     StreamedPrompts,
     check_fields,
@@ -26,14 +25,26 @@ from grpo_core.data import (
     fit_prompt,
     fit_prompts,
 )
-from grpo_core.episodes import EpisodeRunner, completion_budget
-from grpo_core.episodes import problems as episode_problems
+from grpo_core.data.sources import Source, open_stream, read_rows
+from grpo_core.engine import dist, parallel, schedules
+from grpo_core.engine.update import TorchUpdate
+from grpo_core.engine.zero import DeepSpeedUpdate, deepspeed_config
+from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
-from grpo_core.health import HealthMonitor
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
-from grpo_core.isolation import build_reward
-from grpo_core.metrics import MetricsWriter, memory_limit_mb, peak_memory_mb, truncate_metrics
-from grpo_core.models import (
+from grpo_core.observe import tracking
+from grpo_core.observe.health import HealthMonitor
+from grpo_core.observe.metrics import (
+    MetricsWriter,
+    memory_limit_mb,
+    peak_memory_mb,
+    truncate_metrics,
+)
+from grpo_core.reward.isolation import build_reward
+from grpo_core.rollout import SamplingParams
+from grpo_core.store import persist, rundir
+from grpo_core.store.models import (
     context_length,
     is_peft,
     load_model,
@@ -43,10 +54,6 @@ from grpo_core.models import (
     save_model,
     saved_dtype,
 )
-from grpo_core.rollout import SamplingParams
-from grpo_core.sources import Source, open_stream, read_rows
-from grpo_core.update import TorchUpdate
-from grpo_core.zero import DeepSpeedUpdate, deepspeed_config
 
 
 @dataclass

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 
-from grpo_core import persist, phases
+from grpo_core import phases
 from grpo_core.errors import TrainingError
 from grpo_core.run import finish, start
+from grpo_core.store import persist
 
 __all__ = ["train", "TrainingError"]
 

@@ -1,7 +1,7 @@
 """Built-in environments: ``calculator`` (a tool) and ``guess_number`` (a game with feedback).
 
 The calculator evaluates what the model writes between its tags with the math reward's
-parser (plugins/math_reward/parse.py), which builds sympy objects without evaluating any
+parser (plugins/rewards/math/parse.py), which builds sympy objects without evaluating any
 input as code and bounds every size that could explode; errors come back as observations.
 """
 
@@ -11,9 +11,9 @@ import re
 from fractions import Fraction
 
 import sympy as sp
-from grpo_core_plugins.math_reward.nodes import as_expr
-from grpo_core_plugins.math_reward.numeric import approx, exact
-from grpo_core_plugins.math_reward.parse import parse
+from grpo_core_plugins.rewards.math.nodes import as_expr
+from grpo_core_plugins.rewards.math.numeric import approx, exact
+from grpo_core_plugins.rewards.math.parse import parse
 
 from grpo_core.hookspecs import Environment, Observation, hookimpl
 

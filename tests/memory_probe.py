@@ -9,8 +9,8 @@ import tempfile
 import torch
 
 from grpo_core import config
-from grpo_core.cli.demo import addition_rows, build_tokenizer, write_jsonl
 from grpo_core.cli.memory import load_shape, plan
+from grpo_core.tiny import addition_rows, build_tokenizer, write_jsonl
 from grpo_core.trainer import train
 
 

@@ -28,10 +28,10 @@ import grpo_core
 from grpo_core import config as config_mod
 from grpo_core.cli import stats
 from grpo_core.cli.plots import build_report, plot_study
-from grpo_core.configfile import scalar, unresolved
+from grpo_core.config.file import scalar, unresolved
+from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.metrics import read
-from grpo_core.schema import CORE_SCHEMA
+from grpo_core.observe.metrics import read
 
 TUNE_SEED0 = 1000
 DONE = "compare_run.json"  # written after a run finished; holds its config and wall time

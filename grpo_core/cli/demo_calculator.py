@@ -21,8 +21,8 @@ import time
 import torch
 
 from grpo_core import config as config_mod
-from grpo_core.cli.demo import build_model, write_jsonl
 from grpo_core.errors import UserError
+from grpo_core.tiny import build_model, write_jsonl
 
 STEPS = 150
 WARM_STEPS = 500
@@ -128,7 +128,7 @@ def plot(run_dir: str, path: str, window: int = 10) -> str | None:
     except ImportError:
         return None
     from grpo_core.cli.plots import smooth
-    from grpo_core.metrics import read
+    from grpo_core.observe.metrics import read
 
     records = read(run_dir)
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -161,7 +161,7 @@ def run(out: str, steps: int | None = None, overrides: list[str] | None = None) 
     summary = train(cfg, overwrite=True)
     if summary["first_reward"] is None:
         raise UserError("demo ran no steps")
-    from grpo_core.metrics import read
+    from grpo_core.observe.metrics import read
 
     records = read(summary["run_dir"])
     k = min(10, len(records))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from grpo_core.config import MOVED
-from grpo_core.schema import CORE_SCHEMA
+from grpo_core.config.schema import CORE_SCHEMA
 
 HEADER = """# The config file
 
@@ -33,7 +33,7 @@ config loads (`headers: {Authorization: "Bearer ${env:REWARD_API_KEY}"}`), and a
 that is not set is an error naming it. Everything the run writes (`config.json`, checkpoints,
 trackers, `grpo validate`'s output) holds `${env:NAME}`, never the value.
 
-This file is generated from `grpo_core/schema.py` by `grpo schema --markdown`; a test fails
+This file is generated from `grpo_core/config/schema.py` by `grpo schema --markdown`; a test fails
 when it is stale.
 """
 

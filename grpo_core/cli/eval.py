@@ -9,14 +9,14 @@ import torch
 
 import grpo_core
 from grpo_core import config as config_mod
-from grpo_core.data import check_fields, column_map
-from grpo_core.episodes import EpisodeRunner
+from grpo_core.data.prompts import check_fields, column_map
+from grpo_core.data.sources import read_rows
+from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
-from grpo_core.evaluate import evaluate, write
-from grpo_core.isolation import build_reward
-from grpo_core.models import load_model, load_tokenizer, pick_device, resolve_sampling
+from grpo_core.observe.evaluate import evaluate, write
+from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
-from grpo_core.sources import read_rows
+from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
 
 def evaluate_cli(args) -> int:

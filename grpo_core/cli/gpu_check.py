@@ -34,8 +34,8 @@ def build(path: str) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.cli.demo import build_tokenizer
     from grpo_core.cli.memory import PRESETS
+    from grpo_core.tiny import build_tokenizer
 
     s = PRESETS["qwen2.5-0.5b"]
     tok = build_tokenizer()
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="gpu_check_")
     model = os.path.join(work, "model")
     build(model)
-    from grpo_core.cli.demo import addition_rows, write_jsonl
+    from grpo_core.tiny import addition_rows, write_jsonl
 
     data = os.path.join(work, "train.jsonl")
     write_jsonl(data, addition_rows()[0])

@@ -16,19 +16,19 @@ from grpo_core.errors import ConfigError, UserError
 
 def _config(args, preflight: bool = False) -> dict:
     """The config, validated; with ``preflight`` also checked against the files, data and
-    machine it names (grpo_core.preflight)."""
+    machine it names (grpo_core.config.preflight)."""
     from grpo_core import config
 
     cfg = config.load(args.config, args.set)
     if preflight:
-        from grpo_core import preflight as checks
+        from grpo_core.config import preflight as checks
 
         checks.check(cfg)
     return cfg
 
 
 def cmd_validate(args) -> int:
-    from grpo_core.configfile import unresolved
+    from grpo_core.config.file import unresolved
 
     # as written: ${env:NAME} is printed, never the variable's value
     print(yaml.safe_dump(unresolved(_config(args, preflight=True)), sort_keys=False), end="")

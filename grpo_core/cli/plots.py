@@ -12,7 +12,7 @@ import numpy as np
 
 from grpo_core.cli import stats
 from grpo_core.errors import UserError
-from grpo_core.metrics import read
+from grpo_core.observe.metrics import read
 
 X_LABELS = {"step": "step", "generated_tokens": "generated tokens (sampled + greedy)",
             "wall_seconds": "wall time of the steps (s)"}

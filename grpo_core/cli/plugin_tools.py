@@ -333,7 +333,7 @@ def new(name: str, kind: str, out: str) -> int:
 
     if kind not in SKELETON:
         raise UserError(f"--kind: expected one of {sorted(SKELETON)} (generators are larger: "
-                        f"start from plugins/hf_generator.py)")
+                        f"start from plugins/generators/hf.py)")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise UserError(f"plugin name {name!r}: use lower-case letters, digits and _")
     pkg = f"grpo_{name}"

@@ -23,6 +23,7 @@ import sys
 
 import yaml
 
+from grpo_core import tiny
 from grpo_core.cli import demo
 
 #: task -> (largest a, largest b, training rows, held-out rows, warm-start steps)
@@ -55,9 +56,9 @@ def prepare(task: str, out: str, seed: int = 0) -> None:
     if os.path.exists(os.path.join(model_dir, "config.json")):
         return
     train_rows, test_rows = sum_rows(largest_a, largest_b, n_train, n_test, seed)
-    demo.write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
-    demo.write_jsonl(os.path.join(out, "data", "test.jsonl"), test_rows)
-    demo.build_model(model_dir, seed=seed)
+    tiny.write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
+    tiny.write_jsonl(os.path.join(out, "data", "test.jsonl"), test_rows)
+    tiny.build_model(model_dir, seed=seed)
     demo.warm_start(model_dir, train_rows, steps=warm, seed=seed)
 
 

@@ -1,0 +1,148 @@
+"""What ``grpo validate`` (and ``grpo train``, first) checks beyond the schema: the things a
+run would otherwise trip on only after the model has loaded and generated. All of it is
+cheap: files are looked at, the data's first rows read, nothing heavy is loaded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import torch
+
+from grpo_core.data.prompts import check_fields, column_map, column_problems
+from grpo_core.data.sources import Source, looks_like_hub_id, open_stream, read_rows
+from grpo_core.engine import schedules
+from grpo_core.env.episodes import problems as episode_problems
+from grpo_core.errors import ConfigError, UserError
+from grpo_core.hookspecs import Environment, Reward
+from grpo_core.observe import tracking
+from grpo_core.registry import registry
+from grpo_core.store import rundir
+
+#: rows of each data set looked at
+SAMPLE_ROWS = 50
+
+
+def check(cfg: dict) -> None:
+    """Raise ConfigError listing every problem found in a (schema-valid) config."""
+    problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
+    problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
+    problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
+    problems += episode_problems(cfg)
+    tc = cfg["train"]
+    problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
+    passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
+    missing = [c for c in reward_columns(cfg["reward"]) if c not in passed.values()]
+    if missing:
+        problems.append(f"data.columns: the reward reads {missing}; add them to data.columns "
+                        f"(a field of that name, or {{field: {missing[0]}}} to pass another "
+                        f"field under that name)")
+    fields = [cfg["data"]["prompt_field"], *passed, *environment_columns(cfg)]
+    problems += _rows(cfg, cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
+    if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
+        problems += _rows(cfg, cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
+    if problems:
+        raise ConfigError(problems)
+
+
+def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
+    """The dataset columns the configured reward declares it reads."""
+    factory = registry().get("reward", reward_cfg["name"]).factory
+    if isinstance(factory, type) and issubclass(factory, Reward):
+        return tuple(factory.columns_for(reward_cfg["options"]))
+    return ()
+
+
+def environment_columns(cfg: dict) -> tuple[str, ...]:
+    """The dataset fields the configured environment declares it reads (none without one)."""
+    env = cfg["environment"]
+    factory = registry().get("environment", env["name"]).factory if env else None
+    if isinstance(factory, type) and issubclass(factory, Environment):
+        return tuple(factory.columns_for(env["options"]))
+    return ()
+
+
+def _model(model_cfg: dict, chat_template: str) -> list[str]:
+    path = model_cfg["name_or_path"]
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return [f"model.name_or_path: {path} has no config.json (not a model directory)"]
+        return _template(path) if chat_template == "always" else []
+    if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
+        return [f"model.name_or_path: {path} is not a model directory (nor a hub id like "
+                f"org/name)"]
+    return []
+
+
+def _template(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            has = bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        has = False
+    has = has or os.path.isfile(os.path.join(path, "chat_template.jinja"))
+    return [] if has else [f"data.chat_template: 'always', but the tokenizer in {path} has no "
+                           f"chat template"]
+
+
+def _runtime(cfg: dict) -> list[str]:
+    problems = []
+    cuda = torch.cuda.is_available()
+    device = cfg["runtime"]["device"]
+    if device == "cuda" and not cuda:
+        problems.append("runtime.device: 'cuda', but CUDA is not available")
+    on_gpu = cuda and device != "cpu"
+    if cfg["model"]["quantization"] and not on_gpu:
+        problems.append(f"model.quantization: {cfg['model']['quantization']} base weights need "
+                        f"a CUDA device")
+    if cfg["generator"]["name"] == "vllm" and not on_gpu:
+        problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
+    ds = cfg["deepspeed"]
+    if isinstance(ds, str):
+        if not os.path.isfile(ds):
+            problems.append(f"deepspeed: config file not found: {ds}")
+        else:
+            try:
+                with open(ds, encoding="utf-8") as f:
+                    ds = json.load(f)
+            except (OSError, ValueError) as exc:
+                problems.append(f"deepspeed: {ds} is not valid JSON ({exc})")
+                ds = None
+    if isinstance(ds, dict):
+        zero = ds.get("zero_optimization") or {}
+        stage = zero.get("stage", 0)
+        if stage not in (0, 1, 2, 3):
+            problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
+        for part in ("offload_optimizer", "offload_param"):
+            if (zero.get(part) or {}).get("device") == "nvme":
+                problems.append(f"deepspeed.zero_optimization.{part}.device: nvme is not "
+                                f"supported (its swapping hooks run only in DeepSpeed's own "
+                                f"forward; grpo-core calls the model); use cpu or none")
+        if (ds.get("checkpoint") or {}).get("writer"):
+            problems.append("deepspeed.checkpoint.writer: not supported (a checkpoint must be "
+                            "complete when its checksums are taken); remove it")
+        if stage == 3 and cfg["generator"]["name"] == "vllm":
+            problems.append("generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
+                            "weight sync would gather the whole model after every update); "
+                            "use distributed.strategy fsdp")
+    return problems
+
+
+def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list[str]:
+    """The data set can be read and its first rows have the fields (a local file, a
+    directory, a saved dataset; streamed the way the run will read it)."""
+    if not os.path.exists(path):
+        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
+    dc = cfg["data"]  # the training set's source keeps its configuration and data_files
+    name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
+    try:
+        if key == "data.path" and dc["streaming"]:
+            stream = open_stream(Source(path, split, name, files, key), None)
+            rows = list(itertools.islice(stream, SAMPLE_ROWS))
+        else:
+            rows = read_rows(path, split, name, files, limit=SAMPLE_ROWS, key=key)
+        check_fields(rows, fields, path)
+    except UserError as exc:
+        return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
+    return []

@@ -1,0 +1,71 @@
+"""Groups: completions of one prompt, kept together from sampling to the loss.
+
+A rollout's rows carry their group index; these helpers lay rows out on the ``[P, G]`` grid
+that baselines see, find groups with no learning signal, cut the batch into micro-batches of
+whole groups, and draw extra completions for flat groups (DAPO's dynamic sampling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import torch
+
+from grpo_core.data.prompts import Batch
+from grpo_core.hookspecs import Generator
+from grpo_core.reward.call import Scored
+from grpo_core.rollout import Rollout, SamplingParams, merge
+
+
+def group_std_zero(rewards: torch.Tensor) -> torch.Tensor:
+    """[P, G] -> [P] bool: the group's valid rewards are all equal (no learning signal)."""
+    ok = torch.isfinite(rewards)
+    hi = torch.where(ok, rewards, -torch.inf).amax(-1)
+    lo = torch.where(ok, rewards, torch.inf).amin(-1)
+    return ~(hi > lo)
+
+
+def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor,
+                                                                         torch.Tensor]:
+    """Rows [B] -> [P, Gmax] with NaN where a group has fewer rows; also each row's slot
+    (counted in Python: per-element tensor updates cost a millisecond a call)."""
+    counts, slots = [0] * P, []
+    for g in group.tolist():
+        slots.append(counts[g])
+        counts[g] += 1
+    slot = torch.tensor(slots, dtype=group.dtype, device=group.device)
+    grid = torch.full((P, max(counts)), torch.nan)
+    grid[group, slot] = values
+    return grid, slot
+
+
+def micro_batches(group: torch.Tensor, P: int, per: int) -> Iterator[torch.Tensor]:
+    """Row indices of each micro-batch; a micro-batch holds whole groups, never part of one."""
+    for s in range(0, P, per):
+        rows = torch.nonzero((group >= s) & (group < s + per)).squeeze(1)
+        if rows.numel():
+            yield rows
+
+
+def resample(gen: Generator, score: Callable[[Batch, Rollout], Scored], batch: Batch,
+             ro: Rollout, scored: Scored, flat: torch.Tensor, n: int, sampling: SamplingParams,
+             seed: int, row_offset: int) -> tuple[Rollout, Scored, int]:
+    """Draw ``n`` more completions for each flat group (``flat`` [P] bool), score them and
+    append them; returns the new rollout, its scores and how many completions were added."""
+    idx = torch.nonzero(flat).squeeze(1).tolist()
+    sub = batch.select(idx)
+    extra = gen.generate(sub.prompt_ids, n, sampling, seed=seed ^ 0x5BD1E995,
+                         row_offset=row_offset).to(ro.group.device)
+    extra_scored = score(sub, extra)
+    extra = replace(extra, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask,
+                    group=torch.tensor(idx, device=ro.group.device)[extra.group])
+
+    def cat(a: dict, b: dict, fill) -> dict:
+        return {k: list(v) + list(b.get(k, [fill] * extra.size)) for k, v in a.items()}
+
+    return merge(ro, extra), Scored(torch.cat([scored.rewards, extra_scored.rewards]),
+                                    cat(scored.dimensions, extra_scored.dimensions, math.nan),
+                                    cat(scored.extras, extra_scored.extras, None),
+                                    scored.problem or extra_scored.problem), extra.size

@@ -1,0 +1,3 @@
+"""What a step reports: the metrics stream (metrics), experiment trackers
+(tracking), run-health warnings (health), held-out evaluation (evaluate).
+"""

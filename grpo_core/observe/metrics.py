@@ -1,0 +1,247 @@
+"""The metrics stream: one JSON object per step in ``metrics.jsonl``, a live status line, and
+the samples files; what a step's metrics are, summed over ranks where they are per sample."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from grpo_core.data.prompts import Batch
+from grpo_core.engine import dist
+from grpo_core.errors import UserError
+from grpo_core.rollout import Rollout
+
+if TYPE_CHECKING:
+    from grpo_core.observe.tracking import Trackers
+
+SHOWN = ("reward", "kl", "entropy", "completion_len", "time/step")
+
+
+class MetricsWriter:
+    """``metrics.jsonl`` always (our metric names); each step also goes to the run's
+    experiment trackers (logger plugins, grpo_core.observe.tracking), and samples too."""
+
+    def __init__(self, run_dir: str, total_steps: int, progress: bool = True,
+                 trackers: Trackers | None = None):
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.total, self.progress, self.start = total_steps, progress, time.time()
+        self.tty = sys.stderr.isatty()
+        self.first_step: int | None = None  # a resumed run's rate counts its own steps
+        self.log_every = max(1, total_steps // 20)
+        self.trackers = trackers
+
+    def write(self, record: dict) -> None:
+        line = json.dumps({k: _clean(v) for k, v in record.items()})
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            raise UserError(f"cannot write metrics to {self.path}: {exc.strerror or exc}") from exc
+        if self.trackers is not None:
+            self.trackers.log(record)
+        if self.progress:
+            self._show(record)
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        """A step's samples (from :func:`write_samples`) to the trackers, as a table."""
+        if self.trackers is not None:
+            self.trackers.log_samples(samples, step)
+
+    def close(self) -> None:
+        """Finish the trackers (end of the run)."""
+        if self.trackers is not None:
+            self.trackers.close()
+
+    def _show(self, r: dict) -> None:
+        """A progress bar with rate and time left on a terminal; in a log (not a terminal),
+        one line every ``log_every`` steps and at the end, so logs stay short."""
+        step = r["step"] + 1
+        if self.first_step is None:
+            self.first_step, self.start = r["step"], time.time()
+        if not self.tty and step % self.log_every and step < self.total:
+            return
+        ran = step - self.first_step
+        per = (time.time() - self.start) / ran if ran else 0.0
+        left = per * (self.total - step)
+        done = int(20 * step / self.total)
+        parts = " ".join(f"{k}={r[k]:.3g}" for k in SHOWN if isinstance(r.get(k), (int, float))
+                         and not isinstance(r.get(k), bool))
+        text = (f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} "
+                f"{per:.2f}s/step ETA {_clock(left)} {parts}")
+        end = "\r" if self.tty and step < self.total else "\n"
+        print(text + ("\033[K" if self.tty else ""), end=end, file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+def read(run_dir: str) -> list[dict]:
+    """A run's metric records. A line cut short (a crash mid-write) is skipped with a warning;
+    any other malformed line is an error naming it."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise UserError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read ({exc})") from exc
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a metrics record")
+        except (ValueError, RecursionError) as exc:
+            if n == len(lines) and not line.endswith("\n"):
+                print(f"warning: {path}: last line is incomplete (cut off mid-write); "
+                      f"skipped", file=sys.stderr)
+                break
+            raise UserError(f"{path}:{n}: not a metrics record ({exc})") from exc
+        records.append(record)
+    return records
+
+
+def rollout_metrics(rewards: torch.Tensor, grid: torch.Tensor, flat: torch.Tensor, ro: Rollout,
+                    dimensions: dict, extra: int, max_reward: float | None,
+                    device: torch.device) -> dict:
+    """Reward, group and length statistics of a step's rollout.
+
+    rewards [B] (NaN = missing), grid [P, Gmax] the same by group, flat [P] groups whose
+    rewards are all equal. A group is *solved* when all its completions reach ``max_reward``
+    (the reward's known best); with no known best, none is.
+    """
+    ok = torch.isfinite(rewards)
+    r = torch.where(ok, rewards, 0.0).double()
+    gok = torch.isfinite(grid)
+    within = torch.tensor([float(g[k].double().std(unbiased=False)) if k.any() else 0.0
+                           for g, k in zip(grid, gok)])
+    scale = torch.tensor([float(g[k].double().abs().mean()) if k.any() else 0.0
+                          for g, k in zip(grid, gok)]).clamp(min=1.0)
+    tiny = (within > 0) & (within < TINY_STD * scale)  # differences that are only noise
+    lengths = ro.completion_mask.sum(-1).double().cpu()
+    solved = torch.zeros_like(flat) if max_reward is None else \
+        flat & (torch.where(gok, grid, -torch.inf).amax(-1) >= max_reward)
+    s = dist.sum_named({"r": r.sum(), "r2": (r * r).sum(), "valid": ok.sum(), "n": len(rewards),
+                        "within": within.sum(), "groups": len(grid), "flat": flat.sum(),
+                        "length": lengths.sum(), "truncated": ro.truncated.sum().cpu(),
+                        "extra": extra, "solved": solved.sum(), "tiny": tiny.sum()}, device)
+    longest = dist.all_max(lengths.max().to(device)) if lengths.numel() else 0.0
+    n, valid, groups = max(s["n"], 1.0), max(s["valid"], 1.0), max(s["groups"], 1.0)
+    mean = s["r"] / valid
+    record = {
+        "samples": int(s["n"]),
+        "reward": mean if s["valid"] else math.nan,
+        "reward_std": math.sqrt(max(s["r2"] / valid - mean * mean, 0.0)) if s["valid"]
+        else math.nan,
+        "reward_within_group_std": s["within"] / groups,
+        "zero_std_frac": s["flat"] / groups,
+        "solved_frac": s["solved"] / groups,
+        "tiny_std_frac": s["tiny"] / groups,
+        "dropped_rewards": int(s["n"] - s["valid"]),
+        "extra_completions": int(s["extra"]),
+        "completion_len": s["length"] / n,
+        "completion_len_max": float(longest),
+        "truncated_frac": s["truncated"] / n,
+    }
+    for name, values in dimensions.items():  # this rank's completions
+        v = torch.tensor([float(x) for x in values])
+        v = v[torch.isfinite(v)]
+        record[f"reward/{name}"] = float(v.mean()) if v.numel() else math.nan
+    return record
+
+
+#: a group whose rewards' std is under this (relative to their size) differs by noise only
+TINY_STD = 1e-4
+
+
+def memory_limit_mb(device: torch.device) -> float | None:
+    """What the device has: a GPU's memory, or on the CPU the machine's memory or the
+    container's limit (cgroup), whichever is smaller."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**20
+    limits = []
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            limits += [int(line.split()[1]) / 1024 for line in f if line.startswith("MemTotal")]
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read().strip()
+            if value.isdigit() and int(value) < 2**60:
+                limits.append(int(value) / 2**20)
+        except OSError:
+            pass
+    return min(limits) if limits else None
+
+
+def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions: dict,
+                  extras: dict, rewards: torch.Tensor, adv: torch.Tensor, tokenizer,
+                  k: int = 2) -> list[dict]:
+    """The first ``k`` groups of a step, as JSONL and as readable text; returns the records
+    (for the trackers' tables)."""
+    lines, text, records = [], [], []
+    for p in range(min(k, len(batch.prompts))):
+        for i in torch.nonzero(ro.group == p).squeeze(1).tolist():
+            comp = tokenizer.decode(ro.completion_ids[i][ro.completion_mask[i].bool()],
+                                    skip_special_tokens=True)
+            rec = {"step": step, "group": p, "prompt": batch.prompts[p], "completion": comp,
+                   "reward": float(rewards[i]), "advantage": float(adv[i]),
+                   "dimensions": {n: float(v[i]) for n, v in dimensions.items()},
+                   "extras": {n: str(v[i]) for n, v in extras.items()}}
+            records.append(rec)
+            lines.append(json.dumps(rec))
+            text.append(f"--- step {step} group {p} reward {rec['reward']:.3f} "
+                        f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
+                        f"PROMPT: {batch.prompts[p]}\nCOMPLETION: {comp}\n")
+    try:
+        with open(os.path.join(run_dir, "samples.jsonl"), "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(run_dir, "samples.txt"), "a", encoding="utf-8") as f:
+            f.write("\n".join(text) + "\n")
+    except OSError as exc:
+        raise UserError(f"cannot write samples to {run_dir}: {exc.strerror or exc}") from exc
+    return records
+
+
+def truncate_metrics(run_dir: str, step: int) -> None:
+    """Forget metric lines from steps that will be run again (all of them for a fresh run)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):  # absent, or a device or pipe: nothing to read back
+        return
+    kept = [json.dumps(r) + "\n" for r in read(run_dir) if r["step"] < step]
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise UserError(f"cannot rewrite {path}: {exc.strerror or exc}") from exc
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory allocated (CUDA) or the process's peak resident size (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

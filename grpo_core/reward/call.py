@@ -1,0 +1,154 @@
+"""Calling a reward plugin inside the loop: shape and finiteness checks, failure policies.
+
+Policies for a reward that raises, returns the wrong length, or returns NaN/inf:
+``raise`` stops the run naming the plugin and the first bad item; ``zero`` scores the bad
+items 0; ``drop_group`` marks every completion of an affected group as missing (NaN), so the
+group gets no advantage and leaves the loss. A NaN never reaches the loss.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_core.data.prompts import Batch, reward_inputs
+from grpo_core.errors import UserError
+from grpo_core.hookspecs import Reward
+from grpo_core.reward.isolation import IsolatedReward
+from grpo_core.rollout import Rollout
+from grpo_core.scores import Scores
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+class RewardFailure(UserError):
+    """A reward plugin misbehaved under the ``raise`` policy."""
+
+
+@dataclass
+class Scored:
+    rewards: torch.Tensor  # [B] float32; NaN = missing (dropped)
+    dimensions: dict = field(default_factory=dict)  # name -> [B] list
+    extras: dict = field(default_factory=dict)
+    problem: str | None = None  # first failure, for the warning
+
+
+def call_bounded(fn: Callable, args: tuple, kwargs: dict, timeout: float | None,
+                 key: str) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread, waiting at most ``timeout`` seconds (None:
+    forever); past it a TimeoutError names the config ``key``. Python cannot stop a thread: a
+    hung call (a reward, an environment) is abandoned, not killed, and the run goes on."""
+    if timeout is None:
+        return fn(*args, **kwargs)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller below
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name=key)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"did not return within {timeout:g} s ({key})")
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
+
+
+def score(fn: Reward, name: str, prompts: list[str], completions: list[str], columns: dict,
+          group: torch.Tensor, policy: str = "raise", timeout: float | None = None) -> Scored:
+    """Score completions; ``group`` [B] maps each completion to its prompt's group."""
+    B = len(completions)
+    try:
+        out = call_bounded(fn, (prompts, completions), columns, timeout, "reward.timeout")
+        values = list(out)
+    except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
+        problem = f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:200]}"
+        return _fail(problem, B, group, policy)
+    if len(values) != B:
+        problem = f"reward {name!r} returned {len(values)} scores for {B} completions"
+        return _fail(problem, B, group, policy)
+    bad = []
+    for i, v in enumerate(values):
+        try:
+            v = float(v)
+        except (TypeError, ValueError, OverflowError):  # 10**400 is no float
+            v = math.nan
+        values[i] = v
+        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+            bad.append(i)
+    rewards = torch.tensor(values, dtype=torch.float32)
+    problem = None
+    if bad:
+        problem = (f"reward {name!r} returned {values[bad[0]]} for completion {bad[0]} "
+                   f"({len(bad)} non-finite of {B})")
+        rewards = _apply(problem, rewards, torch.tensor(bad), group, policy)
+    if isinstance(out, Scores):
+        dims, dim_problem = _per_item(out.dimensions, B, numeric=True)
+        extras, extra_problem = _per_item(out.extras, B, numeric=False)
+        side = dim_problem or extra_problem
+        if side and problem is None:
+            problem = f"reward {name!r}: {side}"
+        return Scored(rewards, dims, extras, problem)
+    return Scored(rewards, problem=problem)
+
+
+def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
+    """A reward's named per-completion lists, keeping those of the right length (numbers
+    for dimensions, as floats; NaN where not a number); says what was left out."""
+    kept, problem = {}, None
+    for key, values in named.items():
+        if not isinstance(values, (list, tuple)) or len(values) != B:
+            problem = problem or (f"{'dimension' if numeric else 'extra'} {str(key)[:40]!r} is "
+                                  f"not a list of {B}; left out")
+            continue
+        kept[str(key)] = [_number(v) for v in values] if numeric else list(values)
+    return kept, problem
+
+
+def _number(v) -> float:
+    try:
+        v = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
+                  ro: Rollout, transcripts: list | None = None) -> Scored:
+    """Decode a rollout and score it as the ``reward`` config section says (failure policy,
+    time limit). Episodes (``transcripts``) that failed under ``environment.failure: drop``
+    get no reward (NaN: left out of their group's statistics and of the loss)."""
+    prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
+    timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
+    scored = score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
+                   reward_cfg["failure"], timeout)
+    dropped = [i for i, t in enumerate(transcripts or []) if t.dropped]
+    if dropped:
+        scored.rewards[dropped] = torch.nan
+    return scored
+
+
+def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:
+    """Every completion failed (the call raised or gave the wrong length)."""
+    return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy),
+                  problem=problem)
+
+
+def _apply(problem: str, rewards: torch.Tensor, bad: torch.Tensor, group: torch.Tensor,
+           policy: str) -> torch.Tensor:
+    if policy == "raise":
+        raise RewardFailure(problem + " (reward.failure: raise)")
+    rewards = rewards.clone()
+    rewards[bad] = 0.0
+    if policy == "drop_group":
+        rewards[torch.isin(group, group[bad])] = torch.nan
+    return rewards

@@ -1,0 +1,154 @@
+"""Saving a run's state and resuming it, whole or sharded.
+
+A run in one process writes checkpoints other tools load as models (grpo_core.store.checkpoint). A
+run over several processes writes its model and optimizer from every rank in parallel
+(``run.engine.save_shards``): ``dcp/`` for ddp and fsdp (``torch.distributed.checkpoint``),
+``deepspeed/`` for a DeepSpeed engine, plus the same ``state.json`` and ``trainer.pt``; nothing
+is gathered on one rank. A whole or ``dcp/`` checkpoint resumes on any number of processes
+under ddp or fsdp (DCP reshards on load; a whole checkpoint's weights and optimizer, stored by
+parameter name, are sharded as they load); a ``deepspeed/`` one under DeepSpeed with the same
+stage and number of processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from grpo_core.config.file import unresolved
+from grpo_core.engine import dist, schedules
+from grpo_core.errors import UserError
+from grpo_core.rollout import NEUTRAL
+from grpo_core.store import checkpoint
+
+KINDS = ("dcp", "deepspeed")  # the folders of checkpoints every rank wrote (engine.shards)
+
+def optimizer_state(model, optimizer) -> dict:
+    """The optimizer's state keyed by parameter name, whole: loads into any sharding."""
+    return get_optimizer_state_dict(model, optimizer,
+                                    options=StateDictOptions(full_state_dict=True))
+
+
+def save(run, step: int) -> None:
+    """Every ``output.checkpoint_every`` steps: weights, optimizer, plugin state, RNGs."""
+    every = run.cfg["output"]["checkpoint_every"]
+    if not every or (step + 1) % every:
+        return
+    root = os.path.join(run.dir, "checkpoints")
+    written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
+    meta = {"config": written, "config_hash": checkpoint.config_hash(written),
+            "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
+            "data_position": run.stream.position, "data": run.stream.state_dict()}
+    if run.engine.shards:
+        _save_sharded(run, root, step + 1, meta)
+    elif run.main:
+        checkpoint.save(root, step + 1, run.run_id, run.policy, run.tokenizer,
+                        optimizer_state(run.policy, run.optimizer), run.scheduler, meta,
+                        run.cfg["output"]["keep_last"], run.save_dtype)
+    dist.barrier()
+
+
+def _save_sharded(run, root: str, step: int, meta: dict) -> None:
+    final = os.path.join(root, f"{checkpoint.PREFIX}{step:08d}")
+    tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run.run_id}")
+    if run.main:
+        os.makedirs(root, exist_ok=True)
+        checkpoint.clear_leftovers(root)
+        os.makedirs(tmp)
+    dist.barrier()
+    try:
+        run.engine.save_shards(os.path.join(tmp, run.engine.shards))
+    except Exception as exc:  # a rank's disk failed: every rank hears of it
+        if run.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write checkpoint {final}: {str(exc).splitlines()[0][:300]}; "
+                        f"earlier checkpoints are intact") from exc
+    dist.barrier()
+    if run.main:
+        checkpoint.finish_save(root, tmp, final, step, run.run_id, run.tokenizer,
+                               run.scheduler, meta, run.cfg["output"]["keep_last"])
+
+
+def resume(run, target: str | bool, force: bool) -> None:
+    """Load a checkpoint: the newest intact one of this run, or the directory given."""
+    root = os.path.join(run.dir, "checkpoints")
+    if target is True:
+        path = checkpoint.latest_intact(root, run.run_id, lambda m: _warn(run, m))
+        if path is None:
+            raise UserError(f"--resume: no intact checkpoint under {root}")
+    else:
+        path = str(target)
+        if not os.path.isdir(path):
+            raise UserError(f"--resume: {path} is not a checkpoint directory")
+        problem = checkpoint.damage(path)
+        if problem:
+            raise UserError(f"--resume: checkpoint {path} is damaged ({problem})")
+    state = checkpoint.read_state(path)
+    for key, value in NEUTRAL.items():  # written before the setting existed: sampled without it
+        (state.get("config") or {}).get("sampling", {}).setdefault(key, value)
+    diffs = checkpoint.config_differences(state, unresolved(run.cfg))
+    if diffs and not force:
+        raise UserError("cannot resume: the config differs from the checkpoint's in "
+                        + "; ".join(diffs) + " (use --force to resume anyway)")
+    _load(path, run)
+    checkpoint.restore_rng(path, state)
+    if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
+            None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
+        schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
+    run.kl.load_state_dict(state["kl"])
+    if state.get("baseline"):
+        run.baseline.load_state_dict(state["baseline"])
+    run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
+    run.start_step = state["step"]
+
+
+def _load(path: str, run) -> None:
+    """Weights, optimizer and schedule, in whatever layout the checkpoint and run have."""
+    written = next((k for k in KINDS if os.path.isdir(os.path.join(path, k))), None)
+    if "deepspeed" in (written, run.engine.shards) and written != run.engine.shards:
+        raise UserError(f"cannot resume from {path}: " + (
+            "it was written by a DeepSpeed run and resumes only under deepspeed"
+            if written == "deepspeed" else "a DeepSpeed run resumes only from checkpoints "
+                                           "DeepSpeed wrote"))
+    if written:
+        try:
+            run.engine.load_shards(os.path.join(path, written))
+        except UserError:
+            raise
+        except Exception as exc:  # another model, or shards missing
+            raise UserError(f"cannot resume from {path}: "
+                            f"{str(exc).splitlines()[0][:300]}") from exc
+        run.scheduler.load_state_dict(checkpoint.trainer_state(path)["scheduler"])
+    elif run.engine.sharded:
+        _load_whole_into_shards(path, run)
+    else:
+        checkpoint.load(path, run.policy, run.optimizer, run.scheduler)
+
+
+def _load_whole_into_shards(path: str, run) -> None:
+    """A one-process checkpoint into a sharded model: every rank reads it whole and keeps its
+    shards (optimizer state stored by parameter name)."""
+    checkpoint.check_fits(path, run.policy)
+    weights = checkpoint.read_weights(path)
+    whole = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(run.policy, weights, options=StateDictOptions(full_state_dict=True,
+                                                                       strict=False))
+    trainer = checkpoint.trainer_state(path)
+    if not all(isinstance(k, str) for k in trainer["optimizer"].get("state", {})):
+        raise UserError(f"cannot resume from {path} on several processes: it was written "
+                        f"before optimizer state was stored by parameter name")
+    set_optimizer_state_dict(run.policy, run.optimizer, trainer["optimizer"], options=whole)
+    run.scheduler.load_state_dict(trainer["scheduler"])
+
+
+def _warn(run, message: str) -> None:
+    if run.main:
+        print(f"warning: {message}", file=sys.stderr)

@@ -1,0 +1,3 @@
+"""Built-in generator plugins: transformers' generate loop (hf, and
+hf_turns for environment episodes) and vLLM (vllm).
+"""

@@ -1,0 +1,289 @@
+"""The ``hf`` generator: a KV-cached decode loop over the policy itself (transformers).
+
+Each prompt is prefilled once and its cache shared by its completions; log-probs under the
+sampling distribution are kept, so no extra pass is needed to get the old policy's log-probs.
+For small models the per-call cost of a forward, not its arithmetic, bounds decoding, so the
+loop keeps its own share small: it runs in inference mode (plain no_grad for sharded FSDP
+weights, which refuse it), calls the decoder and the LM head on the last position only (when
+that gives the model's own logits), hands SDPA models each decode step's attention mask
+ready-made, and draws every step's sampling noise at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+
+import torch
+
+from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
+from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
+from grpo_core.sampling import apply_repetition_penalty, draw, hits_stop, stop_window, uniform
+
+GRPO_CORE_API = (2,)
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
+    return sorted(i for i in ids if i is not None)
+
+
+def _prepared_mask_key(model) -> str | None:
+    """"full_attention" when a decode step can be given its attention mask ready-made: SDPA
+    attention, every layer full attention, and a decoder that takes a prepared mask mapping
+    (transformers' models name it ``causal_mask_mapping``). A decode step's mask is then the
+    padding mask itself (every key so far precedes the query), so transformers' per-call
+    mask construction can be skipped. None: let the model build it."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if not types or any(t != "full_attention" for t in types):
+        return None
+    get = getattr(model, "get_decoder", None)
+    try:
+        src = inspect.getsource(type(get()).forward) if get else ""
+    except (OSError, TypeError):
+        return None
+    return "full_attention" if "causal_mask_mapping" in src else None
+
+
+class _InPlace:
+    """A cache layer's ``update`` that writes each step's keys and values into room made
+    once, instead of concatenating (which copies the whole cache every step: quadratic in
+    the length, a quarter of decoding at 150-token prompts). Holds its layer weakly, so the
+    cache is freed as soon as the loop drops it."""
+
+    def __init__(self, layer, room: int):
+        k, v = layer.keys, layer.values
+        self.n, self.layer = k.shape[-2], weakref.ref(layer)
+        self.k = k.new_empty((*k.shape[:-2], self.n + room, k.shape[-1]))
+        self.v = v.new_empty((*v.shape[:-2], self.n + room, v.shape[-1]))
+        self.k[..., :self.n, :], self.v[..., :self.n, :] = k, v
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (the layer's ``batch_select_indices``)."""
+        self.k, self.v, layer = self.k[rows], self.v[rows], self.layer()
+        layer.keys, layer.values = self.k[..., :self.n, :], self.v[..., :self.n, :]
+
+    def __call__(self, key_states, value_states, *args, **kwargs):
+        end = self.n + key_states.shape[-2]
+        if end > self.k.shape[-2]:  # more than promised: make more room
+            self.k = torch.cat([self.k, torch.empty_like(self.k)], -2)
+            self.v = torch.cat([self.v, torch.empty_like(self.v)], -2)
+            return self(key_states, value_states)
+        self.k[..., self.n:end, :], self.v[..., self.n:end, :] = key_states, value_states
+        self.n, layer = end, self.layer()
+        layer.keys, layer.values = self.k[..., :end, :], self.v[..., :end, :]
+        return layer.keys, layer.values
+
+
+def _make_room(cache, room: int) -> None:
+    """Give every plain growing (full-attention) layer of ``cache`` room for ``room`` more
+    tokens; other layer kinds (sliding windows, quantized, ...) keep their own ``update``."""
+    for layer in getattr(cache, "layers", ()):
+        if type(layer).__name__ == "DynamicLayer" and \
+                isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4:
+            layer.update = _InPlace(layer, room)
+            layer.batch_select_indices = layer.update.select
+
+
+def _direct_parts(model):
+    """(decoder, LM head) when running them directly gives the model's own logits (no
+    soft-capping or scaling after the head: checked once on a few tokens), else (None, None)
+    and the loop calls the whole model."""
+    get_dec = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    decoder = get_dec() if get_dec else None
+    head = get_head() if get_head else None
+    if decoder is None or head is None:
+        return None, None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ids = (torch.arange(1, 6) % head.weight.shape[0])[None].to(head.weight.device)
+            full = model(input_ids=ids).logits[0, -1].float()
+            mine = head(decoder(input_ids=ids).last_hidden_state[0, -1]).float()
+        same = bool((full - mine).abs().max() <= 1e-5 * full.abs().max().clamp(min=1e-6))
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        same = False
+    finally:
+        model.train(was_training)
+    return (decoder, head) if same else (None, None)
+
+
+class HFGenerator(Generator):
+    """Generates with the training model; nothing to sync after an optimizer step."""
+
+    supports_episodes = True
+
+    def __init__(self, check_every: int = 8):
+        self.check_every = check_every
+        self.model = None
+
+    def setup(self, model, tokenizer, device) -> None:
+        # a LoRA model's adapters live inside its base model: call that directly
+        model = model.get_base_model() if hasattr(model, "disable_adapter") else model
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.eos = torch.tensor(eos_ids(model, tokenizer), device=device)
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else int(self.eos[0])
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.mask_key = _prepared_mask_key(model)
+        self.decoder, self.head = _direct_parts(model)
+
+    def sync_weights(self, model) -> None:
+        """Nothing to do: this backend samples from the training model itself."""
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 seed: int = 0, row_offset: int = 0) -> Rollout:
+        """``n`` completions of each prompt. Row ids (for noise) are row_offset + p * n + j."""
+        P = len(prompt_ids)
+        pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, self.pad))
+        rows = torch.arange(P * n, device=self.device)
+        cap = sampling.batch_size or P * n
+        parts = [self._decode(pids, pmask, rows[s:s + cap], n, sampling, seed, row_offset)
+                 for s in range(0, P * n, cap)]
+        ids = pad_right([p[0] for p in parts], self.pad)
+        return Rollout(pids, pmask, ids, pad_right([p[1] for p in parts], 0),
+                       pad_right([p[2] for p in parts], 0.0), torch.cat([p[3] for p in parts]),
+                       rows // n)
+
+    def _step(self, input_ids, attention_mask, position_ids, cache=None):
+        """(logits at the last position [R, V], the KV cache) of one forward."""
+        kw = {} if cache is None else {self._cache_kw: cache}
+        if self.decoder is not None:
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=True, **kw)
+            logits = self.head(out.last_hidden_state[:, -1])
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=True, logits_to_keep=1, **kw)
+            logits = out.logits[:, -1]
+        new = getattr(out, "cache", None)
+        return logits, new if new is not None else out.past_key_values
+    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+        """Trajectories sampled turn by turn on one growing KV cache
+        (plugins/generators/hf_turns.py)."""
+        from grpo_core_plugins.generators.hf_turns import HFTurns
+
+        return HFTurns(self, prompt_ids, n, sampling, seed, row_offset)
+
+    def _forward(self, **kw):
+        if "cache" in kw:
+            kw[self._cache_kw] = kw.pop("cache")
+        return self.model(use_cache=True, **kw)
+
+    def _decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
+        """The decode loop in inference mode (less bookkeeping per op than no_grad: no
+        version counters or autograd dispatch, which small models' decode steps feel); its
+        results are copied out of it, so the trainer can use them. Plain no_grad for a
+        sharded model, whose gathered weights are reused buffers that inference mode
+        refuses."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            with torch.no_grad():
+                return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        with torch.inference_mode():
+            out = self._loop(pids, pmask, rows, n, sp, seed, row_offset)
+        return tuple(t.clone() for t in out)
+
+    def _loop(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
+        was_training = self.model.training
+        self.model.eval()
+        prompts = torch.unique(rows // n)  # each prompt in this chunk is prefilled once
+        local = torch.searchsorted(prompts, rows // n)
+        mask = pmask[prompts]
+        logits, cache = self._step(pids[prompts], mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        cache.batch_select_indices(local)
+        _make_room(cache, sp.max_new_tokens - 1)
+        logits = logits[local]
+        R, T, Lp = rows.shape[0], sp.max_new_tokens, pmask.shape[1]
+        attn = torch.cat([pmask[rows // n], pmask.new_ones((R, T))], 1)  # sliced as it grows
+        pos = attn[:, :Lp].sum(-1, keepdim=True)
+        keep = None  # SDPA's additive mask (0 or -inf), built once: a bool one is converted
+        if self.mask_key:  # to this in every layer of every step
+            keep = torch.zeros(attn.shape, dtype=logits.dtype, device=attn.device)
+            keep = keep.masked_fill_(attn == 0, float("-inf"))[:, None, None, :]
+        noise = None if sp.greedy else \
+            uniform(seed, rows + row_offset, torch.arange(T, device=rows.device)[:, None])
+        done = torch.zeros(R, dtype=torch.bool, device=pids.device)
+        used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
+        if sp.repetition_penalty != 1.0:
+            used = torch.zeros((R, logits.shape[-1]), dtype=torch.int32, device=pids.device)
+            used = used.scatter_add_(1, pids[rows // n], pmask[rows // n].int()) > 0
+        out_tok = torch.full((R, T), self.pad, dtype=torch.long, device=pids.device)
+        out_live = torch.zeros((R, T), dtype=torch.bool, device=pids.device)
+        out_lp, at = None, slice(None)  # ``at``: the batch's rows in the outputs
+        for t in range(T):
+            raw, scale = logits.float(), 1.0 if sp.greedy else sp.temperature
+            z = raw / scale if scale != 1.0 else raw
+            # penalized logits pick the token; the log-prob kept is the policy's (see Rollout)
+            picked = z if used is None else \
+                apply_repetition_penalty(raw, used, sp.repetition_penalty) / scale
+            if sp.greedy:
+                tok = torch.argmax(picked, dim=-1)
+            else:
+                tok = draw(picked, noise[t], sp.top_k, sp.top_p, sp.min_p)
+            lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
+            out_lp = lp.new_zeros((R, T)) if out_lp is None else out_lp
+            out_live[at, t], out_tok[at, t] = ~done, tok.masked_fill(done, self.pad)
+            out_lp[at, t] = lp.masked_fill(done, 0.0)
+            if used is not None:
+                used.scatter_(1, tok[:, None], True)
+            stopped = self._stopped(out_tok[at, max(t + 1 - stop_window(sp.stop), 0):t + 1],
+                                    done, sp.stop) if sp.stop else False
+            done = done | torch.isin(tok, self.eos) | stopped
+            if t == T - 1:
+                break
+            if (t + 1) % self.check_every == 0:
+                left = int((~done).sum())
+                if left == 0:
+                    break
+                # finished rows leave the batch once the decode work that saves (rows x steps
+                # left) reaches a step of the whole batch: about what copying the cache costs
+                if (len(done) - left) * (T - t - 1) >= len(done):
+                    kept = torch.nonzero(~done).squeeze(1)
+                    at = kept if isinstance(at, slice) else at[kept]
+                    cache.batch_select_indices(kept)
+                    tok, done, pos, attn = tok[kept], done[kept], pos[kept], attn[kept]
+                    keep = None if keep is None else keep[kept]
+                    noise = None if noise is None else noise[:, kept]
+                    used = None if used is None else used[kept]
+            seen = Lp + t + 1
+            mask = attn[:, :seen] if keep is None else {self.mask_key: keep[..., :seen]}
+            logits, cache = self._step(tok[:, None], mask, pos, cache)
+            pos = pos + 1
+        self.model.train(was_training)
+        truncated = torch.zeros(R, dtype=torch.bool, device=pids.device)
+        truncated[at] = ~done  # rows that left the batch had finished
+        return out_tok[:, :t + 1], out_live[:, :t + 1].long(), out_lp[:, :t + 1], truncated
+
+    def _stopped(self, tail: torch.Tensor, done: torch.Tensor,
+                 stop: tuple[str, ...]) -> torch.Tensor:
+        """[R] bool: rows still going whose newest token completes a stop string (only the
+        decoded ``tail`` [R, window] of their last tokens is looked at)."""
+        hit = torch.zeros_like(done)
+        tail = tail.tolist()
+        for i in torch.nonzero(~done).squeeze(1).tolist():
+            hit[i] = hits_stop(self.tokenizer, tail[i], stop)
+        return hit
+
+
+@hookimpl
+def generator(register):
+    register("hf", HFGenerator, schema={
+        "type": "object",
+        "properties": {"check_every": {"type": "integer", "minimum": 1, "default": 8,
+                                       "description": "decode steps between all-finished checks"}},
+        "additionalProperties": False,
+    }, description="KV-cached sampling with the training model (transformers)")

@@ -1,0 +1,188 @@
+"""Is a predicted answer equivalent to the gold one?
+
+Rules: exact rationals compare exactly; decimals are exact unless ``rel_tol`` > 0; closed
+forms and identities by value (:mod:`numeric`); expressions with symbols at signed,
+fractional sample points; sets and bare lists order-insensitive; tuples, points and
+intervals ordered with their brackets; subsets of the line in any notation (intervals,
+unions, inequalities, ``|x - a| < b``, ``\\mathbb{R}``) as merged intervals
+(:mod:`intervals`); ``x = 3`` and ``AB = 3`` match ``3``, and in a chain ``a = b = c`` the
+last side is the answer; ``a \\pm b`` is the set {a+b, a-b}; a percent matches with or
+without ``%``; a unit on one side is ignored, but different units on both sides are wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import sympy as sp
+from grpo_core_plugins.rewards.math.intervals import setlike, spans_equal, to_spans
+from grpo_core_plugins.rewards.math.nodes import Equation, Inequality, ParseError, Seq, Text, Union
+from grpo_core_plugins.rewards.math.numeric import expressions_equal
+from grpo_core_plugins.rewards.math.parse import parse
+from grpo_core_plugins.rewards.math.units import conflict, split_unit
+
+#: what parsing or comparing hostile text may raise; each such item simply does not match
+FAILURES = (ParseError, RecursionError, TypeError, ValueError, AttributeError,
+            ArithmeticError, IndexError, KeyError, sp.polys.polyerrors.BasePolynomialError)
+
+
+@lru_cache(maxsize=4096)
+def parse_cached(text: str, max_length: int):
+    """Gold answers repeat G times per prompt and across steps: parse each once."""
+    return parse(text, max_length)
+
+
+def _squash(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def _variants(text: str) -> list[str]:
+    if "%" in text:
+        return [text, text.replace("\\%", "").replace("%", "")]
+    return [text]
+
+
+def _forms(text: str, max_length: int, cached: bool) -> list:
+    out = []
+    for variant in _variants(text):
+        try:
+            out.append(parse_cached(variant, max_length) if cached else parse(variant, max_length))
+        except FAILURES:
+            continue
+    return out
+
+
+def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: int = 2000) -> bool:
+    """True when ``pred`` states the same answer as ``gold``; any doubt or failure is False."""
+    if pred is None or not pred.strip() or len(pred) > max_length:
+        return False
+    if _squash(pred) == _squash(gold):
+        return True
+    p_text, p_unit = split_unit(pred)
+    g_text, g_unit = split_unit(gold)
+    if conflict(p_unit, g_unit):
+        return False  # 5 cm is not 5 m
+    if not p_text.strip() or not g_text.strip():
+        return False
+    if _squash(p_text) == _squash(g_text):
+        return True
+    golds = _forms(g_text, max_length, cached=True)
+    if not golds:
+        return False
+    for p in _forms(p_text, max_length, cached=False):
+        for g in golds:
+            try:
+                if same(p, g, rel_tol):
+                    return True
+            except FAILURES:
+                continue
+    return False
+
+
+def _is_name(x) -> bool:
+    return isinstance(x, (sp.Symbol, Text))
+
+
+def same(p, g, tol: float = 0.0) -> bool:
+    """Structural comparison of parsed answers, numbers and expressions by value."""
+    if isinstance(p, Equation) or isinstance(g, Equation):
+        return _equations(p, g, tol)
+    if setlike(p) or setlike(g):
+        try:
+            return spans_equal(to_spans(p), to_spans(g), tol)
+        except FAILURES:
+            pass  # not both subsets of the line: compare as written
+    if isinstance(p, Seq) and p.open == "" and p.joiner != "and" and not isinstance(g, Seq):
+        # "15\frac{39}{40}, or \frac{639}{40}": one value written twice is that value; a
+        # hedge ("5 or 6") is not, since not every item equals the gold
+        return len(p.items) <= 4 and all(same(x, g, tol) for x in p.items)
+    if isinstance(p, Seq) or isinstance(g, Seq):
+        vector = _vector(p, g, tol)
+        if vector is not None:
+            return vector
+        return _seq_equal(_as_seq(p), _as_seq(g), tol)
+    if isinstance(p, Union) or isinstance(g, Union):
+        if not (isinstance(p, Union) and isinstance(g, Union)):
+            return False
+        return _unordered(list(p.parts), list(g.parts), tol)
+    if isinstance(p, Text) or isinstance(g, Text):
+        return isinstance(p, Text) and isinstance(g, Text) and p.value == g.value
+    if isinstance(p, Inequality) or isinstance(g, Inequality):
+        return isinstance(p, Inequality) and isinstance(g, Inequality) and \
+            p.ops == g.ops and all(same(a, b, tol) for a, b in zip(p.sides, g.sides)) and \
+            len(p.sides) == len(g.sides)
+    if isinstance(p, sp.MatrixBase) or isinstance(g, sp.MatrixBase):
+        return (isinstance(p, sp.MatrixBase) and isinstance(g, sp.MatrixBase)
+                and p.shape == g.shape
+                and all(expressions_equal(a, b, tol) for a, b in zip(p, g)))
+    if not isinstance(p, sp.Basic) or not isinstance(g, sp.Basic):
+        return False
+    return expressions_equal(p, g, tol)
+
+
+def _equations(p, g, tol: float) -> bool:
+    if isinstance(p, Equation) and isinstance(g, Equation):
+        if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
+            return True
+        if p.named or g.named:
+            return same(p.rhs, g.rhs, tol)
+        if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
+               for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
+            dp = sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False)
+            dg = sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False)
+            return expressions_equal(dp, dg, tol) or \
+                expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+        return False
+    if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
+        if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
+            return same(p.rhs, g, tol)
+        return False  # x + y = 2x is an equation, not the value 2x
+    if g.named or _is_name(g.lhs):  # gold x = 3 against 3
+        return same(p, g.rhs, tol)
+    return False
+
+
+def _constant(x) -> bool:
+    return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and not x.free_symbols
+
+
+def _vector(p, g, tol: float) -> bool | None:
+    """A tuple against a one-row or one-column matrix: the same vector written two ways."""
+    seq, mat = (p, g) if isinstance(p, Seq) else (g, p)
+    if not isinstance(mat, sp.MatrixBase) or seq.open != "(" or 1 not in mat.shape:
+        return None
+    return len(seq.items) == len(mat) and all(
+        isinstance(a, sp.Basic) and expressions_equal(a, b, tol)
+        for a, b in zip(seq.items, list(mat)))
+
+
+def _as_seq(x) -> Seq:
+    if isinstance(x, Seq):
+        return x
+    return Seq((x,), "", "")
+
+
+def _seq_equal(p: Seq, g: Seq, tol: float) -> bool:
+    if len(p.items) != len(g.items):
+        return False
+    unordered = {"", "{"}
+    if p.open in unordered and g.open in unordered:
+        return _unordered(list(p.items), list(g.items), tol)
+    if (p.open, p.close) != (g.open, g.close):
+        return False
+    return all(same(a, b, tol) for a, b in zip(p.items, g.items))
+
+
+def _unordered(ps: list, gs: list, tol: float) -> bool:
+    if len(ps) != len(gs):
+        return False
+    left = list(gs)
+    for a in ps:
+        for j, b in enumerate(left):
+            if same(a, b, tol):
+                del left[j]
+                break
+        else:
+            return False
+    return True

@@ -1,0 +1,283 @@
+"""Finding the final answer in a completion (or in a worked gold solution).
+
+Patterns, most explicit first: the last ``\\boxed{}``/``\\fbox{}`` (nested braces; boxes
+written side by side, as in ``$\\boxed{-2}$ and $\\boxed{3}$``, are one list; a box left
+unclosed at the end is read to the end of its math), the last ``<answer>...</answer>``,
+GSM8K's ``#### N``, "Final Answer" (also as a bold heading with the value on the next
+line), "the answer is ...", "the solutions are ...", ``A: N``, a completion ending in a math
+span ("..., which is $\\frac{1}{6}$."), the last markdown bold, and (unless strict) the last
+number in the text.
+
+This runs in the trainer process, outside the workers' time budget, so every step is linear
+in the text and the text is bounded: only the last ``MAX_SCAN`` characters are searched, and
+only the first ``MAX_TAIL`` characters after a marker are read.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grpo_core_plugins.rewards.math.normalise import separators
+
+MAX_SCAN = 20_000  # characters of the completion's tail that are searched
+MAX_TAIL = 1_000  # characters read after an answer marker
+MAX_BOXES = 2_000  # boxes looked at (the last ones)
+
+_NUMBER = r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?%?|[-−+]?\.\d+"
+_NUMBER_RE = re.compile(_NUMBER)
+_HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
+_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]+)", re.IGNORECASE)
+_SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
+                           r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
+                           r"([^\n]+)", re.IGNORECASE)
+_A_COLON_RE = re.compile(r"(?:^|\n)[ \t]*A[ \t]*[:：][ \t]*([^\n]+)")
+_BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
+_SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
+_CLOSERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)\b|,|and\b|or\b)\s*", re.IGNORECASE)
+_STRICT_LEAD = re.compile(r"(?:\bis|\bare|\bbe|\bequals|=|:)\s*$", re.IGNORECASE)
+_BOX_GAP = re.compile(r"[\s$,]*(?:(?:and|or)\b)?[\s$,]*|[\s$]*\\\)?[\s,]*(?:(?:and|or)\b)?"
+                      r"[\s,]*\\\(?[\s$]*", re.IGNORECASE)
+_MARKS = ("\\boxed", "\\fbox")
+
+
+def _brace_map(text: str) -> dict[int, int]:
+    """Position of each '{' -> its matching '}', in one pass (unmatched ones are absent)."""
+    match, stack = {}, []
+    for j, c in enumerate(text):
+        if c == "{":
+            stack.append(j)
+        elif c == "}" and stack:
+            match[stack.pop()] = j
+    return match
+
+
+def _box_at(text: str, start: int, match: dict[int, int] | None = None
+            ) -> tuple[str, int] | None:
+    """(content, end) of the box whose command starts at ``start``; None if unreadable.
+
+    An unclosed box is read to the end of its math (``$``, ``\\]`` or a blank line) with its
+    open braces closed, when what it holds looks like math.
+    """
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] != "{":  # \boxed 5
+        m = re.match(r"[^\s$]{1,100}", text[i:i + 100])
+        return (m.group(0), i + len(m.group(0))) if m else None
+    if match is None:
+        match = _brace_map(text[i:])
+        end = match.get(0)
+        end = None if end is None else end + i
+    else:
+        end = match.get(i)
+    if end is not None:
+        return text[i + 1:end], end + 1
+    rest = text[i + 1:i + 1 + MAX_TAIL]
+    for stop in ("$", "\\]", "\\)", "\n\n"):
+        k = rest.find(stop)
+        if k >= 0:
+            rest = rest[:k]
+    rest = rest.strip()
+    if not rest or not (any(ch.isdigit() for ch in rest) or "\\" in rest or len(rest) == 1):
+        return None
+    return rest + "}" * max(0, rest.count("{") - rest.count("}")), len(text)
+
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """The last boxes in the text as (start, end, content), in order."""
+    starts = []
+    pos = len(text)
+    while len(starts) < MAX_BOXES:
+        k = max(text.rfind(m, 0, pos) for m in _MARKS)
+        if k < 0:
+            break
+        starts.append(k)
+        pos = k
+    if not starts:
+        return []
+    match = _brace_map(text)
+    out = []
+    for k in reversed(starts):
+        found = _box_at(text, k, match)
+        if found is not None:
+            out.append((k, found[1], found[0]))
+    return out
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``, ``\\boxed ...`` or ``\\fbox{...}``; braces nest."""
+    start = max(text.rfind(m) for m in _MARKS)
+    if start < 0:
+        return None
+    found = _box_at(text, start)
+    return found[0] if found else None
+
+
+def boxed_answer(text: str) -> str | None:
+    """The last box, joined with the boxes written right before it (``$\\boxed{a}$ and ...``)."""
+    boxes = _boxes(text)
+    if not boxes:
+        return None
+    group = [boxes[-1]]
+    for prev in reversed(boxes[:-1]):
+        gap = text[prev[1]:group[0][0]]
+        if len(gap) > 30 or not _BOX_GAP.fullmatch(gap):
+            break
+        group.insert(0, prev)
+    contents = [c.strip() for _, _, c in group]
+    return ", ".join(contents) if len(contents) > 1 else contents[0]
+
+
+def _spans_end(s: str, pos: int = 0) -> tuple[list[str], int]:
+    """Math spans from ``pos`` joined by commas/and/or (``$-2$ and $3$``), and where they end."""
+    out, end = [], pos
+    while len(out) < 50:
+        m = _SPAN_RE.match(s, pos)
+        if not m:
+            break
+        close = _CLOSERS[m.group(1)]
+        stop = s.find(close, m.end(), m.end() + MAX_TAIL)
+        if stop < 0:
+            break
+        out.append(s[m.end():stop].strip())
+        pos = end = stop + len(close)
+        j = _JOIN_RE.match(s, pos)
+        if not j or not _SPAN_RE.match(s, j.end()):
+            break
+        pos = j.end()
+    return [x for x in out if x], end
+
+
+def _spans(s: str) -> list[str]:
+    return _spans_end(s)[0]
+
+
+def _clean_tail(s: str) -> str:
+    """The answer at the start of ``s``: math spans, or the text up to the sentence's end."""
+    s = s.strip()[:MAX_TAIL]
+    spans = _spans(s)
+    if spans:
+        s = ", ".join(boxed_answer(x) or x for x in spans)
+    else:
+        s = re.split(r"\.(?:\s|$)", s, maxsplit=1)[0]
+    lead = re.match(r"^([-−+]?\d[\d,]{0,40}(?:\.\d+)?(?:/\d+)?)(?=[\s,;]+(?!(?:and|or)\b)"
+                    r"[A-Za-z])", s)
+    if lead:  # "12, as computed above" -> "12"
+        return lead.group(1).rstrip(",")
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
+    inner = boxed_answer(s)
+    if inner is not None:
+        return inner.strip()
+    bold = _BOLD_RE.search(s)
+    if bold:
+        s = bold.group(1)
+    return s.rstrip(" .。").strip().strip("$").strip()
+
+
+def _final_answer(text: str) -> str | None:
+    """What follows the last "Final Answer", on its line or (for a heading) the next one."""
+    k = text.lower().rfind("final answer")
+    if k < 0:
+        return None
+    rest = text[k + len("final answer"):k + len("final answer") + MAX_TAIL]
+    rest = re.sub(r"^\s*(?:is\b)?[\s*#_:：]*", "", rest, count=1)
+    rest = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s+is\b[\s:：]*", "", rest, count=1,
+                  flags=re.IGNORECASE)
+    if rest.startswith(("$$", "\\[")):
+        spans = _spans(rest)
+        return spans[0] if spans else None
+    if rest[:1] in (",", ".", "?", ";", "!"):
+        return None  # "final answer" used in prose, not as a marker
+    line = rest.split("\n", 1)[0].strip()
+    return _clean_tail(line) if line else None
+
+
+_TRAIL_CLOSERS = (("$$", "$$"), ("\\)", "\\("), ("\\]", "\\["), ("$", "$"))
+
+
+def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
+    """(answer, position) when the completion ends in math: "..., which is $\\frac{1}{6}$."
+    or "so $x = 2$ or $x = 5$."; the spans of the last sentence that run to the end."""
+    tail = text[-MAX_TAIL:].rstrip(" \t\n.。!")
+    for close, open_ in _TRAIL_CLOSERS:
+        if tail.endswith(close) and len(tail) > len(close):
+            k = tail.rfind(open_, 0, len(tail) - len(close))
+            if k >= 0:
+                break
+    else:
+        return None
+    inner = tail[k + len(open_):len(tail) - len(close)].strip()
+    if not inner or len(inner) > 400:
+        return None
+    found, start = [inner], k
+    cut = max(tail.rfind(". ", 0, k), tail.rfind("\n", 0, k))
+    for j in range(cut + 1, k):  # the earliest span whose and/or list reaches the end
+        if tail[j] in "$\\" and _SPAN_RE.match(tail, j):
+            spans, end = _spans_end(tail, j)
+            if len(spans) > 1 and end >= len(tail):
+                found, start = spans, j
+                break
+    if strict and not _STRICT_LEAD.search(tail[:start]):
+        return None
+    return ", ".join(boxed_answer(x) or x for x in found), len(text) - len(tail) + start
+
+
+def extract_answer(text: str, strict: bool = False) -> str | None:
+    """The final answer as a string, or None when nothing answer-like is found."""
+    if not isinstance(text, str) or not text:
+        return None
+    text = text[-MAX_SCAN:]
+    boxed = boxed_answer(text)
+    if boxed is not None and boxed.strip():
+        return boxed.strip()
+    close = text.rfind("</answer>")
+    open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
+    tagged = text[open_ + len("<answer>"):close].strip() if open_ >= 0 else ""
+    if tagged:  # <answer>...</answer> (R1-style format)
+        return extract_answer(tagged, strict=False) if len(tagged) > 40 else _clean_tail(tagged)
+    hashed = _HASH_RE.findall(text)
+    if hashed and _clean_tail(hashed[-1]):
+        return _clean_tail(hashed[-1])
+    final = _final_answer(text)
+    if final:
+        return final
+    trailing = _trailing_math(text, strict)
+    last_paragraph = text.rstrip().rfind("\n\n")
+    for pattern in (_ANSWER_IS_RE, _SOLUTIONS_RE, _A_COLON_RE):
+        matches = list(pattern.finditer(text))
+        if not matches:
+            continue
+        if trailing and matches[-1].start() < max(last_paragraph, 0):
+            continue  # an earlier "the answer is" loses to the math the completion ends on
+        found = _clean_tail(matches[-1].group(1))
+        if found:
+            return found
+    if trailing:
+        return trailing[0]
+    bold = _BOLD_RE.findall(text)
+    if bold:
+        return _clean_tail(bold[-1])
+    whole = text.strip().rstrip(".")
+    if len(whole) < 100 and _NUMBER_RE.fullmatch(whole):  # just a number: unambiguous
+        return whole
+    if strict:
+        return None
+    numbers = _NUMBER_RE.findall(separators(text[-MAX_TAIL:])) or _NUMBER_RE.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def gold_answer(gold) -> str:
+    """Reduce a gold answer (plain, ``\\boxed{}`` or a GSM8K worked solution) to the answer."""
+    text = str(gold)[-MAX_SCAN:]
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    m = _HASH_RE.findall(text)
+    if m:
+        return _clean_tail(m[-1])
+    if "\n" in text.strip():
+        found = extract_answer(text)
+        return found if found is not None else text.strip()
+    return text.strip()

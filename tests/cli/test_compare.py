@@ -1,0 +1,210 @@
+"""``grpo compare`` and ``grpo plot`` on the tiny model: the table with intervals and tests,
+tuning per variant, compute counted in tokens, resuming, real PNG curves, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from helpers import ROOT, gsm8k_or_stand_in, make_config, run_grpo, write_config
+
+COLOURS = {"C0": (0x1F, 0x77, 0xB4), "C1": (0xFF, 0x7F, 0x0E)}  # matplotlib's first two
+RECIPE = os.path.join(ROOT, "examples", "recipe_grpo.yaml")
+
+
+def has_colour(png: str, rgb) -> bool:
+    import matplotlib.image as mpimg
+
+    img = (mpimg.imread(png)[..., :3] * 255).round().astype(int)
+    return bool((np.abs(img - np.array(rgb)).sum(-1) < 30).sum() > 50)
+
+
+def tiny(tmp_path, tiny_model, addition_data, **sections) -> str:
+    return write_config(tmp_path / "c.json", make_config(
+        tiny_model, addition_data, str(tmp_path / "unused"),
+        reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+        train={"steps": 3, "prompts_per_step": 2}, optimizer={"lr": 1e-2},
+        runtime={"device": "cpu", "threads": 1}, **sections))
+
+
+def cells(md: str, first: str) -> list[list[str]]:
+    """The table rows of compare.md whose first cell is ``first``."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
+            if line.startswith("|")]
+    return [r for r in rows if r[0] == first]
+
+
+def interval(cell: str) -> tuple[float, float, float]:
+    m = re.fullmatch(r"([-+\d.]+) \[([-+\d.]+), ([-+\d.]+)\]", cell)
+    assert m, cell
+    return float(m[1]), float(m[2]), float(m[3])
+
+
+def metrics(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def brute_permutation_p(a, b) -> float:
+    pooled, obs = a + b, abs(np.mean(a) - np.mean(b))
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    hits = sum(abs(np.mean([pooled[i] for i in s])
+                   - np.mean([pooled[i] for i in range(len(pooled)) if i not in s])) >= obs - 1e-12
+               for s in splits)
+    return hits / len(splits)
+
+
+def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
+    cfg = tiny(tmp_path, tiny_model, addition_data,
+               eval={"data": addition_data, "split": "train", "every_n_steps": 3,
+                     "max_problems": 4})
+    out = tmp_path / "cmp"
+    p = run_grpo("compare", cfg, "--baselines", "grpo,rloo", "--seeds", "2", "--steps", "3",
+                 "--threshold", "0.5", "--out", str(out), cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    md = (out / "compare.md").read_text()
+    for name in ("grpo", "rloo"):
+        (row,) = cells(md, name)
+        assert len(row) == 11  # with held-out accuracy: the runs validated
+        mean, lo, hi = interval(row[2])  # final reward [95% CI]
+        assert lo <= mean <= hi
+        held_out = [metrics(out / f"{name}-seed{s}")[-1]["eval/accuracy"] for s in (0, 1)]
+        assert interval(row[5]) == (round(np.mean(held_out), 3), round(min(held_out), 3),
+                                    round(max(held_out), 3))
+        assert row[6].endswith("seeds)")  # steps to the threshold, with how many reached
+    assert cells(md, "grpo vs rloo")  # the pairwise tests
+    assert "done, 3/3 steps" in p.stderr  # a progress line per run
+    assert len([d for d in os.listdir(out) if d.endswith("-seed0") or d.endswith("-seed1")]) == 4
+    for metric in ("reward", "kl", "entropy", "reward_vs_generated_tokens"):
+        png = out / f"{metric}.png"
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert has_colour(str(png), COLOURS["C0"]) and has_colour(str(png), COLOURS["C1"])
+    # grpo plot on two of those runs
+    runs = sorted(str(out / d) for d in os.listdir(out) if d.endswith("-seed0"))
+    plotted = run_grpo("plot", *runs, "--metrics", "reward,entropy", "--out",
+                       str(tmp_path / "plots"), cwd=ROOT)
+    assert plotted.returncode == 0, plotted.stderr
+    assert sorted(os.listdir(tmp_path / "plots")) == ["entropy.png", "reward.png"]
+
+
+@pytest.mark.slow  # eleven tiny runs, each a process: about a minute on 2 free cores
+def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_data, tmp_path):
+    """The issue's acceptance test: --vary on a config key, --tune with 2 values on 1 tuning
+    seed, 2 evaluation seeds; ReMax, so greedy completions count as generated tokens."""
+    cfg = tiny(tmp_path, tiny_model, addition_data, baseline={"name": "remax"})
+    out = tmp_path / "cmp"
+    args = ["compare", cfg, "--vary", "objective.entropy_coef=0,0.01", "--tune",
+            "train.lr=1e-3,3e-2", "--tune-seeds", "1", "--seeds", "2", "--steps", "3",
+            "--out", str(out)]
+    p = run_grpo(*args, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    md = (out / "compare.md").read_text()
+    data = json.loads((out / "compare.json").read_text())
+    variants = ["objective.entropy_coef=0", "objective.entropy_coef=0.01"]
+    for v in variants:  # tuning: each candidate's AUC on seed 1000, the best one chosen
+        slug = v.replace("=", "-")
+        auc = {lr: np.mean([r["reward"] for r in metrics(
+            out / f"{slug}_optimizer.lr-{lr}-seed1000")]) for lr in ("1e-3", "3e-2")}
+        best = max(auc, key=lambda k: (auc[k], k == "1e-3"))  # ties: the first listed
+        rows = cells(md, v)
+        tuning = [r for r in rows if len(r) == 5]
+        assert [r[1] for r in tuning] == ["optimizer.lr=1e-3", "optimizer.lr=3e-2"]
+        assert [float(r[3]) for r in tuning] == [round(auc["1e-3"], 3), round(auc["3e-2"], 3)]
+        assert [r[1] for r in tuning if r[4] == "**chosen**"] == [f"optimizer.lr={best}"]
+        assert data["tuning"][v]["chosen"] == f"optimizer.lr={best}"
+        # evaluation: seeds 0 and 1 at the chosen value, final reward and AUC with intervals;
+        # two seeds: every resample has probability >= 1/4, so the 95% interval is [min, max]
+        (result,) = [r for r in rows if len(r) == 10]
+        assert result[1] == f"{v},optimizer.lr={best}"
+        runs = [metrics(out / f"{slug}_optimizer.lr-{best}-seed{s}") for s in (0, 1)]
+        finals = [r[-1]["reward"] for r in runs]  # last 10% of 3 steps: the last one
+        aucs = [np.mean([x["reward"] for x in r]) for r in runs]
+        for cell, vals in ((result[2], finals), (result[3], aucs)):
+            assert interval(cell) == (round(np.mean(vals), 3), round(min(vals), 3),
+                                      round(max(vals), 3))
+        # generated tokens: sampled completions plus one greedy completion per prompt (2)
+        tokens = [sum(x["samples"] * x["completion_len"] + 2 * x["completion_len"] for x in r)
+                  for r in runs]
+        assert np.allclose([run["tokens"] for run in data["variants"][v]["runs"]], tokens)
+        assert np.allclose([run["auc"] for run in data["variants"][v]["runs"]], aucs)
+    # the pairwise test, p-values as exhaustive enumeration gives them
+    pair = cells(md, f"{variants[0]} vs {variants[1]}")[0]  # the first metric: AUC
+    a, b = ([run["auc"] for run in data["variants"][v]["runs"]] for v in variants)
+    assert float(pair[2]) == float(f"{brute_permutation_p(a, b):.3g}")
+    assert re.search(r"not distinguishable|higher", pair[5])
+    assert "smallest possible permutation p is 0.333, so after adjusting for 1 pair(s) no " \
+        "permutation verdict can reach 0.05" in md
+    assert "Holm's adjustment of the welch p" in md  # the default test
+    # resume: everything finished is reused, nothing is trained again
+    stamps = {d: os.path.getmtime(out / d / "metrics.jsonl") for d in os.listdir(out)
+              if (out / d).is_dir()}
+    assert len(stamps) == 8  # 2 variants x (2 candidates x 1 tuning seed + 2 seeds)
+    again = run_grpo(*args, cwd=ROOT, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("finished earlier, reused") == 8
+    assert {d: os.path.getmtime(out / d / "metrics.jsonl") for d in stamps} == stamps
+    # an interrupted run (no completion marker, part of its metrics) is run again
+    partial = out / "objective.entropy_coef-0.01_optimizer.lr-1e-3-seed1000"
+    os.remove(partial / "compare_run.json")
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text(lines[0] + "\n")
+    third = run_grpo(*args, cwd=ROOT, timeout=900)
+    assert third.returncode == 0, third.stderr
+    assert third.stderr.count("finished earlier, reused") == 7
+    assert len(metrics(partial)) == 3 and (partial / "compare_run.json").exists()
+
+
+def test_compare_streams_child_warnings(tiny_model, addition_data, tmp_path):
+    cfg = tiny(tmp_path, tiny_model, addition_data)
+    p = run_grpo("compare", cfg, "--set",
+                 "reward={name: http, options: {url: 'http://127.0.0.1:9/score'}, "
+                 "failure: zero}",
+                 "--baselines", "grpo", "--seeds", "1", "--steps", "1",
+                 "--out", str(tmp_path / "w"), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "[1/1] grpo seed 0: warning (step 0): reward 'http' raised" in p.stderr, p.stderr
+
+
+def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp_path, capsys):
+    from grpo_core.cli.main import main
+
+    cfg = write_config(tmp_path / "c.json", make_config(tiny_model, addition_data,
+                                                        str(tmp_path / "r")))
+    out = str(tmp_path / "x")
+    cases = [
+        (["--baselines", "grpo,rlooo"], "did you mean 'rloo'"),
+        (["--vary", "kl=fixed,adaptive", "--vary", "colour=red"],
+         "--vary 'colour=red': (top level): unknown key(s) ['colour']"),
+        (["--vary", "optimizer.lr=fast"], "--vary 'optimizer.lr=fast': optimizer.lr: found"),
+        (["--vary", "optimizer.lr"], "--vary 'optimizer.lr': expected KEY=V1,V2"),
+        (["--baselines", "grpo", "--tune", "optimizer.lr=-1"],
+         "--tune 'optimizer.lr=-1': optimizer.lr: found -1 (int), expected a number > 0"),
+        (["--vary", "optimizer.lr=1e-3", "--tune", "train.lr=1e-2"],
+         "optimizer.lr is already given by --vary 'optimizer.lr=1e-3'"),
+        (["--baselines", "grpo", "--seeds", "0"], "--seeds: expected a number >= 1, got 0"),
+        (["--seeds", "2"], "give --baselines A,B, --vary KEY=A,B and/or --tune KEY=A,B"),
+    ]
+    for extra, message in cases:
+        assert main(["compare", cfg, *extra, "--out", out]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.strip().splitlines()[-1].startswith("error: "), err
+    assert not os.path.exists(out)
+    # and through the real entry point: exit 2, one line, no traceback
+    p = run_grpo("compare", cfg, "--vary", "colour=red", "--out", out, cwd=ROOT)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: --vary 'colour=red'")
+
+
+def test_recipe_example_validates(tmp_path):
+    p = run_grpo("validate", RECIPE, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    import yaml
+
+    eff = yaml.safe_load(p.stdout)
+    assert eff["sampling"]["group_size"] == 16 and eff["baseline"]["options"]["eps"] == 1e-8
+    assert 1e-6 <= eff["optimizer"]["lr"] <= 5e-6
+    assert 0.01 <= eff["kl"]["options"]["coef"] <= 0.04

@@ -1,0 +1,235 @@
+"""Training on several real CPU processes (torchrun, gloo): data parallel and FSDP2 sharding
+against one process, sharded checkpoints resumed on the same and on another number of
+processes, batch statistics that do not depend on the process count, two "nodes"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import ROOT, make_config, write_config
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.multiprocess
+
+DIGIT = {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cfg_for(model, data, out, strategy="auto", steps=3, output=None, **sections):
+    return make_config(model, data, out, reward=DIGIT,
+                       sampling={"group_size": 4, "max_new_tokens": 6},
+                       kl={"name": "fixed", "options": {"coef": 0.05}},
+                       train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 1,
+                              "seed": 5},
+                       optimizer={"lr": 1e-2}, runtime={"device": "cpu", "threads": 1},
+                       distributed={"strategy": strategy},
+                       output=output or {"dir": out, "progress": False, "samples_every": 1},
+                       **sections)
+
+
+def torchrun(cfg_path, *extra, nproc=2):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "-m", "grpo_core.cli", "train",
+                           cfg_path, *extra], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, env=ENV)
+
+
+def one_process(cfg_path, *extra):
+    return subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", cfg_path, *extra],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=ENV)
+
+
+def rows(run):
+    return [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
+
+
+def final(run):
+    return load_file(os.path.join(run, "final", "model.safetensors"))
+
+
+def checkpoints(run) -> list[str]:
+    ckpts = os.path.join(run, "checkpoints")
+    return sorted(d for d in os.listdir(ckpts) if d.startswith("step-")) \
+        if os.path.isdir(ckpts) else []
+
+
+def kill_after_checkpoints(cmd: list[str], run: str, env: dict, n: int = 2) -> None:
+    """Start ``cmd`` (a torchrun launch); SIGKILL the launcher and every rank, mid-run, once
+    ``n`` checkpoints exist."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while len(checkpoints(run)) < n:
+        assert time.monotonic() - t0 < 600 and p.poll() is None
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model, addition_data, tmp_path_factory):
+    """The one-process run every strategy is compared with."""
+    out = str(tmp_path_factory.mktemp("single") / "run")
+    p = one_process(write_config(out + ".json", cfg_for(tiny_model, addition_data, out)))
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_strategies_match_one_process(tiny_model, addition_data, tmp_path, single, strategy):
+    out = str(tmp_path / strategy)
+    p = torchrun(write_config(tmp_path / "c.json",
+                              cfg_for(tiny_model, addition_data, out, strategy)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
+    assert [r["samples"] for r in rows(out)] == [16, 16, 16]  # both ranks' samples counted
+    for a, b in zip(rows(out), rows(single)):  # same completions (batch-invariant sampling)
+        assert a["reward"] == b["reward"]
+        assert abs(a["loss"] - b["loss"]) < 1e-6
+    wa, wb = final(out), final(single)
+    assert wa.keys() == wb.keys()
+    for k in wa:  # equal up to float summation order
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+    if strategy == "fsdp":  # each rank holds half of the parameters and optimizer state
+        ranks = summary["per_rank"]
+        total = sum(w.numel() for w in wa.values())
+        for r in ranks:
+            assert 0.4 < r["parameters"] / total < 0.6, ranks
+        assert abs(ranks[0]["optimizer_state"] - ranks[1]["optimizer_state"]) < \
+            0.2 * ranks[0]["optimizer_state"]
+
+
+def test_fsdp_uses_less_memory_per_rank_than_ddp(tmp_path, addition_data):
+    from grpo_core.tiny import build_model
+
+    model = build_model(str(tmp_path / "wide"), hidden=1024, layers=4, seed=0)
+    peaks = {}
+    for strategy in ("ddp", "fsdp"):
+        out = str(tmp_path / strategy)
+        cfg = cfg_for(model, addition_data, out, strategy, steps=1)
+        cfg["sampling"]["max_new_tokens"] = 2
+        p = torchrun(write_config(tmp_path / f"{strategy}.json", cfg))
+        assert p.returncode == 0, p.stderr[-3000:]
+        summary = json.load(open(os.path.join(out, "summary.json")))
+        peaks[strategy] = max(r["peak_memory_mb"] for r in summary["per_rank"])
+        if strategy == "fsdp":
+            held = [r["optimizer_state"] for r in summary["per_rank"]]
+    # ~38 M weights (150 MB): DDP holds weights, gradients, Adam state and the reference whole
+    assert peaks["fsdp"] < peaks["ddp"] - 150, peaks
+    assert all(0.4 < h / sum(held) < 0.6 for h in held)
+
+
+def test_fsdp_sigkill_resume_is_identical_and_reshards(tiny_model, addition_data, tmp_path):
+    ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+    ref_cfg = cfg_for(tiny_model, addition_data, ref, "fsdp", steps=6)
+    assert torchrun(write_config(tmp_path / "ref.json", ref_cfg)).returncode == 0
+    keep = {"dir": run, "progress": False, "samples_every": 0, "checkpoint_every": 1,
+            "keep_last": 2}
+    path = write_config(tmp_path / "run.json", cfg_for(tiny_model, addition_data, run, "fsdp",
+                                                       steps=6, output=keep))
+    kill_after_checkpoints([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path], run, ENV)
+    ckpts = os.path.join(run, "checkpoints")
+    done = torchrun(path, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = final(ref), final(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same world size: bit for bit
+    # the next-to-last sharded checkpoint finished on one process (2 -> 1)
+    one = write_config(tmp_path / "one.json", cfg_for(tiny_model, addition_data, run, "auto",
+                                                      steps=6, output=keep))
+    p = one_process(one, "--resume", os.path.join(ckpts, checkpoints(run)[0]))
+    assert p.returncode == 0, p.stderr[-3000:]
+    c = final(run)
+    assert all(torch.allclose(c[k], a[k], rtol=1e-4, atol=1e-5) for k in a)
+    # a one-process checkpoint continued on two sharded processes (1 -> 2)
+    single = str(tmp_path / "single")
+    first = cfg_for(tiny_model, addition_data, single, steps=2,
+                    output={"dir": single, "progress": False, "checkpoint_every": 2})
+    assert one_process(write_config(tmp_path / "s.json", first)).returncode == 0
+    more = cfg_for(tiny_model, addition_data, single, "fsdp", steps=3,
+                   output={"dir": single, "progress": False, "checkpoint_every": 2})
+    p = torchrun(write_config(tmp_path / "s2.json", more), "--resume")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["step"] for r in rows(single)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("baseline", ["reinforce_pp", "mixed"])
+def test_batch_statistics_do_not_depend_on_the_process_count(tiny_model, addition_data,
+                                                             tmp_path, baseline):
+    runs = {}
+    for n in (1, 2):
+        out = str(tmp_path / f"n{n}")
+        cfg = write_config(tmp_path / f"{n}.json", cfg_for(tiny_model, addition_data, out,
+                                                           baseline={"name": baseline}))
+        p = torchrun(cfg, nproc=n) if n > 1 else one_process(cfg)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[n] = out
+    for a, b in zip(rows(runs[1]), rows(runs[2])):
+        assert abs(a["loss"] - b["loss"]) < 1e-6  # the advantages are the same
+    adv = {n: [json.loads(x)["advantage"] for x in open(os.path.join(r, "samples.jsonl"))]
+           for n, r in runs.items()}
+    assert adv[1] == pytest.approx(adv[2], abs=1e-6)
+
+
+def test_remax_flat_group_resampling_and_validation_under_fsdp(tiny_model, addition_data,
+                                                                tmp_path):
+    """The generations outside the sampling phase (ReMax's greedy completions, extra
+    completions for flat groups, rank 0's validation) run on gathered weights, and a best
+    model is gathered from the shards."""
+    runs = {}
+    for n in (1, 2):
+        out = str(tmp_path / f"n{n}")
+        cfg = cfg_for(tiny_model, addition_data, out, "fsdp" if n > 1 else "auto",
+                      baseline={"name": "remax"},
+                      eval={"data": addition_data, "split": "train", "every_n_steps": 1,
+                            "max_problems": 4, "keep_best": "reward"})
+        p = torchrun(write_config(tmp_path / f"{n}.json", cfg), nproc=n) if n > 1 else \
+            one_process(write_config(tmp_path / f"{n}.json", cfg))
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[n] = out
+    for a, b in zip(rows(runs[1]), rows(runs[2])):
+        assert a["reward"] == b["reward"] and a["eval/reward"] == b["eval/reward"]
+        assert abs(a["loss"] - b["loss"]) < 1e-6  # the same greedy baselines
+    best = [load_file(os.path.join(r, "best", "model.safetensors")) for r in runs.values()]
+    assert best[0].keys() == best[1].keys()
+    for k in best[0]:
+        torch.testing.assert_close(best[0][k], best[1][k], rtol=1e-4, atol=1e-5)
+    out = str(tmp_path / "resample")
+    cfg = cfg_for(tiny_model, addition_data, out, "fsdp", groups={"resample_zero_std_max": 2})
+    p = torchrun(write_config(tmp_path / "r.json", cfg))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.load(open(os.path.join(out, "summary.json")))["ranks_in_sync"] is True
+
+
+def test_two_nodes_on_one_machine(tiny_model, addition_data, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "nodes")
+    path = write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, "ddp"))
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                               f"--node_rank={i}", "--nproc_per_node=1",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
+                               "grpo_core.cli", "train", path], cwd=ROOT, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    results = [n.communicate(timeout=600) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), results[0][1][-2000:]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
+
+
+def test_prompts_must_divide_between_processes(tiny_model, addition_data, tmp_path):
+    cfg = cfg_for(tiny_model, addition_data, str(tmp_path / "odd"))
+    cfg["train"]["prompts_per_step"] = 3
+    p = torchrun(write_config(tmp_path / "odd.json", cfg))
+    assert p.returncode != 0 and "not divisible by the 2 processes" in p.stderr

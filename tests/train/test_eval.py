@@ -1,0 +1,60 @@
+"""``grpo eval`` and validation during training."""
+
+from __future__ import annotations
+
+import json
+import os
+from math import comb
+
+import pytest
+from helpers import ROOT, make_config, run_grpo, write_config
+
+from grpo_core import config
+from grpo_core.observe.evaluate import pass_at_k
+from grpo_core.trainer import train
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(5, 2, 1) == pytest.approx(2 / 5)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 0, 2) == 0.0 and pass_at_k(3, 3, 1) == 1
+    assert pass_at_k(10, 3, 4) == pytest.approx(1 - comb(7, 4) / comb(10, 4))
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 4)
+
+
+def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_path):
+    cfg = write_config(tmp_path / "c.json", make_config(tiny_model, addition_data,
+                                                        str(tmp_path / "run")))
+    out = tmp_path / "ev"
+    p = run_grpo("eval", cfg, "--data", addition_data, "--n", "4", "--temperature", "1.0",
+                 "--max-problems", "6", "--out", str(out), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    report = json.load(open(out / "report.json"))
+    assert report["problems"] == 6 and report["samples_per_problem"] == 4
+    for key in ("accuracy", "pass@1", "pass@2", "pass@4", "reward", "completion_len"):
+        assert 0 <= report[key] <= (1 if key != "completion_len" else 64), key
+    assert report["pass@1"] == pytest.approx(report["accuracy"])
+    assert report["pass@4"] >= report["pass@2"] >= report["pass@1"]
+    rows = [json.loads(x) for x in open(out / "completions.jsonl")]
+    assert len(rows) == 24
+    assert set(rows[0]) >= {"problem", "prompt", "completion", "reward", "correct", "tokens",
+                            "answer"}
+    greedy = run_grpo("eval", cfg, "--data", addition_data, "--max-problems", "3", "--out",
+                      str(tmp_path / "g"), cwd=ROOT)
+    assert greedy.returncode == 0
+    assert json.load(open(tmp_path / "g" / "report.json"))["temperature"] == 0.0
+
+
+def test_validation_during_training(tiny_model, addition_data, tmp_path):
+    cfg = config.validate(make_config(
+        tiny_model, addition_data, str(tmp_path / "run"),
+        train={"steps": 5, "prompts_per_step": 2},
+        eval={"data": addition_data, "every_n_steps": 2, "max_problems": 4, "n": 2,
+              "temperature": 1.0, "keep_best": "accuracy"}))
+    train(cfg)
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    with_eval = [r["step"] for r in rows if "eval/accuracy" in r]
+    assert with_eval == [1, 3, 4]  # every 2 steps, and at the end
+    assert all("eval/pass@2" in rows[s] for s in with_eval)
+    assert os.path.exists(tmp_path / "run" / "best" / "best.json")

@@ -1,0 +1,77 @@
+"""``grpo plan-memory``: parameter counts, the switches, and a measured CPU step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, run_grpo
+
+from grpo_core.cli.memory import PRESETS, Shape, plan
+
+
+def test_parameter_counts_match_the_published_sizes():
+    assert Shape(**PRESETS["qwen2.5-0.5b"]).params() == pytest.approx(494e6, rel=0.01)
+    assert Shape(**PRESETS["qwen2.5-1.5b"]).params() == pytest.approx(1.54e9, rel=0.01)
+    assert Shape(**PRESETS["qwen2.5-7b"]).params() == pytest.approx(7.62e9, rel=0.01)
+
+
+def test_switches_move_the_estimate_the_right_way():
+    s = Shape(**PRESETS["qwen2.5-1.5b"])
+    base = plan(s, 8, 8, 256, 512)
+    assert plan(s, 8, 8, 256, 512, lora_rank=16)["total"] < base["total"]
+    assert plan(s, 8, 8, 256, 512, lora_rank=16)["reference"] == 0
+    assert plan(s, 8, 8, 256, 512, gradient_checkpointing=True)["activations"] < \
+        base["activations"] / 5
+    assert plan(s, 8, 8, 256, 512, reference=False)["total"] < base["total"]
+    assert plan(s, 8, 8, 256, 512, generation_batch=8)["kv_cache"] == base["kv_cache"] / 8
+    z2 = plan(s, 8, 32, 256, 512, strategy="zero2", gpus=4)
+    assert z2["gradients"] == base["gradients"] / 4 and z2["weights"] == base["weights"]
+    fsdp = plan(s, 8, 32, 256, 512, strategy="fsdp", gpus=4)
+    ddp = plan(s, 8, 32, 256, 512, strategy="ddp", gpus=4)
+    assert fsdp["optimizer"] == ddp["optimizer"] / 4 and fsdp["reference"] == ddp["reference"] / 4
+    assert ddp["activations"] == base["activations"]  # 32 prompts on 4 devices: 8 each
+    z3 = plan(s, 8, 32, 256, 512, strategy="zero3", gpus=4)
+    assert z3["optimizer"] == z2["optimizer"] and z3["weights"] < z2["weights"] / 2
+    assert z3["reference"] == fsdp["reference"]  # partitioned like the policy
+    assert z3["logits"] > fsdp["logits"]  # the head's logits at once, not in chunks
+    assert plan(s, 8, 8, 256, 512, dtype="auto")["weights"] == 2 * plan(
+        s, 8, 8, 256, 512, dtype="bfloat16")["weights"]  # float32 master weights, as trained
+    assert base["ppo_total"] > base["total"] + 2 * base["weights"]
+
+
+def test_cli_presets_and_config_json(tiny_model):
+    out = run_grpo("plan-memory", "--model", "Qwen/Qwen2.5-7B-Instruct", "--group-size", "16",
+                   "--max-new-tokens", "1024", "--gpus", "8", "--prompts", "64", cwd=ROOT)
+    assert out.returncode == 0 and "GRPO peak" in out.stdout and "PPO peak" in out.stdout
+    rows = {line.split()[0] for line in out.stdout.splitlines()[2:-1]}
+    assert rows == {"ddp", "fsdp", "zero1", "zero2", "zero3"}  # each strategy the trainer has
+    for args, needle in ((["--gpus", "0"], "--gpus"), (["--dtype", "int3"], "--dtype")):
+        bad = run_grpo("plan-memory", "--model", "qwen2.5-7b", *args, cwd=ROOT)
+        assert bad.returncode == 2 and needle in bad.stderr and "Traceback" not in bad.stderr
+    assert run_grpo("plan-memory", "--model", tiny_model, cwd=ROOT).returncode == 0
+    bad = run_grpo("plan-memory", "--model", "gpt-9", cwd=ROOT)
+    assert bad.returncode == 2 and "neither a preset" in bad.stderr
+
+
+def test_estimate_within_25_percent_of_a_measured_cpu_step():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "memory_probe.py")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert abs(r["estimated"] - r["measured"]) <= 0.25 * r["measured"], r
+
+
+def test_reads_a_run_config(tiny_model, addition_data, tmp_path):
+    from helpers import make_config, write_config
+
+    cfg = make_config(tiny_model, addition_data, str(tmp_path / "r"),
+                      sampling={"group_size": 16, "max_new_tokens": 32},
+                      model={"name_or_path": tiny_model, "gradient_checkpointing": True})
+    out = run_grpo("plan-memory", write_config(tmp_path / "c.json", cfg), cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "4 prompts x G=16" in out.stdout and "gradient checkpointing" in out.stdout
+    assert "no reference" in out.stdout  # KL 0: the trainer loads none

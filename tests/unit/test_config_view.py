@@ -1,0 +1,52 @@
+"""The typed view of the config (grpo_core.config.view) and the schema stay equal: one
+dataclass per section, one field per key, and a validated config reads the same through both."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+from helpers import make_config
+
+from grpo_core import config
+from grpo_core.config.schema import CORE_SCHEMA
+from grpo_core.config.view import Config, view
+
+
+def _section_type(hint):
+    for arg in typing.get_args(hint) or (hint,):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def test_every_section_and_key_of_the_schema_has_a_field():
+    hints = typing.get_type_hints(Config)
+    assert [f.name for f in dataclasses.fields(Config)] == list(CORE_SCHEMA["properties"])
+    for name, schema in CORE_SCHEMA["properties"].items():
+        cls = _section_type(hints[name])
+        if "properties" not in schema:
+            assert cls is None, name
+            continue
+        assert [f.name for f in dataclasses.fields(cls)] == list(schema["properties"]), name
+
+
+def test_a_validated_config_reads_the_same_through_the_view():
+    cfg = config.validate(make_config("m", "d.jsonl", "out", kl={"name": "fixed"},
+                                      sampling={"group_size": 6, "temperature": 0.7}))
+    v = view(cfg)
+    for name, section in cfg.items():
+        sub = getattr(v, name)
+        if not dataclasses.is_dataclass(sub):
+            assert sub == section, name
+            continue
+        for key, value in section.items():
+            assert getattr(sub, key) == value, f"{name}.{key}"
+    assert v.sampling.group_size == 6 and v.kl.name == "fixed" and v.environment is None
+
+
+def test_the_view_is_frozen():
+    v = view(config.validate(make_config("m", "d.jsonl", "out")))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.train.steps = 5  # type: ignore[misc]
