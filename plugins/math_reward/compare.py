@@ -37,15 +37,17 @@ def _squash(s: str) -> str:
     return re.sub(r"\s+", "", s)
 
 
-def _variants(text: str) -> list[str]:
-    if "%" in text:
+def _variants(text: str, other: str) -> list[str]:
+    """``50\\%`` is 50 and 0.5 against a gold without a percent sign; when both sides carry
+    one, only as written (``0.05\\%`` is not ``5\\%``)."""
+    if "%" in text and "%" not in other:
         return [text, text.replace("\\%", "").replace("%", "")]
     return [text]
 
 
-def _forms(text: str, max_length: int, cached: bool) -> list:
+def _forms(text: str, other: str, max_length: int, cached: bool) -> list:
     out = []
-    for variant in _variants(text):
+    for variant in _variants(text, other):
         try:
             out.append(parse_cached(variant, max_length) if cached else parse(variant, max_length))
         except FAILURES:
@@ -67,10 +69,10 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(p_text) == _squash(g_text):
         return True
-    golds = _forms(g_text, max_length, cached=True)
+    golds = _forms(g_text, p_text, max_length, cached=True)
     if not golds:
         return False
-    for p in _forms(p_text, max_length, cached=False):
+    for p in _forms(p_text, g_text, max_length, cached=False):
         for g in golds:
             try:
                 if same(p, g, rel_tol):

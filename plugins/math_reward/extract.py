@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import re
 
-from grpo_core_plugins.math_reward.normalise import separators
+from grpo_core_plugins.math_reward.normalise import _VULGAR, separators
+from grpo_core_plugins.math_reward.units import unit_word
 
 MAX_SCAN = 20_000  # characters of the completion's tail that are searched
 MAX_TAIL = 1_000  # characters read after an answer marker
 MAX_BOXES = 2_000  # boxes looked at (the last ones)
 
-_NUMBER = r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?%?|[-−+]?\.\d+"
-_NUMBER_RE = re.compile(_NUMBER)
+_DIGITS = frozenset("0123456789") | frozenset(_VULGAR)
+#: characters a plain-text expression is written with (the last-number fallback's reach)
+_EXPR_CHARS = _DIGITS | frozenset(" \t+-−*/^().%=√π·×÷")
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", "sin", "cos",
+                         "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
+                         "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
+_VERB = re.compile(r"\b(?:is|are|was|were|equals|be)\b|=|:", re.IGNORECASE)
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
 _ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]+)", re.IGNORECASE)
 _SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
@@ -36,8 +43,11 @@ _SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
 _CLOSERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 _JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)\b|,|and\b|or\b)\s*", re.IGNORECASE)
 _STRICT_LEAD = re.compile(r"(?:\bis|\bare|\bbe|\bequals|=|:)\s*$", re.IGNORECASE)
-_BOX_GAP = re.compile(r"[\s$,]*(?:(?:and|or)\b)?[\s$,]*|[\s$]*\\\)?[\s,]*(?:(?:and|or)\b)?"
-                      r"[\s,]*\\\(?[\s$]*", re.IGNORECASE)
+#: what may stand between boxes that make one answer: math delimiters, spacing, commas,
+#: "and"/"or" (also as ``\\quad\\text{and}\\quad``), and a name before the next box (``b =``)
+_BOX_GAP = re.compile(r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:and|or|,)?\s*\}|"
+                      r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
+                      re.IGNORECASE)
 _MARKS = ("\\boxed", "\\fbox")
 
 
@@ -105,28 +115,26 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``, ``\\boxed ...`` or ``\\fbox{...}``; braces nest."""
-    start = max(text.rfind(m) for m in _MARKS)
-    if start < 0:
-        return None
-    found = _box_at(text, start)
-    return found[0] if found else None
-
-
-def boxed_answer(text: str) -> str | None:
-    """The last box, joined with the boxes written right before it (``$\\boxed{a}$ and ...``)."""
+def _box_group(text: str) -> tuple[str, int] | None:
+    """(answer, end) of the last box, joined with the boxes written right before it."""
     boxes = _boxes(text)
     if not boxes:
         return None
     group = [boxes[-1]]
     for prev in reversed(boxes[:-1]):
         gap = text[prev[1]:group[0][0]]
-        if len(gap) > 30 or not _BOX_GAP.fullmatch(gap):
+        if len(gap) > 60 or not _BOX_GAP.fullmatch(gap):
             break
         group.insert(0, prev)
     contents = [c.strip() for _, _, c in group]
-    return ", ".join(contents) if len(contents) > 1 else contents[0]
+    return (", ".join(contents) if len(contents) > 1 else contents[0]), group[-1][1]
+
+
+def boxed_answer(text: str) -> str | None:
+    """The last box, joined with the boxes written right before it (``$\\boxed{a}$ and ...``,
+    ``\\boxed{2} \\quad\\text{and}\\quad \\boxed{3}``, ``a = \\boxed{2}, b = \\boxed{5}``)."""
+    group = _box_group(text)
+    return None if group is None else group[0]
 
 
 def _spans_end(s: str, pos: int = 0) -> tuple[list[str], int]:
@@ -153,18 +161,46 @@ def _spans(s: str) -> list[str]:
     return _spans_end(s)[0]
 
 
+def _depth_zero_words(s: str):
+    """Prose words (two letters or more, not a command) outside braces, as matches."""
+    for m in _PROSE_WORD.finditer(s):
+        if s.count("{", 0, m.start()) == s.count("}", 0, m.start()):
+            yield m
+
+
+def _prose(word: str) -> bool:
+    return word.lower() not in _MATH_WORDS and not unit_word(word)
+
+
+def _cut_prose(s: str) -> str:
+    """``\\frac{1}{2} because ...`` -> ``\\frac{1}{2}``: math up to the first prose word.
+
+    A text that starts with prose ("The number of apples is 12") is read after its first
+    "is"/"are"/"="/":" (a few times at most); a word answer ("Monday") is left whole."""
+    for _ in range(4):
+        for m in _depth_zero_words(s):
+            if _prose(m.group(0)):
+                break
+        else:
+            return s
+        head = s[:m.start()]
+        if any(c in _DIGITS or c == "\\" for c in head):
+            return head.rstrip(" ,;:(")
+        verb = None if head.strip() else _VERB.search(s, m.end())
+        if verb is None:
+            return s
+        s = s[verb.end():].strip()
+    return s
+
+
 def _clean_tail(s: str) -> str:
-    """The answer at the start of ``s``: math spans, or the text up to the sentence's end."""
+    """The answer at the start of ``s``: math spans, or the math at the start of its sentence."""
     s = s.strip()[:MAX_TAIL]
     spans = _spans(s)
     if spans:
         s = ", ".join(boxed_answer(x) or x for x in spans)
     else:
-        s = re.split(r"\.(?:\s|$)", s, maxsplit=1)[0]
-    lead = re.match(r"^([-−+]?\d[\d,]{0,40}(?:\.\d+)?(?:/\d+)?)(?=[\s,;]+(?!(?:and|or)\b)"
-                    r"[A-Za-z])", s)
-    if lead:  # "12, as computed above" -> "12"
-        return lead.group(1).rstrip(",")
+        s = _cut_prose(re.split(r"\.(?:\s|$)", s, maxsplit=1)[0])
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     inner = boxed_answer(s)
@@ -173,7 +209,7 @@ def _clean_tail(s: str) -> str:
     bold = _BOLD_RE.search(s)
     if bold:
         s = bold.group(1)
-    return s.rstrip(" .。").strip().strip("$").strip()
+    return s.rstrip(" .。,").strip().strip("$").strip()
 
 
 def _final_answer(text: str) -> str | None:
@@ -224,14 +260,99 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
     return ", ".join(boxed_answer(x) or x for x in found), len(text) - len(tail) + start
 
 
+def _stated_after(rest: str) -> str | None:
+    """A final answer stated after the last box ("... so the final answer is 7"): an earlier
+    box was an intermediate result."""
+    found = _final_answer(rest)
+    if found is None:
+        matches = list(_ANSWER_IS_RE.finditer(rest))
+        found = _clean_tail(matches[-1].group(1)) if matches else None
+    return found if found and any(c in _DIGITS or c == "\\" for c in found) else None
+
+
+_GLUED = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+\d")  # a1b2: letters glued to digits, not x^2
+
+
+def _bare_math(text: str) -> str | None:
+    """A completion that is only math: ``7/2``, ``\\frac{7}{2}``, ``3 1/2``, ``1 + \\sqrt{2}``."""
+    whole = text.strip().rstrip(".").strip()
+    if len(whole) > 100 or "\n" in whole or whole.count("{") != whole.count("}") or \
+            not any(c in _DIGITS or c == "\\" for c in whole):
+        return None
+    if _GLUED.search(whole) or any(_prose(m.group(0)) for m in _depth_zero_words(whole)):
+        return None
+    return whole
+
+
+def _expression_start(tail: str, end: int) -> int:
+    """Where the plain-text expression that ends at ``tail[end]`` starts."""
+    start = end
+    while start > 0 and (tail[start - 1] in _EXPR_CHARS or tail[start - 1] == "," and
+                         tail[start - 2:start - 1].isdigit() and tail[start].isdigit()):
+        start -= 1
+    return start
+
+
+def _last_expression(text: str) -> str | None:
+    """The whole plain-text expression around the last digit, or None when that digit is
+    part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
+    -> ``7``; ``abc12def``, ``x^2``, ``10:30`` and ``n - 2`` give None (junk, or a part)."""
+    tail = separators(text[-MAX_TAIL:])
+    end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS), -1)
+    if end < 0:
+        return None
+    glued = re.match(r"%?([A-Za-z]+)", tail[end + 1:end + 40])
+    if glued and not unit_word(glued.group(1)):
+        return None  # 12abc, 5th: not a number on its own
+    stop = end + 2 if tail[end + 1:end + 2] == "%" else end + 1
+    start = _expression_start(tail, end)
+    equals = tail.rfind("=", start, end)
+    if equals >= 0:
+        start = equals + 1  # 3 + 4 = 7, x=5: the right side
+    else:
+        while start < end and tail[start] in " \t)":
+            start += 1
+        prev = tail[start - 1:start]
+        if prev.isalnum() or prev in "_^\\{}|!" or prev == ":" and \
+                tail[start - 2:start - 1].isdigit():
+            return None  # x2, \frac{7}{2}, 10:30: the digit belongs to a larger expression
+    run = tail[start:stop].strip()
+    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
+        return None  # n - 2, a/2: the rest of an expression
+    while run.startswith("(") and run.count("(") > run.count(")"):
+        run = run[1:].strip()
+    return run if run.count("(") == run.count(")") else None
+
+
+_DECIMAL_COMMA = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")
+_COMMA_DECIMALS = re.compile(r"\d,(?:\d{1,2}|\d{4,})(?!\d)")
+
+
+def _decimal_comma(answer: str, text: str) -> str:
+    """``1,22`` is 1.22 in a text that writes its decimals with commas (European style): one
+    more decimal comma elsewhere and no decimal point anywhere. A three-digit group
+    (``1,220``) is a thousands separator and is never read this way."""
+    if not _DECIMAL_COMMA.fullmatch(answer) or re.search(r"\d\.\d", text):
+        return answer
+    if len(_COMMA_DECIMALS.findall(text)) < 2:
+        return answer
+    return answer.replace(",", ".")
+
+
 def extract_answer(text: str, strict: bool = False) -> str | None:
     """The final answer as a string, or None when nothing answer-like is found."""
     if not isinstance(text, str) or not text:
         return None
     text = text[-MAX_SCAN:]
-    boxed = boxed_answer(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
+    found = _find(text, strict)
+    return _decimal_comma(found, text) if found else found
+
+
+def _find(text: str, strict: bool) -> str | None:
+    """The patterns of :func:`extract_answer`, most explicit first."""
+    group = _box_group(text)
+    if group is not None and group[0].strip():
+        return _stated_after(text[group[1]:]) or group[0].strip()
     close = text.rfind("</answer>")
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
     tagged = text[open_ + len("<answer>"):close].strip() if open_ >= 0 else ""
@@ -259,25 +380,28 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
     bold = _BOLD_RE.findall(text)
     if bold:
         return _clean_tail(bold[-1])
-    whole = text.strip().rstrip(".")
-    if len(whole) < 100 and _NUMBER_RE.fullmatch(whole):  # just a number: unambiguous
+    whole = _bare_math(text)  # only math: unambiguous, also in strict mode
+    if whole or strict:
         return whole
-    if strict:
-        return None
-    numbers = _NUMBER_RE.findall(separators(text[-MAX_TAIL:])) or _NUMBER_RE.findall(text)
-    return numbers[-1] if numbers else None
+    return _last_expression(text)
+
+
+_DOLLARS = re.compile(r"(?<!\\)\$+")
 
 
 def gold_answer(gold) -> str:
-    """Reduce a gold answer (plain, ``\\boxed{}`` or a GSM8K worked solution) to the answer."""
-    text = str(gold)[-MAX_SCAN:]
-    boxed = last_boxed(text)
-    if boxed is not None:
+    """Reduce a gold answer the way a completion is reduced: its math delimiters (``$...$``,
+    ``$$...$$``) dropped, its boxes (several joined), a GSM8K ``#### N``, or a worked solution's
+    final answer; units, degrees and ``\\text{}`` are left for the comparison."""
+    text = str(gold)[-MAX_SCAN:].strip()
+    boxed = boxed_answer(text)
+    if boxed is not None and boxed.strip():
         return boxed.strip()
     m = _HASH_RE.findall(text)
     if m:
         return _clean_tail(m[-1])
-    if "\n" in text.strip():
+    if "\n" in text:
         found = extract_answer(text)
-        return found if found is not None else text.strip()
-    return text.strip()
+        return found if found is not None else text
+    text = _DOLLARS.sub(" ", text).strip()
+    return re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", text).strip()

@@ -10,6 +10,8 @@ arguments, matrix size, number of items. Decimals become exact rationals, so ``0
 
 from __future__ import annotations
 
+import re
+
 import sympy as sp
 from grpo_core_plugins.math_reward.lexicon import (
     _CONSTS,
@@ -45,6 +47,8 @@ from grpo_core_plugins.math_reward.nodes import (  # noqa: F401  (re-exported na
     power,
 )
 from grpo_core_plugins.math_reward.normalise import normalise  # noqa: F401
+
+_SPLIT_DIGITS = re.compile(r"(?<![_^\d.])\d+\s+\.?\d")  # not \\log_3 9
 
 
 class Parser:
@@ -374,4 +378,6 @@ def parse(text: str, max_length: int = 2000):
     s = normalise(text)
     if not s:
         raise ParseError("empty answer")
+    if _SPLIT_DIGITS.search(s):  # 4 4/0, 3 5/4, 2 3: not a product, not a mixed number
+        raise ParseError("digits separated by a space")
     return Parser(tokenize(s)).top()

@@ -26,6 +26,7 @@ _ALIASES = {
     "usd": "usd", "cent": "cent", "euro": "eur", "mph": "mi/h", "kph": "km/h",
     "unit": "unit", "sq": "square", "p.m": "pm", "a.m": "am", "pm": "pm", "am": "am",
 }
+_UNIT_NAMES = frozenset(_ALIASES.values())
 _SQUARE = {"square", "sq", "sq."}
 _CUBIC = {"cubic", "cu", "cu."}
 _POWER_WORDS = {"squared": 2, "cubed": 3}
@@ -60,6 +61,13 @@ def _word(w: str) -> str:
     elif w.endswith("s") and not w.endswith("ss") and len(w) > 2:
         w = w[:-1]
     return _ALIASES.get(w, w)
+
+
+def unit_word(word: str) -> bool:
+    """Is ``word`` (part of) a unit name: ``cm``, ``inches``, ``square``, ``per``?"""
+    low = word.lower().rstrip(".")
+    return low in _SQUARE or low in _CUBIC or low in _POWER_WORDS or low == "per" or \
+        _word(low) in _UNIT_NAMES
 
 
 def unit_name(words: str, power: str | None = None) -> str | None:
