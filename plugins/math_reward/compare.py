@@ -18,7 +18,7 @@ from functools import lru_cache
 import sympy as sp
 from grpo_core_plugins.math_reward.intervals import setlike, spans_equal, to_spans
 from grpo_core_plugins.math_reward.nodes import Equation, Inequality, ParseError, Seq, Text, Union
-from grpo_core_plugins.math_reward.numeric import expressions_equal
+from grpo_core_plugins.math_reward.numeric import _points, exact, expressions_equal
 from grpo_core_plugins.math_reward.parse import parse
 from grpo_core_plugins.math_reward.units import conflict, split_unit
 
@@ -83,7 +83,23 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
 
 
 def _is_name(x) -> bool:
+    """A quantity's name: ``x``, ``AB``, or a tuple or ratio of names (``(p, q)``, ``S : T``)."""
+    if isinstance(x, Seq):
+        return x.open in ("(", ":") and all(isinstance(i, (sp.Symbol, Text)) for i in x.items)
     return isinstance(x, (sp.Symbol, Text))
+
+
+def _as_point(x):
+    """``x = 2, y = 5`` (distinct single names, put in alphabetical order: ``y = 5, x = 2`` too)
+    as the point ``(2, 5)``; anything else unchanged."""
+    if not (isinstance(x, Seq) and x.open == "" and 2 <= len(x.items) <= 8):
+        return x
+    if not all(isinstance(e, Equation) and isinstance(e.lhs, sp.Symbol) for e in x.items):
+        return x
+    items = sorted(x.items, key=lambda e: str(e.lhs))
+    if len({str(e.lhs) for e in items}) != len(items):
+        return x
+    return Seq(tuple(e.rhs for e in items), "(", ")")
 
 
 def same(p, g, tol: float = 0.0) -> bool:
@@ -100,6 +116,8 @@ def same(p, g, tol: float = 0.0) -> bool:
         # hedge ("5 or 6") is not, since not every item equals the gold
         return len(p.items) <= 4 and all(same(x, g, tol) for x in p.items)
     if isinstance(p, Seq) or isinstance(g, Seq):
+        if isinstance(p, Seq) and isinstance(g, Seq) and "(" in (p.open, g.open):
+            p, g = _as_point(p), _as_point(g)
         vector = _vector(p, g, tol)
         if vector is not None:
             return vector
@@ -127,14 +145,13 @@ def _equations(p, g, tol: float) -> bool:
     if isinstance(p, Equation) and isinstance(g, Equation):
         if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
             return True
-        if p.named or g.named:
-            return same(p.rhs, g.rhs, tol)
+        if (p.named or g.named) and same(p.rhs, g.rhs, tol):
+            return True
         if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
                for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
-            dp = sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False)
-            dg = sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False)
-            return expressions_equal(dp, dg, tol) or \
-                expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+            return _proportional(sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
+                                 sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False),
+                                 tol)
         return False
     if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
         if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
@@ -143,6 +160,30 @@ def _equations(p, g, tol: float) -> bool:
     if g.named or _is_name(g.lhs):  # gold x = 3 against 3
         return same(p, g.rhs, tol)
     return False
+
+
+def _proportional(dp, dg, tol: float) -> bool:
+    """Do the equations ``dp = 0`` and ``dg = 0`` (in variables) say the same: is ``dp`` a
+    constant nonzero multiple of ``dg``? ``2x + 4y = 6`` is ``x + 2y = 3``, ``3x - y = 2`` is
+    ``y = 3x - 2``. The factor is read at one sample point, then checked everywhere."""
+    syms = sorted(dp.free_symbols | dg.free_symbols, key=str)
+    if not syms:
+        return False
+    for point in _points(dp, dg, syms, 4):
+        try:
+            vp, vg = exact(dp, point), exact(dg, point)
+        except ArithmeticError:
+            continue
+        if vp is None or vg is None:
+            break
+        if vg != 0:
+            if vp == 0:
+                return False
+            k = vp / vg
+            scaled = sp.Mul(sp.Rational(k.numerator, k.denominator), dg, evaluate=False)
+            return expressions_equal(dp, scaled, tol)
+    return expressions_equal(dp, dg, tol) or \
+        expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
 
 
 def _constant(x) -> bool:
@@ -166,17 +207,34 @@ def _as_seq(x) -> Seq:
 
 
 def _seq_equal(p: Seq, g: Seq, tol: float) -> bool:
-    if len(p.items) != len(g.items):
-        return False
     unordered = {"", "{"}
     if p.open in unordered and g.open in unordered:
         return _unordered(list(p.items), list(g.items), tol)
+    if len(p.items) != len(g.items):
+        return False
     if (p.open, p.close) != (g.open, g.close):
         return False
     return all(same(a, b, tol) for a, b in zip(p.items, g.items))
 
 
+def _distinct(items: list, tol: float) -> list:
+    """A solution list's elements, each once: ``2, 2, 3`` lists the set {2, 3}."""
+    try:
+        items = list(dict.fromkeys(items))  # the same tree twice: cheap
+    except TypeError:
+        pass
+    if len(items) > 32:
+        return items
+    out: list = []
+    for a in items:
+        if not any(same(a, b, tol) for b in out):
+            out.append(a)
+    return out
+
+
 def _unordered(ps: list, gs: list, tol: float) -> bool:
+    if len(ps) != len(gs):
+        ps, gs = _distinct(ps, tol), _distinct(gs, tol)
     if len(ps) != len(gs):
         return False
     left = list(gs)
