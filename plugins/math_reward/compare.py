@@ -18,6 +18,7 @@ from functools import lru_cache
 import sympy as sp
 from grpo_core_plugins.math_reward.intervals import setlike, spans_equal, to_spans
 from grpo_core_plugins.math_reward.nodes import Equation, Inequality, ParseError, Seq, Text, Union
+from grpo_core_plugins.math_reward.numbers import plain_number
 from grpo_core_plugins.math_reward.numeric import _points, exact, expressions_equal
 from grpo_core_plugins.math_reward.parse import parse
 from grpo_core_plugins.math_reward.units import conflict, split_unit
@@ -31,6 +32,11 @@ FAILURES = (ParseError, RecursionError, TypeError, ValueError, AttributeError,
 def parse_cached(text: str, max_length: int):
     """Gold answers repeat G times per prompt and across steps: parse each once."""
     return parse(text, max_length)
+
+
+#: one number with a decimal comma: not a three-digit group (1,220 is a thousand two hundred
+#: and twenty), and 0,111 cannot be one
+_DECIMAL_COMMA = re.compile(r"-?(?:\d+,(?:\d{1,2}|\d{4,})|0,\d+)")
 
 
 def _squash(s: str) -> str:
@@ -61,6 +67,9 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(pred) == _squash(gold):
         return True
+    if _DECIMAL_COMMA.fullmatch(pred.strip()) and "," not in gold and \
+            plain_number(gold) is not None:
+        pred = pred.replace(",", ".")  # 1,22 against the number 1.22: a decimal comma
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
     if conflict(p_unit, g_unit):
@@ -157,9 +166,17 @@ def _equations(p, g, tol: float) -> bool:
         if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
             return same(p.rhs, g, tol)
         return False  # x + y = 2x is an equation, not the value 2x
-    if g.named or _is_name(g.lhs):  # gold x = 3 against 3
+    if g.named or _is_name(g.lhs) or _name_expr(g.lhs):  # gold x = 3, |AB| = 1 against 3, 1
         return same(p, g.rhs, tol)
     return False
+
+
+def _name_expr(x) -> bool:
+    """A quantity named by a formula of letters only: ``\\frac{NO}{BO}``, ``|AB|``, ``xy``
+    (no numbers, no sums: ``x + 1 = 0`` is an equation, not the value 0)."""
+    return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and \
+        bool(x.free_symbols) and not x.has(sp.Add) and \
+        all(isinstance(a, sp.Symbol) or a == -1 for a in x.atoms())
 
 
 def _proportional(dp, dg, tol: float) -> bool:

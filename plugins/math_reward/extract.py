@@ -31,7 +31,6 @@ _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", "sin", "cos",
                          "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
                          "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
-_VERB = re.compile(r"\b(?:is|are|was|were|equals|be)\b|=|:", re.IGNORECASE)
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
 _ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]+)", re.IGNORECASE)
 _SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
@@ -49,6 +48,7 @@ _BOX_GAP = re.compile(r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:a
                       r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
                       re.IGNORECASE)
 _MARKS = ("\\boxed", "\\fbox")
+_DOLLARS = re.compile(r"(?<!\\)\$+")  # math delimiters, not an escaped \$
 
 
 def _brace_map(text: str) -> dict[int, int]:
@@ -115,6 +115,16 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def _joins(gap: str) -> bool:
+    """Do two boxes with ``gap`` between them make one answer? Connectors only, or a few
+    words with "and"/"or" in one sentence ("\\boxed{(3, 3)} for part (a) and \\boxed{(1, 1)}")."""
+    if len(gap) > 60 or re.search(r"[.!?](?:\s|$)|\n\s*\n", gap):
+        return False
+    if _BOX_GAP.fullmatch(gap):
+        return True
+    return bool(re.search(r"\b(?:and|or)\b", gap)) and len(re.findall(r"[A-Za-z]+", gap)) <= 8
+
+
 def _box_group(text: str) -> tuple[str, int] | None:
     """(answer, end) of the last box, joined with the boxes written right before it."""
     boxes = _boxes(text)
@@ -122,8 +132,7 @@ def _box_group(text: str) -> tuple[str, int] | None:
         return None
     group = [boxes[-1]]
     for prev in reversed(boxes[:-1]):
-        gap = text[prev[1]:group[0][0]]
-        if len(gap) > 60 or not _BOX_GAP.fullmatch(gap):
+        if not _joins(text[prev[1]:group[0][0]]):
             break
         group.insert(0, prev)
     contents = [c.strip() for _, _, c in group]
@@ -172,11 +181,28 @@ def _prose(word: str) -> bool:
     return word.lower() not in _MATH_WORDS and not unit_word(word)
 
 
+_LAST_VERB = re.compile(r".*(?:\b(?:is|are|was|were|equals|be)\b|=)", re.IGNORECASE | re.DOTALL)
+
+
+def _after_verb(s: str) -> str | None:
+    """What a prose sentence states: the text after its last "is"/"are"/"=" ("The number of
+    apples is 12"), else after its first ":" ("Total: 12"), else its one number ("Jane
+    started 3 hours ago"); None when it states no single value."""
+    verb = _LAST_VERB.match(s)
+    if verb:
+        return s[verb.end():].strip()
+    colon = s.find(":")
+    if colon >= 0:
+        return s[colon + 1:].strip()
+    numbers = re.findall(r"\d+(?:[.,/]\d+)*", s)
+    return numbers[0] if len(numbers) == 1 and _last_expression(s) == numbers[0] else None
+
+
 def _cut_prose(s: str) -> str:
     """``\\frac{1}{2} because ...`` -> ``\\frac{1}{2}``: math up to the first prose word.
 
-    A text that starts with prose ("The number of apples is 12") is read after its first
-    "is"/"are"/"="/":" (a few times at most); a word answer ("Monday") is left whole."""
+    A text that starts with prose is read by :func:`_after_verb`; a word answer ("Monday") is
+    left whole."""
     for _ in range(4):
         for m in _depth_zero_words(s):
             if _prose(m.group(0)):
@@ -186,10 +212,10 @@ def _cut_prose(s: str) -> str:
         head = s[:m.start()]
         if any(c in _DIGITS or c == "\\" for c in head):
             return head.rstrip(" ,;:(")
-        verb = None if head.strip() else _VERB.search(s, m.end())
-        if verb is None:
+        stated = None if head.strip() else _after_verb(s[m.end():])
+        if not stated:
             return s
-        s = s[verb.end():].strip()
+        s = stated
     return s
 
 
@@ -275,7 +301,7 @@ _GLUED = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+\d")  # a1b2: letters glued to dig
 
 def _bare_math(text: str) -> str | None:
     """A completion that is only math: ``7/2``, ``\\frac{7}{2}``, ``3 1/2``, ``1 + \\sqrt{2}``."""
-    whole = text.strip().rstrip(".").strip()
+    whole = _DOLLARS.sub(" ", text).strip().rstrip(".").strip()
     if len(whole) > 100 or "\n" in whole or whole.count("{") != whole.count("}") or \
             not any(c in _DIGITS or c == "\\" for c in whole):
         return None
@@ -293,6 +319,22 @@ def _expression_start(tail: str, end: int) -> int:
     return start
 
 
+def _enclosing_span(tail: str, k: int) -> str | None:
+    """The content of the ``$...$`` or ``\\(...\\)`` span around position ``k`` (``""`` for
+    an unclosed ``\\(``), or None when ``k`` is in prose (a lone ``$`` is a currency sign):
+    ``$x \\geq 5$`` is read whole."""
+    dollars = [j for j in range(k) if tail[j] == "$" and tail[j - 1:j] != "\\"]
+    if len(dollars) % 2:
+        close = tail.find("$", k)
+        if close >= 0:
+            return tail[dollars[-1] + 1:close].strip("$ \n")
+    opened = max(tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k))
+    if opened >= 0 and opened > max(tail.rfind("\\)", 0, k), tail.rfind("\\]", 0, k)):
+        close = re.compile(r"\\[)\]]").search(tail, k)
+        return tail[opened + 2:close.start()].strip() if close else ""
+    return None
+
+
 def _last_expression(text: str) -> str | None:
     """The whole plain-text expression around the last digit, or None when that digit is
     part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
@@ -301,6 +343,9 @@ def _last_expression(text: str) -> str | None:
     end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS), -1)
     if end < 0:
         return None
+    span = _enclosing_span(tail, end)
+    if span is not None:
+        return span or None
     glued = re.match(r"%?([A-Za-z]+)", tail[end + 1:end + 40])
     if glued and not unit_word(glued.group(1)):
         return None  # 12abc, 5th: not a number on its own
@@ -324,28 +369,15 @@ def _last_expression(text: str) -> str | None:
     return run if run.count("(") == run.count(")") else None
 
 
-_DECIMAL_COMMA = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")
-_COMMA_DECIMALS = re.compile(r"\d,(?:\d{1,2}|\d{4,})(?!\d)")
-
-
-def _decimal_comma(answer: str, text: str) -> str:
-    """``1,22`` is 1.22 in a text that writes its decimals with commas (European style): one
-    more decimal comma elsewhere and no decimal point anywhere. A three-digit group
-    (``1,220``) is a thousands separator and is never read this way."""
-    if not _DECIMAL_COMMA.fullmatch(answer) or re.search(r"\d\.\d", text):
-        return answer
-    if len(_COMMA_DECIMALS.findall(text)) < 2:
-        return answer
-    return answer.replace(",", ".")
-
-
 def extract_answer(text: str, strict: bool = False) -> str | None:
     """The final answer as a string, or None when nothing answer-like is found."""
     if not isinstance(text, str) or not text:
         return None
-    text = text[-MAX_SCAN:]
-    found = _find(text, strict)
-    return _decimal_comma(found, text) if found else found
+    text = _SPECIAL_TOKENS.sub("", text[-MAX_SCAN:])
+    return _find(text, strict)
+
+
+_SPECIAL_TOKENS = re.compile(r"(?:\s*<\|[a-z_]{1,30}\|>[a-z]{0,12})+\s*$")  # <|im_start|>user
 
 
 def _find(text: str, strict: bool) -> str | None:
@@ -386,9 +418,6 @@ def _find(text: str, strict: bool) -> str | None:
     return _last_expression(text)
 
 
-_DOLLARS = re.compile(r"(?<!\\)\$+")
-
-
 def gold_answer(gold) -> str:
     """Reduce a gold answer the way a completion is reduced: its math delimiters (``$...$``,
     ``$$...$$``) dropped, its boxes (several joined), a GSM8K ``#### N``, or a worked solution's
@@ -400,8 +429,8 @@ def gold_answer(gold) -> str:
     m = _HASH_RE.findall(text)
     if m:
         return _clean_tail(m[-1])
-    if "\n" in text:
-        found = extract_answer(text)
+    if "\n" in text or len(text) > 100 and sum(1 for _ in _depth_zero_words(text)) > 5:
+        found = extract_answer(text)  # a worked solution, on one line or several
         return found if found is not None else text
     text = _DOLLARS.sub(" ", text).strip()
     return re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", text).strip()
