@@ -40,7 +40,8 @@ _DECIMAL_COMMA = re.compile(r"-?(?:\d+,(?:\d{1,2}|\d{4,})|0,\d+)")
 
 
 def _squash(s: str) -> str:
-    return re.sub(r"\s+", "", s)
+    """``s`` without its spaces, except one between two digits (``10 00`` is not ``1000``)."""
+    return re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s)
 
 
 def _variants(text: str, other: str) -> list[str]:

@@ -286,6 +286,15 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
     return ", ".join(boxed_answer(x) or x for x in found), len(text) - len(tail) + start
 
 
+def _bold_answer(bold: str) -> bool:
+    """A bold span that can be an answer: math, or a few words; not a step's heading
+    ("**Milk remaining after the third mile:**")."""
+    bold = bold.strip()
+    if bold.endswith(":"):
+        return False
+    return any(c in _DIGITS or c == "\\" for c in bold) or len(bold.split()) <= 3
+
+
 def _stated_after(rest: str) -> str | None:
     """A final answer stated after the last box ("... so the final answer is 7"): an earlier
     box was an intermediate result."""
@@ -409,7 +418,7 @@ def _find(text: str, strict: bool) -> str | None:
             return found
     if trailing:
         return trailing[0]
-    bold = _BOLD_RE.findall(text)
+    bold = [b for b in _BOLD_RE.findall(text) if _bold_answer(b)]
     if bold:
         return _clean_tail(bold[-1])
     whole = _bare_math(text)  # only math: unambiguous, also in strict mode
