@@ -27,7 +27,7 @@ MAX_BOXES = 2_000  # boxes looked at (the last ones)
 _DIGITS = frozenset("0123456789") | frozenset(_VULGAR)
 #: characters a plain-text expression is written with (the last-number fallback's reach)
 _EXPR_CHARS = _DIGITS | frozenset(" \t+-−*/^().%=√π·×÷")
-_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z0-9])[A-Za-z]{2,}")  # not 12abc
 _MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", "sin", "cos",
                          "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
                          "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
