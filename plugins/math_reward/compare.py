@@ -7,7 +7,9 @@ intervals ordered with their brackets; subsets of the line in any notation (inte
 unions, inequalities, ``|x - a| < b``, ``\\mathbb{R}``) as merged intervals
 (:mod:`intervals`); ``x = 3`` and ``AB = 3`` match ``3``, and in a chain ``a = b = c`` the
 last side is the answer; ``a \\pm b`` is the set {a+b, a-b}; a percent matches with or
-without ``%``; a unit on one side is ignored, but different units on both sides are wrong.
+without ``%`` (but two percents only as written); a unit on one side is ignored, but
+different units on both sides are wrong. Equations in variables are equal up to a constant
+factor; solution lists ignore repeats; ``x = 2, y = 5`` is the point ``(2, 5)``.
 """
 
 from __future__ import annotations

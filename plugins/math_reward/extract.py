@@ -5,8 +5,10 @@ written side by side, as in ``$\\boxed{-2}$ and $\\boxed{3}$``, are one list; a 
 unclosed at the end is read to the end of its math), the last ``<answer>...</answer>``,
 GSM8K's ``#### N``, "Final Answer" (also as a bold heading with the value on the next
 line), "the answer is ...", "the solutions are ...", ``A: N``, a completion ending in a math
-span ("..., which is $\\frac{1}{6}$."), the last markdown bold, and (unless strict) the last
-number in the text.
+span ("..., which is $\\frac{1}{6}$."), the last markdown bold, a completion that is only
+math, and (unless strict) the last number in the text, taken with the whole expression it
+belongs to or not at all (``Therefore 7/2`` is ``7/2``; ``abc12def`` gives nothing). A box
+followed by a stated final answer was an intermediate result.
 
 This runs in the trainer process, outside the workers' time budget, so every step is linear
 in the text and the text is bounded: only the last ``MAX_SCAN`` characters are searched, and
@@ -48,6 +50,8 @@ _BOX_GAP = re.compile(r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:a
                       r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
                       re.IGNORECASE)
 _MARKS = ("\\boxed", "\\fbox")
+#: a single-letter name right before a box: "y = "
+_LABEL = re.compile(r"(?<![A-Za-z\\])([A-Za-z](?:_\{?\w{1,3}\}?)?)\s*=\s*\$?\s*$")
 _DOLLARS = re.compile(r"(?<!\\)\$+")  # math delimiters, not an escaped \$
 
 
@@ -136,7 +140,12 @@ def _box_group(text: str) -> tuple[str, int] | None:
             break
         group.insert(0, prev)
     contents = [c.strip() for _, _, c in group]
-    return (", ".join(contents) if len(contents) > 1 else contents[0]), group[-1][1]
+    if len(contents) == 1:
+        return contents[0], group[-1][1]
+    labels = [_LABEL.search(text, max(0, start - 20), start) for start, _, _ in group]
+    if all(labels):  # x = \boxed{3}, y = \boxed{5}: the point x = 3, y = 5
+        contents = [f"{m.group(1)} = {c}" for m, c in zip(labels, contents)]
+    return ", ".join(contents), group[-1][1]
 
 
 def boxed_answer(text: str) -> str | None:
