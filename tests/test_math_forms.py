@@ -254,8 +254,9 @@ EXTRACT = [
     # the last-number fallback takes a whole expression, or nothing (#31)
     ("Dividing the total by two, therefore 7/2", "7/2"),
     ("so the count is n - 2", None), ("and the leading term is x^2", None),
-    ("Meet at 10:30", None), ("abc12def", None), ("It happened on the 5th", None),
-    ("Adding the two parts, 3 + 4 = 7", "7"), ("so x=5", "5"), ("They ran 17km", "17"),
+    ("Meet at 10:30", "10:30"), ("abc12def", None), ("It happened on the 5th", None),
+    ("Total = 3 + ", None), ("I think it's 5 or 6", "5 or 6"), ("between 5 and 6", "5 and 6"),
+    ("Adding the two parts, 3 + 4 = 7", "7"), ("so x=5", "5"), ("They ran 17km", "17 km"),
     ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"), ("He pays $15 for it.", "15"),
     # an answer stated after the last box; boxes joined by a few words with and/or
     ("We get \\boxed{4}. Then the final answer is $7$.", "7"),

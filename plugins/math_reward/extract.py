@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from grpo_core_plugins.math_reward.normalise import _VULGAR, separators
-from grpo_core_plugins.math_reward.units import unit_word
+from grpo_core_plugins.math_reward.units import unit_name, unit_word
 
 MAX_SCAN = 20_000  # characters of the completion's tail that are searched
 MAX_TAIL = 1_000  # characters read after an answer marker
@@ -190,6 +190,8 @@ def _prose(word: str) -> bool:
     return word.lower() not in _MATH_WORDS and not unit_word(word)
 
 
+_HEDGE = re.compile(r"\b(?:not|no|never|approximately|about|around|roughly|nearly|almost|"
+                    r"least|most|than|between|either|maybe|perhaps|probably)\b", re.IGNORECASE)
 _LAST_VERB = re.compile(r".*(?:\b(?:is|are|was|were|equals|be)\b|=)", re.IGNORECASE | re.DOTALL)
 
 
@@ -197,21 +199,22 @@ def _after_verb(s: str) -> str | None:
     """What a prose sentence states: the text after its last "is"/"are"/"=" ("The number of
     apples is 12"), else after its first ":" ("Total: 12"), else its one number ("Jane
     started 3 hours ago"); None when it states no single value."""
+    if _HEDGE.search(s):
+        return None  # "is not 5", "is at least 5", "is approximately 5": no stated value
     verb = _LAST_VERB.match(s)
     if verb:
         return s[verb.end():].strip()
     colon = s.find(":")
     if colon >= 0:
         return s[colon + 1:].strip()
-    numbers = re.findall(r"\d+(?:[.,/]\d+)*", s)
-    return numbers[0] if len(numbers) == 1 and _last_expression(s) == numbers[0] else None
+    return _last_expression(s) if len(re.findall(r"\d+(?:[.,/]\d+)*", s)) == 1 else None
 
 
-def _cut_prose(s: str) -> str:
+def _cut_prose(s: str, sentence: bool = False) -> str:
     """``\\frac{1}{2} because ...`` -> ``\\frac{1}{2}``: math up to the first prose word.
 
-    A text that starts with prose is read by :func:`_after_verb`; a word answer ("Monday") is
-    left whole."""
+    A word answer ("Monday") is left whole. With ``sentence`` (what follows "Final Answer:"),
+    a text that starts with prose is read by :func:`_after_verb`."""
     for _ in range(4):
         for m in _depth_zero_words(s):
             if _prose(m.group(0)):
@@ -221,21 +224,22 @@ def _cut_prose(s: str) -> str:
         head = s[:m.start()]
         if any(c in _DIGITS or c == "\\" for c in head):
             return head.rstrip(" ,;:(")
-        stated = None if head.strip() else _after_verb(s[m.end():])
+        stated = None if head.strip() or not sentence else _after_verb(s[m.end():])
         if not stated:
             return s
         s = stated
     return s
 
 
-def _clean_tail(s: str) -> str:
-    """The answer at the start of ``s``: math spans, or the math at the start of its sentence."""
+def _clean_tail(s: str, sentence: bool = False) -> str:
+    """The answer at the start of ``s``: math spans, or the math at the start of its sentence
+    (``sentence``: ``s`` may be a whole sentence that states the answer, see _cut_prose)."""
     s = s.strip()[:MAX_TAIL]
     spans = _spans(s)
     if spans:
         s = ", ".join(boxed_answer(x) or x for x in spans)
     else:
-        s = _cut_prose(re.split(r"\.(?:\s|$)", s, maxsplit=1)[0])
+        s = _cut_prose(re.split(r"\.(?:\s|$)", s, maxsplit=1)[0], sentence)
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     inner = boxed_answer(s)
@@ -262,7 +266,7 @@ def _final_answer(text: str) -> str | None:
     if rest[:1] in (",", ".", "?", ";", "!"):
         return None  # "final answer" used in prose, not as a marker
     line = rest.split("\n", 1)[0].strip()
-    return _clean_tail(line) if line else None
+    return _clean_tail(line, sentence=True) if line else None
 
 
 _TRAIL_CLOSERS = (("$$", "$$"), ("\\)", "\\("), ("\\]", "\\["), ("$", "$"))
@@ -353,38 +357,72 @@ def _enclosing_span(tail: str, k: int) -> str | None:
     return None
 
 
-def _last_expression(text: str) -> str | None:
-    """The whole plain-text expression around the last digit, or None when that digit is
+#: a number, then "or"/"and" right before the last expression: "5 or 6", "x = 2 or x = 5"
+_HEDGED = re.compile(r"\d\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
+_CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
+_UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
+
+
+def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
+    """(where the expression ending at digit ``tail[end]`` stops, the unit written after it);
+    None when letters are glued to the number (``12abc``, ``5th``) or an operator follows it
+    (``3 +``): then the number is not a whole expression."""
+    stop = end + 1
+    while tail[stop:stop + 1] in ("%", "π", "∞", "²", "³"):
+        stop += 1
+    unit = _UNIT_AFTER.match(tail, stop)
+    if unit and unit_word(unit.group(1)) and unit_name(unit.group(1)) is not None:
+        power = {"²": "^2", "³": "^3"}.get(unit.group(2), unit.group(2) or "")
+        return stop, " " + unit.group(1) + power
+    if re.match(r"[A-Za-z0-9]", tail[stop:stop + 1]):
+        return None
+    if tail[stop:].lstrip(" \t")[:1] in ("+", "-", "−", "*", "/", "^", "=", "×", "÷", "·"):
+        return None
+    return stop, ""
+
+
+def _last_expression(text: str, first: bool = True) -> str | None:
+    """The whole plain-text expression around the last number, or None when that number is
     part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
-    -> ``7``; ``abc12def``, ``x^2``, ``10:30`` and ``n - 2`` give None (junk, or a part)."""
-    tail = separators(text[-MAX_TAIL:])
-    end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS), -1)
+    -> ``7``, ``at 4:30 PM`` -> ``4:30 PM``, ``3/8 or 0.375`` and ``5 or 6`` whole (a list,
+    which matches one gold only when every item does); ``abc12def``, ``x^2``, ``n - 2`` and
+    ``3 +`` give None (junk, or a part)."""
+    tail = separators(text[-MAX_TAIL:]) if first else text
+    end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS or
+                tail[j] == "∞"), -1)
     if end < 0:
         return None
     span = _enclosing_span(tail, end)
     if span is not None:
         return span or None
-    glued = re.match(r"%?([A-Za-z]+)", tail[end + 1:end + 40])
-    if glued and not unit_word(glued.group(1)):
-        return None  # 12abc, 5th: not a number on its own
-    stop = end + 2 if tail[end + 1:end + 2] == "%" else end + 1
+    found = _expression_end(tail, end)
+    if found is None:
+        return None
+    stop, unit = found
     start = _expression_start(tail, end)
+    hedge = _HEDGED.search(tail, max(0, start - 40), start)
     equals = tail.rfind("=", start, end)
     if equals >= 0:
         start = equals + 1  # 3 + 4 = 7, x=5: the right side
     else:
-        while start < end and tail[start] in " \t)":
-            start += 1
+        start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
+        clock = _CLOCK.search(tail, max(0, start - 6), start)
+        if clock:
+            start = clock.start()  # 4:30, 3:4 read whole
         prev = tail[start - 1:start]
-        if prev.isalnum() or prev in "_^\\{}|!" or prev == ":" and \
-                tail[start - 2:start - 1].isdigit():
-            return None  # x2, \frac{7}{2}, 10:30: the digit belongs to a larger expression
+        if prev.isalnum() or prev in "_^\\{}|!:":
+            return None  # x2, \frac{7}{2}: the number belongs to a larger expression
     run = tail[start:stop].strip()
     if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
         return None  # n - 2, a/2: the rest of an expression
     while run.startswith("(") and run.count("(") > run.count(")"):
         run = run[1:].strip()
-    return run if run.count("(") == run.count(")") else None
+    if run.count("(") != run.count(")"):
+        return None
+    if hedge is None:
+        return run + unit
+    before = _last_expression(tail[:hedge.start() + 1], first=False) if first else None
+    return f"{before} {'or' if hedge.group(1) else 'and'} {run}{unit}" if before else None
 
 
 def extract_answer(text: str, strict: bool = False) -> str | None:

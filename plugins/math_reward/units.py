@@ -44,7 +44,7 @@ _TEXT = (r"\\(?:text|mbox|textrm|mathrm|textnormal|textbf|textit)\s*\{(?:\s|~|\\
          r"([A-Za-z][A-Za-z./ ]{0,40}?)\s*\}")
 _POWER = r"(?:\s*\^\s*\{?\s*([23])\s*\}?)?"
 _TRAILING_TEXT = re.compile(r"(?:\\[,;: !]|~|\s)*" + _TEXT + _POWER + r"\s*\.?\s*$")
-_TRAILING_WORDS = re.compile(r"(?<=[\d}).])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
+_TRAILING_WORDS = re.compile(r"(?<=[\d}).π])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
                              r"{0,20}){0,2})" + _POWER + r"\s*\.?\s*$")
 _DEGREES = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)\s*(?:\\text\s*\{\s*([CF])\s*\}|"
                       r"\\mathrm\s*\{\s*([CF])\s*\}|([CF]))?\s*\.?\s*$")
