@@ -358,7 +358,7 @@ def _enclosing_span(tail: str, k: int) -> str | None:
 
 
 #: a number, then "or"/"and" right before the last expression: "5 or 6", "x = 2 or x = 5"
-_HEDGED = re.compile(r"\d\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
+_HEDGED = re.compile(r"\d[?)]?\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
 _CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
 _UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
 
