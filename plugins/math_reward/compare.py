@@ -175,11 +175,11 @@ def _equations(p, g, tol: float) -> bool:
 
 
 def _name_expr(x) -> bool:
-    """A quantity named by a formula of letters only: ``\\frac{NO}{BO}``, ``|AB|``, ``xy``
-    (no numbers, no sums: ``x + 1 = 0`` is an equation, not the value 0)."""
+    """A quantity named by a formula of points only: ``\\frac{NO}{BO}``, ``|AB|`` (capital
+    letters, no numbers, no sums: ``x + 1 = 0`` and ``xy = 6`` are equations, not values)."""
     return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and \
         bool(x.free_symbols) and not x.has(sp.Add) and \
-        all(isinstance(a, sp.Symbol) or a == -1 for a in x.atoms())
+        all(isinstance(a, sp.Symbol) and str(a).isupper() or a == -1 for a in x.atoms())
 
 
 def _proportional(dp, dg, tol: float) -> bool:
