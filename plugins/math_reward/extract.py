@@ -34,10 +34,10 @@ _MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", 
                          "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
                          "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
-_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]+)", re.IGNORECASE)
+_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]*)", re.IGNORECASE)
 _SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
                            r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
-                           r"([^\n]+)", re.IGNORECASE)
+                           r"([^\n]*)", re.IGNORECASE)
 _A_COLON_RE = re.compile(r"(?:^|\n)[ \t]*A[ \t]*[:：][ \t]*([^\n]+)")
 _BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
 _SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
@@ -301,11 +301,18 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
 
 def _bold_answer(bold: str) -> bool:
     """A bold span that can be an answer: math, or a few words; not a step's heading
-    ("**Milk remaining after the third mile:**")."""
-    bold = bold.strip()
-    if bold.endswith(":"):
-        return False
-    return any(c in _DIGITS or c == "\\" for c in bold) or len(bold.split()) <= 3
+    ("**Milk remaining after the third mile:**", "**Step 3: Add the lengths**")."""
+    value = bold.strip().rsplit(":", 1)[-1]  # "Answer: 12"; "Step 3: Add them" is a heading
+    return any(c in _DIGITS or c == "\\" for c in value) or 0 < len(value.split()) <= 3 and \
+        ":" not in bold
+
+
+def _marked_value(text: str, m: re.Match) -> str:
+    """What follows a marker: the rest of its line, or (for "the answer is:" ending its line)
+    the display math on the next lines."""
+    if m.group(1).strip(" \t:："):
+        return m.group(1)
+    return text[m.end():m.end() + MAX_TAIL]
 
 
 def _stated_after(rest: str) -> str | None:
@@ -314,7 +321,7 @@ def _stated_after(rest: str) -> str | None:
     found = _final_answer(rest)
     if found is None:
         matches = list(_ANSWER_IS_RE.finditer(rest))
-        found = _clean_tail(matches[-1].group(1)) if matches else None
+        found = _clean_tail(_marked_value(rest, matches[-1])) if matches else None
     return found if found and any(c in _DIGITS or c == "\\" for c in found) else None
 
 
@@ -348,8 +355,9 @@ def _enclosing_span(tail: str, k: int) -> str | None:
     dollars = [j for j in range(k) if tail[j] == "$" and tail[j - 1:j] != "\\"]
     if len(dollars) % 2:
         close = tail.find("$", k)
-        if close >= 0:
-            return tail[dollars[-1] + 1:close].strip("$ \n")
+        inner = tail[dollars[-1] + 1:close].strip("$ \n") if close >= 0 else ""
+        if inner and not any(_prose(m.group(0)) for m in _depth_zero_words(inner)):
+            return inner  # not "$5, so 350$": dollar signs around prose are currency
     opened = max(tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k))
     if opened >= 0 and opened > max(tail.rfind("\\)", 0, k), tail.rfind("\\]", 0, k)):
         close = re.compile(r"\\[)\]]").search(tail, k)
@@ -363,6 +371,17 @@ _CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
 _UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
 
 
+def _ordinal(tail: str, stop: int) -> bool:
+    """Is the number ending at ``stop`` an ordinal with its right suffix (1st, 12th, 23rd)?"""
+    suffix = re.match(r"(st|nd|rd|th)(?![A-Za-z])", tail[stop:stop + 3])
+    if not suffix or not tail[stop - 1:stop].isdigit():
+        return False
+    tens = tail[stop - 2:stop - 1]
+    last = tail[stop - 1]
+    right = "th" if tens == "1" else {"1": "st", "2": "nd", "3": "rd"}.get(last, "th")
+    return suffix.group(1) == right
+
+
 def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     """(where the expression ending at digit ``tail[end]`` stops, the unit written after it);
     None when letters are glued to the number (``12abc``, ``5th``) or an operator follows it
@@ -374,6 +393,9 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     if unit and unit_word(unit.group(1)) and unit_name(unit.group(1)) is not None:
         power = {"²": "^2", "³": "^3"}.get(unit.group(2), unit.group(2) or "")
         return stop, " " + unit.group(1) + power
+    per = re.match(r"/([A-Za-z]+)\b", tail[stop:stop + 30])
+    if per and unit_word(per.group(1)) or _ordinal(tail, stop):
+        return stop, ""  # $57500/year, 6th place
     if re.match(r"[A-Za-z0-9]", tail[stop:stop + 1]):
         return None
     if tail[stop:].lstrip(" \t")[:1] in ("+", "-", "−", "*", "/", "^", "=", "×", "÷", "·"):
@@ -460,14 +482,14 @@ def _find(text: str, strict: bool) -> str | None:
             continue
         if trailing and matches[-1].start() < max(last_paragraph, 0):
             continue  # an earlier "the answer is" loses to the math the completion ends on
-        found = _clean_tail(matches[-1].group(1))
+        found = _clean_tail(_marked_value(text, matches[-1]))
         if found:
             return found
     if trailing:
         return trailing[0]
     bold = [b for b in _BOLD_RE.findall(text) if _bold_answer(b)]
-    if bold:
-        return _clean_tail(bold[-1])
+    if bold:  # **42**, **Answer: 42**
+        return _clean_tail(bold[-1].rsplit(":", 1)[-1])
     whole = _bare_math(text)  # only math: unambiguous, also in strict mode
     if whole or strict:
         return whole
