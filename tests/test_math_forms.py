@@ -263,6 +263,8 @@ EXTRACT = [
     ("We get \\boxed{4}. Then the final answer is $7$.", "7"),
     ("We get \\boxed{4}. Then the answer is correct.", "4"),
     ("$\\boxed{(3, 3)}$ for part (a) and $\\boxed{(1, 1)}$", "(3, 3), (1, 1)"),
+    ("\\boxed{5} and then we compute \\boxed{7}", "7"),
+    ("So $x = \\boxed{3}$, $y = \\boxed{5}$.", "x = 3, y = 5"),
     ("Final Answer: The number of apples is 12.", "12"),
     ("7 \\over 2", "7 \\over 2"), ("the work <|im_start|>user", None),
 ]

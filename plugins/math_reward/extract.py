@@ -121,12 +121,16 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
 
 def _joins(gap: str) -> bool:
     """Do two boxes with ``gap`` between them make one answer? Connectors only, or a few
-    words with "and"/"or" in one sentence ("\\boxed{(3, 3)} for part (a) and \\boxed{(1, 1)}")."""
+    words ending in "and"/"or" in one sentence ("\\boxed{(3, 3)} for part (a) and
+    \\boxed{(1, 1)}"; not "\\boxed{5} and then we find \\boxed{7}")."""
     if len(gap) > 60 or re.search(r"[.!?](?:\s|$)|\n\s*\n", gap):
         return False
     if _BOX_GAP.fullmatch(gap):
         return True
-    return bool(re.search(r"\b(?:and|or)\b", gap)) and len(re.findall(r"[A-Za-z]+", gap)) <= 8
+    joiners = list(re.finditer(r"\b(?:and|or)\b", gap))
+    # only delimiters may follow the last one ("... and then we find" may not)
+    return bool(joiners) and len(re.findall(r"[A-Za-z]+", gap)) <= 8 and \
+        bool(_BOX_GAP.fullmatch(gap[joiners[-1].end():].replace("}", "")))
 
 
 def _box_group(text: str) -> tuple[str, int] | None:
