@@ -1,7 +1,7 @@
 """Accuracy and speed of the ``math`` reward against math-verify, on real data, in one run.
 
     python bench/math_reward.py [--data ../shared/data] [--limit N] [--show-disagreements K]
-                                [--skip-data]
+                                [--skip-data] [--show-form-disagreements]
 
 Needs the benchmark extra (``pip install -e '.[bench]'``) for math-verify. Prints:
 
@@ -110,13 +110,21 @@ def stats(pred: list[bool], ref: list[bool]) -> tuple[float, float, float]:
 FORMS = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "math_forms.jsonl")
 
 
-def forms_table(reward, path: str) -> list[tuple[str, str, bool]]:
-    """Per category: n equal / n unequal, accuracy of ours and of math-verify."""
+def forms_table(reward, path: str, show: bool = False) -> list[tuple[str, str, bool]]:
+    """Per category: n equal / n unequal, accuracy of ours and of math-verify; with ``show``,
+    every case where the two verifiers disagree, with its label."""
     rows = load_jsonl(path)
     items = [(r["completion"], r["gold"], bool(r["expected"])) for r in rows]
     a, _ = ours(items, reward)
     b, _ = theirs(items)
-    print(f"\n{'category':24} {'n eq/ne':>8} | {'ours':>6} | {'math-verify':>11}")
+    if show:
+        from grpo_core_plugins.rewards.math.extract import extract_answer
+
+        for r, x, y in zip(rows, a, b):
+            if x != y:
+                print(f"  [{r['category']}] label={r['expected']} ours={x} mv={y} "
+                      f"gold={r['gold']!r} ours-extracted={extract_answer(r['completion'])!r}")
+    print(f"\n{'category':26} {'n eq/ne':>8} | {'ours':>6} | {'math-verify':>11}")
     n, ra, rb = Counter(), Counter(), Counter()
     for r, x, y in zip(rows, a, b):
         c = r["category"]
@@ -125,11 +133,11 @@ def forms_table(reward, path: str) -> list[tuple[str, str, bool]]:
         rb[c] += y == r["expected"]
     for c in dict.fromkeys(r["category"] for r in rows):
         total = n[(c, True)] + n[(c, False)]
-        print(f"{c:24} {n[(c, True)]:>3}/{n[(c, False)]:<4} | {ra[c] / total:6.3f} | "
+        print(f"{c:26} {n[(c, True)]:>3}/{n[(c, False)]:<4} | {ra[c] / total:6.3f} | "
               f"{rb[c] / total:11.3f}")
     ref = [e for _, _, e in items]
     sa, sb = stats(a, ref), stats(b, ref)
-    print(f"{'all':24} {sum(ref):>3}/{len(ref) - sum(ref):<4} | {sa[0]:6.3f} | {sb[0]:11.3f}"
+    print(f"{'all':26} {sum(ref):>3}/{len(ref) - sum(ref):<4} | {sa[0]:6.3f} | {sb[0]:11.3f}"
           f"   (precision {sa[1]:.3f} vs {sb[1]:.3f}, recall {sa[2]:.3f} vs {sb[2]:.3f})")
     return items
 
@@ -193,6 +201,8 @@ def main() -> int:
     ap.add_argument("--forms", default=FORMS)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--show-disagreements", type=int, default=0)
+    ap.add_argument("--show-form-disagreements", action="store_true",
+                    help="list every form case where ours and math-verify disagree")
     ap.add_argument("--skip-data", action="store_true", help="only the forms, speed and hostile")
     args = ap.parse_args()
     if not args.skip_data and not os.path.isdir(args.data):
@@ -223,7 +233,7 @@ def main() -> int:
                     print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted="
                           f"{extract_answer(c)!r}")
                     shown += 1
-    mixed = forms_table(reward, args.forms)
+    mixed = forms_table(reward, args.forms, args.show_form_disagreements)
     _, t_mv = theirs(mixed)
     print("\nspeed (2 workers; median of 3 passes, each by a fresh reward with warm workers):")
     if plain:

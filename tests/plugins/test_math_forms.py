@@ -30,7 +30,12 @@ REQUIRED = {"thousands_separators", "mixed_numbers", "percent_fractions", "unit_
             "abs_inequalities", "all_reals", "matrix_forms", "matrix_decimals",
             "trig_identities", "log_identities", "unclosed_box", "trailing_backslashes",
             "bold_final_answer", "which_is_ending", "exact_zero_and_tiny", "symbolic_signs",
-            "unit_conflict"}
+            "unit_conflict",
+            # issue #31: false 1s, then the false 0s by form
+            "fallback_whole_expression", "junk_text", "percent_decimals", "gold_reduction",
+            "multi_box", "bare_math", "answer_then_prose", "decimal_comma_spacing",
+            "tuple_names", "matrix_scalar", "equation_forms", "repeated_solutions",
+            "root_powers", "set_difference", "unicode_math"}
 
 
 def verdict(row: dict) -> bool:
@@ -247,6 +252,22 @@ EXTRACT = [
     ("The answer is 12. Check: $3 \\cdot 4 = 12$.", "12"),  # marked answer, same paragraph
     ("The answer is 12.\n\nOn reflection, the total is $14$.", "14"),  # the last word wins
     ("The total cost is \\$1,\\!200.", "1200"),
+    # the last-number fallback takes a whole expression, or nothing (#31)
+    ("Dividing the total by two, therefore 7/2", "7/2"),
+    ("so the count is n - 2", None), ("and the leading term is x^2", None),
+    ("Meet at 10:30", "10:30"), ("abc12def", None), ("It happened on the 5x", None),
+    ("she was in 6th place", "6"), ("the 3th", None), ("Her salary is $57500/year.", "57500"),
+    ("Total = 3 + ", None), ("I think it's 5 or 6", "5 or 6"), ("between 5 and 6", "5 and 6"),
+    ("Adding the two parts, 3 + 4 = 7", "7"), ("so x=5", "5"), ("They ran 17km", "17 km"),
+    ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"), ("He pays $15 for it.", "15"),
+    # an answer stated after the last box; boxes joined by a few words with and/or
+    ("We get \\boxed{4}. Then the final answer is $7$.", "7"),
+    ("We get \\boxed{4}. Then the answer is correct.", "4"),
+    ("$\\boxed{(3, 3)}$ for part (a) and $\\boxed{(1, 1)}$", "(3, 3), (1, 1)"),
+    ("\\boxed{5} and then we compute \\boxed{7}", "7"),
+    ("So $x = \\boxed{3}$, $y = \\boxed{5}$.", "x = 3, y = 5"),
+    ("Final Answer: The number of apples is 12.", "12"),
+    ("7 \\over 2", "7 \\over 2"), ("the work <|im_start|>user", None),
 ]
 
 

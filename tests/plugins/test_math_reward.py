@@ -49,6 +49,21 @@ def test_gold_reduction():
     assert gold_answer("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\n#### 18") == "18"
     assert gold_answer("So $x = \\boxed{\\frac{5}{2}}$.") == "\\frac{5}{2}"
     assert gold_answer(" 7 ") == "7"
+    # reduced the way a completion is (#31): delimiters, several boxes, a one-line solution
+    assert gold_answer("$$\\frac{1}{2}$$") == "\\frac{1}{2}" and gold_answer("\\(12\\)") == "12"
+    assert gold_answer("$\\boxed{-2}$ and $\\boxed{3}$") == "-2, 3"
+    assert gold_answer("$12\\text{ cm}$") == "12\\text{ cm}" and gold_answer("\\$5") == "\\$5"
+    solution = ("Since the stock lost $10\\%$ on Monday and then another $20\\%$ of what was "
+                "left, its value was multiplied by $0.9 \\cdot 0.8 = 0.72$, a loss of $28\\%$.")
+    assert gold_answer(solution) == "28\\%"
+
+
+def test_digits_split_by_a_space_are_refused():
+    """``4 4/0`` is neither 16/0 nor 4, and ``3 5/4`` is no mixed number (#31)."""
+    for text in ("4 4/0", "3 5/4", "2 3", "10 00", "3 0/5"):
+        with pytest.raises(ParseError):
+            parse(text)
+    assert parse("1 000") == 1000 and parse("\\log_3 9") is not None
 
 
 EQUAL = [

@@ -7,7 +7,9 @@ intervals ordered with their brackets; subsets of the line in any notation (inte
 unions, inequalities, ``|x - a| < b``, ``\\mathbb{R}``) as merged intervals
 (:mod:`intervals`); ``x = 3`` and ``AB = 3`` match ``3``, and in a chain ``a = b = c`` the
 last side is the answer; ``a \\pm b`` is the set {a+b, a-b}; a percent matches with or
-without ``%``; a unit on one side is ignored, but different units on both sides are wrong.
+without ``%`` (but two percents only as written); a unit on one side is ignored, but
+different units on both sides are wrong. Equations in variables are equal up to a constant
+factor; solution lists ignore repeats; ``x = 2, y = 5`` is the point ``(2, 5)``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from functools import lru_cache
 import sympy as sp
 from grpo_core_plugins.rewards.math.intervals import setlike, spans_equal, to_spans
 from grpo_core_plugins.rewards.math.nodes import Equation, Inequality, ParseError, Seq, Text, Union
-from grpo_core_plugins.rewards.math.numeric import expressions_equal
+from grpo_core_plugins.rewards.math.numbers import plain_number
+from grpo_core_plugins.rewards.math.numeric import _points, exact, expressions_equal
 from grpo_core_plugins.rewards.math.parse import parse
 from grpo_core_plugins.rewards.math.units import conflict, split_unit
 
@@ -33,19 +36,27 @@ def parse_cached(text: str, max_length: int):
     return parse(text, max_length)
 
 
+#: one number with a decimal comma: not a three-digit group (1,220 is a thousand two hundred
+#: and twenty), and 0,111 cannot be one
+_DECIMAL_COMMA = re.compile(r"-?(?:\d+,(?:\d{1,2}|\d{4,})|0,\d+)")
+
+
 def _squash(s: str) -> str:
-    return re.sub(r"\s+", "", s)
+    """``s`` without its spaces, except one between two digits (``10 00`` is not ``1000``)."""
+    return re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s)
 
 
-def _variants(text: str) -> list[str]:
-    if "%" in text:
+def _variants(text: str, other: str) -> list[str]:
+    """``50\\%`` is 50 and 0.5 against a gold without a percent sign; when both sides carry
+    one, only as written (``0.05\\%`` is not ``5\\%``)."""
+    if "%" in text and "%" not in other:
         return [text, text.replace("\\%", "").replace("%", "")]
     return [text]
 
 
-def _forms(text: str, max_length: int, cached: bool) -> list:
+def _forms(text: str, other: str, max_length: int, cached: bool) -> list:
     out = []
-    for variant in _variants(text):
+    for variant in _variants(text, other):
         try:
             out.append(parse_cached(variant, max_length) if cached else parse(variant, max_length))
         except FAILURES:
@@ -59,6 +70,9 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(pred) == _squash(gold):
         return True
+    if _DECIMAL_COMMA.fullmatch(pred.strip()) and "," not in gold and \
+            plain_number(gold) is not None:
+        pred = pred.replace(",", ".")  # 1,22 against the number 1.22: a decimal comma
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
     if conflict(p_unit, g_unit):
@@ -67,10 +81,10 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(p_text) == _squash(g_text):
         return True
-    golds = _forms(g_text, max_length, cached=True)
+    golds = _forms(g_text, p_text, max_length, cached=True)
     if not golds:
         return False
-    for p in _forms(p_text, max_length, cached=False):
+    for p in _forms(p_text, g_text, max_length, cached=False):
         for g in golds:
             try:
                 if same(p, g, rel_tol):
@@ -81,7 +95,23 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
 
 
 def _is_name(x) -> bool:
+    """A quantity's name: ``x``, ``AB``, or a tuple or ratio of names (``(p, q)``, ``S : T``)."""
+    if isinstance(x, Seq):
+        return x.open in ("(", ":") and all(isinstance(i, (sp.Symbol, Text)) for i in x.items)
     return isinstance(x, (sp.Symbol, Text))
+
+
+def _as_point(x):
+    """``x = 2, y = 5`` (distinct single names, put in alphabetical order: ``y = 5, x = 2`` too)
+    as the point ``(2, 5)``; anything else unchanged."""
+    if not (isinstance(x, Seq) and x.open == "" and 2 <= len(x.items) <= 8):
+        return x
+    if not all(isinstance(e, Equation) and isinstance(e.lhs, sp.Symbol) for e in x.items):
+        return x
+    items = sorted(x.items, key=lambda e: str(e.lhs))
+    if len({str(e.lhs) for e in items}) != len(items):
+        return x
+    return Seq(tuple(e.rhs for e in items), "(", ")")
 
 
 def same(p, g, tol: float = 0.0) -> bool:
@@ -98,6 +128,8 @@ def same(p, g, tol: float = 0.0) -> bool:
         # hedge ("5 or 6") is not, since not every item equals the gold
         return len(p.items) <= 4 and all(same(x, g, tol) for x in p.items)
     if isinstance(p, Seq) or isinstance(g, Seq):
+        if isinstance(p, Seq) and isinstance(g, Seq) and "(" in (p.open, g.open):
+            p, g = _as_point(p), _as_point(g)
         vector = _vector(p, g, tol)
         if vector is not None:
             return vector
@@ -125,22 +157,53 @@ def _equations(p, g, tol: float) -> bool:
     if isinstance(p, Equation) and isinstance(g, Equation):
         if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
             return True
-        if p.named or g.named:
-            return same(p.rhs, g.rhs, tol)
+        if (p.named or g.named) and same(p.rhs, g.rhs, tol):
+            return True
         if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
                for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
-            dp = sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False)
-            dg = sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False)
-            return expressions_equal(dp, dg, tol) or \
-                expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+            return _proportional(sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
+                                 sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False),
+                                 tol)
         return False
     if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
         if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
             return same(p.rhs, g, tol)
         return False  # x + y = 2x is an equation, not the value 2x
-    if g.named or _is_name(g.lhs):  # gold x = 3 against 3
+    if g.named or _is_name(g.lhs) or _name_expr(g.lhs):  # gold x = 3, |AB| = 1 against 3, 1
         return same(p, g.rhs, tol)
     return False
+
+
+def _name_expr(x) -> bool:
+    """A quantity named by a formula of points only: ``\\frac{NO}{BO}``, ``|AB|`` (capital
+    letters, no numbers, no sums: ``x + 1 = 0`` and ``xy = 6`` are equations, not values)."""
+    return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and \
+        bool(x.free_symbols) and not x.has(sp.Add) and \
+        all(isinstance(a, sp.Symbol) and str(a).isupper() or a == -1 for a in x.atoms())
+
+
+def _proportional(dp, dg, tol: float) -> bool:
+    """Do the equations ``dp = 0`` and ``dg = 0`` (in variables) say the same: is ``dp`` a
+    constant nonzero multiple of ``dg``? ``2x + 4y = 6`` is ``x + 2y = 3``, ``3x - y = 2`` is
+    ``y = 3x - 2``. The factor is read at one sample point, then checked everywhere."""
+    syms = sorted(dp.free_symbols | dg.free_symbols, key=str)
+    if not syms:
+        return False
+    for point in _points(dp, dg, syms, 4):
+        try:
+            vp, vg = exact(dp, point), exact(dg, point)
+        except ArithmeticError:
+            continue
+        if vp is None or vg is None:
+            break
+        if vg != 0:
+            if vp == 0:
+                return False
+            k = vp / vg
+            scaled = sp.Mul(sp.Rational(k.numerator, k.denominator), dg, evaluate=False)
+            return expressions_equal(dp, scaled, tol)
+    return expressions_equal(dp, dg, tol) or \
+        expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
 
 
 def _constant(x) -> bool:
@@ -164,17 +227,34 @@ def _as_seq(x) -> Seq:
 
 
 def _seq_equal(p: Seq, g: Seq, tol: float) -> bool:
-    if len(p.items) != len(g.items):
-        return False
     unordered = {"", "{"}
     if p.open in unordered and g.open in unordered:
         return _unordered(list(p.items), list(g.items), tol)
+    if len(p.items) != len(g.items):
+        return False
     if (p.open, p.close) != (g.open, g.close):
         return False
     return all(same(a, b, tol) for a, b in zip(p.items, g.items))
 
 
+def _distinct(items: list, tol: float) -> list:
+    """A solution list's elements, each once: ``2, 2, 3`` lists the set {2, 3}."""
+    try:
+        items = list(dict.fromkeys(items))  # the same tree twice: cheap
+    except TypeError:
+        pass
+    if len(items) > 32:
+        return items
+    out: list = []
+    for a in items:
+        if not any(same(a, b, tol) for b in out):
+            out.append(a)
+    return out
+
+
 def _unordered(ps: list, gs: list, tol: float) -> bool:
+    if len(ps) != len(gs):
+        ps, gs = _distinct(ps, tol), _distinct(gs, tol)
     if len(ps) != len(gs):
         return False
     left = list(gs)

@@ -5,8 +5,10 @@ written side by side, as in ``$\\boxed{-2}$ and $\\boxed{3}$``, are one list; a 
 unclosed at the end is read to the end of its math), the last ``<answer>...</answer>``,
 GSM8K's ``#### N``, "Final Answer" (also as a bold heading with the value on the next
 line), "the answer is ...", "the solutions are ...", ``A: N``, a completion ending in a math
-span ("..., which is $\\frac{1}{6}$."), the last markdown bold, and (unless strict) the last
-number in the text.
+span ("..., which is $\\frac{1}{6}$."), the last markdown bold, a completion that is only
+math, and (unless strict) the last number in the text, taken with the whole expression it
+belongs to or not at all (``Therefore 7/2`` is ``7/2``; ``abc12def`` gives nothing). A box
+followed by a stated final answer was an intermediate result.
 
 This runs in the trainer process, outside the workers' time budget, so every step is linear
 in the text and the text is bounded: only the last ``MAX_SCAN`` characters are searched, and
@@ -17,28 +19,40 @@ from __future__ import annotations
 
 import re
 
-from grpo_core_plugins.rewards.math.normalise import separators
+from grpo_core_plugins.rewards.math.normalise import _VULGAR, separators
+from grpo_core_plugins.rewards.math.units import unit_name, unit_word
 
 MAX_SCAN = 20_000  # characters of the completion's tail that are searched
 MAX_TAIL = 1_000  # characters read after an answer marker
 MAX_BOXES = 2_000  # boxes looked at (the last ones)
 
-_NUMBER = r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?%?|[-−+]?\.\d+"
-_NUMBER_RE = re.compile(_NUMBER)
+_DIGITS = frozenset("0123456789") | frozenset(_VULGAR)
+#: characters a plain-text expression is written with (the last-number fallback's reach)
+_EXPR_CHARS = _DIGITS | frozenset(" \t+-−*/^().%=√π·×÷")
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z0-9])[A-Za-z]{2,}")  # not 12abc
+_MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", "sin", "cos",
+                         "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
+                         "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
-_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]+)", re.IGNORECASE)
+_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]*)", re.IGNORECASE)
 _SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
                            r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
-                           r"([^\n]+)", re.IGNORECASE)
+                           r"([^\n]*)", re.IGNORECASE)
 _A_COLON_RE = re.compile(r"(?:^|\n)[ \t]*A[ \t]*[:：][ \t]*([^\n]+)")
 _BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
 _SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
 _CLOSERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 _JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)\b|,|and\b|or\b)\s*", re.IGNORECASE)
 _STRICT_LEAD = re.compile(r"(?:\bis|\bare|\bbe|\bequals|=|:)\s*$", re.IGNORECASE)
-_BOX_GAP = re.compile(r"[\s$,]*(?:(?:and|or)\b)?[\s$,]*|[\s$]*\\\)?[\s,]*(?:(?:and|or)\b)?"
-                      r"[\s,]*\\\(?[\s$]*", re.IGNORECASE)
+#: what may stand between boxes that make one answer: math delimiters, spacing, commas,
+#: "and"/"or" (also as ``\\quad\\text{and}\\quad``), and a name before the next box (``b =``)
+_BOX_GAP = re.compile(r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:and|or|,)?\s*\}|"
+                      r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
+                      re.IGNORECASE)
 _MARKS = ("\\boxed", "\\fbox")
+#: a single-letter name right before a box: "y = "
+_LABEL = re.compile(r"(?<![A-Za-z\\])([A-Za-z](?:_\{?\w{1,3}\}?)?)\s*=\s*\$?\s*$")
+_DOLLARS = re.compile(r"(?<!\\)\$+")  # math delimiters, not an escaped \$
 
 
 def _brace_map(text: str) -> dict[int, int]:
@@ -105,28 +119,44 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``, ``\\boxed ...`` or ``\\fbox{...}``; braces nest."""
-    start = max(text.rfind(m) for m in _MARKS)
-    if start < 0:
-        return None
-    found = _box_at(text, start)
-    return found[0] if found else None
+def _joins(gap: str) -> bool:
+    """Do two boxes with ``gap`` between them make one answer? Connectors only, or a few
+    words ending in "and"/"or" in one sentence ("\\boxed{(3, 3)} for part (a) and
+    \\boxed{(1, 1)}"; not "\\boxed{5} and then we find \\boxed{7}")."""
+    if len(gap) > 60 or re.search(r"[.!?](?:\s|$)|\n\s*\n", gap):
+        return False
+    if _BOX_GAP.fullmatch(gap):
+        return True
+    joiners = list(re.finditer(r"\b(?:and|or)\b", gap))
+    # only delimiters may follow the last one ("... and then we find" may not)
+    return bool(joiners) and len(re.findall(r"[A-Za-z]+", gap)) <= 8 and \
+        bool(_BOX_GAP.fullmatch(gap[joiners[-1].end():].replace("}", "")))
 
 
-def boxed_answer(text: str) -> str | None:
-    """The last box, joined with the boxes written right before it (``$\\boxed{a}$ and ...``)."""
+def _box_group(text: str) -> tuple[str, int] | None:
+    """(answer, end) of the last box, joined with the boxes written right before it."""
     boxes = _boxes(text)
     if not boxes:
         return None
     group = [boxes[-1]]
     for prev in reversed(boxes[:-1]):
-        gap = text[prev[1]:group[0][0]]
-        if len(gap) > 30 or not _BOX_GAP.fullmatch(gap):
+        if not _joins(text[prev[1]:group[0][0]]):
             break
         group.insert(0, prev)
     contents = [c.strip() for _, _, c in group]
-    return ", ".join(contents) if len(contents) > 1 else contents[0]
+    if len(contents) == 1:
+        return contents[0], group[-1][1]
+    labels = [_LABEL.search(text, max(0, start - 20), start) for start, _, _ in group]
+    if all(labels):  # x = \boxed{3}, y = \boxed{5}: the point x = 3, y = 5
+        contents = [f"{m.group(1)} = {c}" for m, c in zip(labels, contents)]
+    return ", ".join(contents), group[-1][1]
+
+
+def boxed_answer(text: str) -> str | None:
+    """The last box, joined with the boxes written right before it (``$\\boxed{a}$ and ...``,
+    ``\\boxed{2} \\quad\\text{and}\\quad \\boxed{3}``, ``a = \\boxed{2}, b = \\boxed{5}``)."""
+    group = _box_group(text)
+    return None if group is None else group[0]
 
 
 def _spans_end(s: str, pos: int = 0) -> tuple[list[str], int]:
@@ -153,18 +183,67 @@ def _spans(s: str) -> list[str]:
     return _spans_end(s)[0]
 
 
-def _clean_tail(s: str) -> str:
-    """The answer at the start of ``s``: math spans, or the text up to the sentence's end."""
+def _depth_zero_words(s: str):
+    """Prose words (two letters or more, not a command) outside braces, as matches."""
+    for m in _PROSE_WORD.finditer(s):
+        if s.count("{", 0, m.start()) == s.count("}", 0, m.start()):
+            yield m
+
+
+def _prose(word: str) -> bool:
+    return word.lower() not in _MATH_WORDS and not unit_word(word)
+
+
+_HEDGE = re.compile(r"\b(?:not|no|never|approximately|about|around|roughly|nearly|almost|"
+                    r"least|most|than|between|either|maybe|perhaps|probably)\b", re.IGNORECASE)
+_LAST_VERB = re.compile(r".*(?:\b(?:is|are|was|were|equals|be)\b|=)", re.IGNORECASE | re.DOTALL)
+
+
+def _after_verb(s: str) -> str | None:
+    """What a prose sentence states: the text after its last "is"/"are"/"=" ("The number of
+    apples is 12"), else after its first ":" ("Total: 12"), else its one number ("Jane
+    started 3 hours ago"); None when it states no single value."""
+    if _HEDGE.search(s):
+        return None  # "is not 5", "is at least 5", "is approximately 5": no stated value
+    verb = _LAST_VERB.match(s)
+    if verb:
+        return s[verb.end():].strip()
+    colon = s.find(":")
+    if colon >= 0:
+        return s[colon + 1:].strip()
+    return _last_expression(s) if len(re.findall(r"\d+(?:[.,/]\d+)*", s)) == 1 else None
+
+
+def _cut_prose(s: str, sentence: bool = False) -> str:
+    """``\\frac{1}{2} because ...`` -> ``\\frac{1}{2}``: math up to the first prose word.
+
+    A word answer ("Monday") is left whole. With ``sentence`` (what follows "Final Answer:"),
+    a text that starts with prose is read by :func:`_after_verb`."""
+    for _ in range(4):
+        for m in _depth_zero_words(s):
+            if _prose(m.group(0)):
+                break
+        else:
+            return s
+        head = s[:m.start()]
+        if any(c in _DIGITS or c == "\\" for c in head):
+            return head.rstrip(" ,;:(")
+        stated = None if head.strip() or not sentence else _after_verb(s[m.end():])
+        if not stated:
+            return s
+        s = stated
+    return s
+
+
+def _clean_tail(s: str, sentence: bool = False) -> str:
+    """The answer at the start of ``s``: math spans, or the math at the start of its sentence
+    (``sentence``: ``s`` may be a whole sentence that states the answer, see _cut_prose)."""
     s = s.strip()[:MAX_TAIL]
     spans = _spans(s)
     if spans:
         s = ", ".join(boxed_answer(x) or x for x in spans)
     else:
-        s = re.split(r"\.(?:\s|$)", s, maxsplit=1)[0]
-    lead = re.match(r"^([-−+]?\d[\d,]{0,40}(?:\.\d+)?(?:/\d+)?)(?=[\s,;]+(?!(?:and|or)\b)"
-                    r"[A-Za-z])", s)
-    if lead:  # "12, as computed above" -> "12"
-        return lead.group(1).rstrip(",")
+        s = _cut_prose(re.split(r"\.(?:\s|$)", s, maxsplit=1)[0], sentence)
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
     inner = boxed_answer(s)
@@ -173,7 +252,7 @@ def _clean_tail(s: str) -> str:
     bold = _BOLD_RE.search(s)
     if bold:
         s = bold.group(1)
-    return s.rstrip(" .。").strip().strip("$").strip()
+    return s.rstrip(" .。,").strip().strip("$").strip()
 
 
 def _final_answer(text: str) -> str | None:
@@ -191,7 +270,7 @@ def _final_answer(text: str) -> str | None:
     if rest[:1] in (",", ".", "?", ";", "!"):
         return None  # "final answer" used in prose, not as a marker
     line = rest.split("\n", 1)[0].strip()
-    return _clean_tail(line) if line else None
+    return _clean_tail(line, sentence=True) if line else None
 
 
 _TRAIL_CLOSERS = (("$$", "$$"), ("\\)", "\\("), ("\\]", "\\["), ("$", "$"))
@@ -224,14 +303,170 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
     return ", ".join(boxed_answer(x) or x for x in found), len(text) - len(tail) + start
 
 
+def _bold_answer(bold: str) -> bool:
+    """A bold span that can be an answer: math, or a few words; not a step's heading
+    ("**Milk remaining after the third mile:**", "**Step 3: Add the lengths**")."""
+    value = bold.strip().rsplit(":", 1)[-1]  # "Answer: 12"; "Step 3: Add them" is a heading
+    return any(c in _DIGITS or c == "\\" for c in value) or 0 < len(value.split()) <= 3 and \
+        ":" not in bold
+
+
+def _marked_value(text: str, m: re.Match) -> str:
+    """What follows a marker: the rest of its line, or (for "the answer is:" ending its line)
+    the display math on the next lines."""
+    if m.group(1).strip(" \t:："):
+        return m.group(1)
+    return text[m.end():m.end() + MAX_TAIL]
+
+
+def _stated_after(rest: str) -> str | None:
+    """A final answer stated after the last box ("... so the final answer is 7"): an earlier
+    box was an intermediate result."""
+    found = _final_answer(rest)
+    if found is None:
+        matches = list(_ANSWER_IS_RE.finditer(rest))
+        found = _clean_tail(_marked_value(rest, matches[-1])) if matches else None
+    return found if found and any(c in _DIGITS or c == "\\" for c in found) else None
+
+
+_GLUED = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+\d")  # a1b2: letters glued to digits, not x^2
+
+
+def _bare_math(text: str) -> str | None:
+    """A completion that is only math: ``7/2``, ``\\frac{7}{2}``, ``3 1/2``, ``1 + \\sqrt{2}``."""
+    whole = _DOLLARS.sub(" ", text).strip().rstrip(".").strip()
+    if len(whole) > 100 or "\n" in whole or whole.count("{") != whole.count("}") or \
+            not any(c in _DIGITS or c == "\\" for c in whole):
+        return None
+    if _GLUED.search(whole) or any(_prose(m.group(0)) for m in _depth_zero_words(whole)):
+        return None
+    return whole
+
+
+def _expression_start(tail: str, end: int) -> int:
+    """Where the plain-text expression that ends at ``tail[end]`` starts."""
+    start = end
+    while start > 0 and (tail[start - 1] in _EXPR_CHARS or tail[start - 1] == "," and
+                         tail[start - 2:start - 1].isdigit() and tail[start].isdigit()):
+        start -= 1
+    return start
+
+
+def _enclosing_span(tail: str, k: int) -> str | None:
+    """The content of the ``$...$`` or ``\\(...\\)`` span around position ``k`` (``""`` for
+    an unclosed ``\\(``), or None when ``k`` is in prose (a lone ``$`` is a currency sign):
+    ``$x \\geq 5$`` is read whole."""
+    dollars = [j for j in range(k) if tail[j] == "$" and tail[j - 1:j] != "\\"]
+    if len(dollars) % 2:
+        close = tail.find("$", k)
+        inner = tail[dollars[-1] + 1:close].strip("$ \n") if close >= 0 else ""
+        if inner and not any(_prose(m.group(0)) for m in _depth_zero_words(inner)):
+            return inner  # not "$5, so 350$": dollar signs around prose are currency
+    opened = max(tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k))
+    if opened >= 0 and opened > max(tail.rfind("\\)", 0, k), tail.rfind("\\]", 0, k)):
+        close = re.compile(r"\\[)\]]").search(tail, k)
+        return tail[opened + 2:close.start()].strip() if close else ""
+    return None
+
+
+#: a number, then "or"/"and" right before the last expression: "5 or 6", "x = 2 or x = 5"
+_HEDGED = re.compile(r"\d[?)]?\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
+_CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
+_UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
+
+
+def _ordinal(tail: str, stop: int) -> bool:
+    """Is the number ending at ``stop`` an ordinal with its right suffix (1st, 12th, 23rd)?"""
+    suffix = re.match(r"(st|nd|rd|th)(?![A-Za-z])", tail[stop:stop + 3])
+    if not suffix or not tail[stop - 1:stop].isdigit():
+        return False
+    tens = tail[stop - 2:stop - 1]
+    last = tail[stop - 1]
+    right = "th" if tens == "1" else {"1": "st", "2": "nd", "3": "rd"}.get(last, "th")
+    return suffix.group(1) == right
+
+
+def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
+    """(where the expression ending at digit ``tail[end]`` stops, the unit written after it);
+    None when letters are glued to the number (``12abc``, ``5th``) or an operator follows it
+    (``3 +``): then the number is not a whole expression."""
+    stop = end + 1
+    while tail[stop:stop + 1] in ("%", "π", "∞", "²", "³"):
+        stop += 1
+    unit = _UNIT_AFTER.match(tail, stop)
+    if unit and unit_word(unit.group(1)) and unit_name(unit.group(1)) is not None:
+        power = {"²": "^2", "³": "^3"}.get(unit.group(2), unit.group(2) or "")
+        return stop, " " + unit.group(1) + power
+    per = re.match(r"/([A-Za-z]+)\b", tail[stop:stop + 30])
+    if per and unit_word(per.group(1)) or _ordinal(tail, stop):
+        return stop, ""  # $57500/year, 6th place
+    if re.match(r"[A-Za-z0-9]", tail[stop:stop + 1]):
+        return None
+    if tail[stop:].lstrip(" \t")[:1] in ("+", "-", "−", "*", "/", "^", "=", "×", "÷", "·"):
+        return None
+    return stop, ""
+
+
+def _last_expression(text: str, first: bool = True) -> str | None:
+    """The whole plain-text expression around the last number, or None when that number is
+    part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
+    -> ``7``, ``at 4:30 PM`` -> ``4:30 PM``, ``3/8 or 0.375`` and ``5 or 6`` whole (a list,
+    which matches one gold only when every item does); ``abc12def``, ``x^2``, ``n - 2`` and
+    ``3 +`` give None (junk, or a part)."""
+    tail = separators(text[-MAX_TAIL:]) if first else text
+    end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS or
+                tail[j] == "∞"), -1)
+    if end < 0:
+        return None
+    span = _enclosing_span(tail, end)
+    if span is not None:
+        return span or None
+    found = _expression_end(tail, end)
+    if found is None:
+        return None
+    stop, unit = found
+    start = _expression_start(tail, end)
+    hedge = _HEDGED.search(tail, max(0, start - 40), start)
+    equals = tail.rfind("=", start, end)
+    if equals >= 0:
+        start = equals + 1  # 3 + 4 = 7, x=5: the right side
+    else:
+        start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
+        clock = _CLOCK.search(tail, max(0, start - 6), start)
+        if clock:
+            start = clock.start()  # 4:30, 3:4 read whole
+        prev = tail[start - 1:start]
+        if prev.isalnum() or prev in "_^\\{}|!:":
+            return None  # x2, \frac{7}{2}: the number belongs to a larger expression
+    run = tail[start:stop].strip()
+    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
+        return None  # n - 2, a/2: the rest of an expression
+    while run.startswith("(") and run.count("(") > run.count(")"):
+        run = run[1:].strip()
+    if run.count("(") != run.count(")"):
+        return None
+    if hedge is None:
+        return run + unit
+    before = _last_expression(tail[:hedge.start() + 1], first=False) if first else None
+    return f"{before} {'or' if hedge.group(1) else 'and'} {run}{unit}" if before else None
+
+
 def extract_answer(text: str, strict: bool = False) -> str | None:
     """The final answer as a string, or None when nothing answer-like is found."""
     if not isinstance(text, str) or not text:
         return None
-    text = text[-MAX_SCAN:]
-    boxed = boxed_answer(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
+    text = _SPECIAL_TOKENS.sub("", text[-MAX_SCAN:])
+    return _find(text, strict)
+
+
+_SPECIAL_TOKENS = re.compile(r"(?:\s*<\|[a-z_]{1,30}\|>[a-z]{0,12})+\s*$")  # <|im_start|>user
+
+
+def _find(text: str, strict: bool) -> str | None:
+    """The patterns of :func:`extract_answer`, most explicit first."""
+    group = _box_group(text)
+    if group is not None and group[0].strip():
+        return _stated_after(text[group[1]:]) or group[0].strip()
     close = text.rfind("</answer>")
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
     tagged = text[open_ + len("<answer>"):close].strip() if open_ >= 0 else ""
@@ -251,33 +486,33 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
             continue
         if trailing and matches[-1].start() < max(last_paragraph, 0):
             continue  # an earlier "the answer is" loses to the math the completion ends on
-        found = _clean_tail(matches[-1].group(1))
+        found = _clean_tail(_marked_value(text, matches[-1]))
         if found:
             return found
     if trailing:
         return trailing[0]
-    bold = _BOLD_RE.findall(text)
-    if bold:
-        return _clean_tail(bold[-1])
-    whole = text.strip().rstrip(".")
-    if len(whole) < 100 and _NUMBER_RE.fullmatch(whole):  # just a number: unambiguous
+    bold = [b for b in _BOLD_RE.findall(text) if _bold_answer(b)]
+    if bold:  # **42**, **Answer: 42**
+        return _clean_tail(bold[-1].rsplit(":", 1)[-1])
+    whole = _bare_math(text)  # only math: unambiguous, also in strict mode
+    if whole or strict:
         return whole
-    if strict:
-        return None
-    numbers = _NUMBER_RE.findall(separators(text[-MAX_TAIL:])) or _NUMBER_RE.findall(text)
-    return numbers[-1] if numbers else None
+    return _last_expression(text)
 
 
 def gold_answer(gold) -> str:
-    """Reduce a gold answer (plain, ``\\boxed{}`` or a GSM8K worked solution) to the answer."""
-    text = str(gold)[-MAX_SCAN:]
-    boxed = last_boxed(text)
-    if boxed is not None:
+    """Reduce a gold answer the way a completion is reduced: its math delimiters (``$...$``,
+    ``$$...$$``) dropped, its boxes (several joined), a GSM8K ``#### N``, or a worked solution's
+    final answer; units, degrees and ``\\text{}`` are left for the comparison."""
+    text = str(gold)[-MAX_SCAN:].strip()
+    boxed = boxed_answer(text)
+    if boxed is not None and boxed.strip():
         return boxed.strip()
     m = _HASH_RE.findall(text)
     if m:
         return _clean_tail(m[-1])
-    if "\n" in text.strip():
-        found = extract_answer(text)
-        return found if found is not None else text.strip()
-    return text.strip()
+    if "\n" in text or len(text) > 100 and sum(1 for _ in _depth_zero_words(text)) > 5:
+        found = extract_answer(text)  # a worked solution, on one line or several
+        return found if found is not None else text
+    text = _DOLLARS.sub(" ", text).strip()
+    return re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", text).strip()

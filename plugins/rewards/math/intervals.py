@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mpmath
 import sympy as sp
-from grpo_core_plugins.rewards.math.nodes import Equation, Inequality, Seq, Union
+from grpo_core_plugins.rewards.math.nodes import Difference, Equation, Inequality, Seq, Union
 from grpo_core_plugins.rewards.math.numeric import Undefined, Unsupported, approx, expressions_equal
 
 MAX_SPANS = 64
@@ -166,8 +166,23 @@ def _merge(spans: tuple[Span, ...]) -> tuple[Span, ...]:
     return tuple(out)
 
 
+def _complement(spans: tuple[Span, ...]) -> tuple[Span, ...]:
+    """The rest of the line: the gaps between merged, sorted spans."""
+    out = []
+    lo, lo_closed = -sp.oo, False
+    for s in spans:
+        if _val(s.lo) > _val(lo) or _val(s.lo) == _val(lo) and lo_closed and not s.lo_closed:
+            out.append(Span(lo, s.lo, lo_closed, not s.lo_closed))
+        lo, lo_closed = s.hi, not s.hi_closed
+    if not _is_inf(lo) or _val(lo) < 0:
+        out.append(Span(lo, sp.oo, lo_closed, False))
+    return tuple(out)
+
+
 def to_spans(node, var=None) -> tuple[Span, ...]:
     """The subset of the line that ``node`` denotes; NotASet when it is not one we read."""
+    if isinstance(node, Difference):  # \mathbb{R} \setminus \{0\}
+        return _intersect(to_spans(node.left, var), _complement(to_spans(node.right, var)))
     if isinstance(node, Union):
         return _merge(tuple(s for part in node.parts for s in to_spans(part, var)))
     if isinstance(node, Inequality):
@@ -224,7 +239,7 @@ def spans_equal(a: tuple[Span, ...], b: tuple[Span, ...], tol: float = 0.0) -> b
 
 def setlike(node) -> bool:
     """Written as a set of reals: an inequality, a union, or a list joined by and/or."""
-    if isinstance(node, (Inequality, Union)):
+    if isinstance(node, (Inequality, Union, Difference)):
         return True
     return isinstance(node, Seq) and node.open == "" and any(
         isinstance(x, (Inequality, Union)) for x in node.items)

@@ -42,13 +42,14 @@ _INEQ = {"<": "<", "\\lt": "<", ">": ">", "\\gt": ">", "<=": "<=", "\\le": "<=",
 _MATRICES = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
 _JOINERS = ("and", "or")
 _FOLLOWERS = {None, "=", ",", ";", "and", "or", ")", "]", "}", "\\}", "&", "\\\\", "\\end",
-              "\\cup", "U", *_INEQ}
+              "\\cup", "U", ":", *_INEQ}
 MAX_BRANCHES = 16  # a \pm b \pm c ... expands to at most this many values
 
 
 _NOT_NAMES = {"\\end", "\\begin", "\\frac", "\\sqrt", "\\binom", "\\cdot", "\\times", "\\div",
               "\\pm", "\\mp", "\\cup", "\\in", "\\infty", "\\pi", "\\le", "\\ge", "\\leq",
-              "\\geq", "\\lt", "\\gt", "\\neq", "\\ne", "\\approx", "\\to", "\\quad"}
+              "\\geq", "\\lt", "\\gt", "\\neq", "\\ne", "\\approx", "\\to", "\\quad",
+              "\\setminus", "\\backslash"}
 
 
 def _greek(value: str) -> bool:
@@ -58,11 +59,19 @@ def _greek(value: str) -> bool:
 
 
 def _mul(a, b):
+    """``a * b``; a number times a matrix scales each entry (``2\\begin{pmatrix}...``)."""
+    if isinstance(a, sp.MatrixBase) or isinstance(b, sp.MatrixBase):
+        if isinstance(a, sp.MatrixBase) and isinstance(b, sp.MatrixBase):
+            raise ParseError("a product of matrices is not an answer form we read")
+        m, k = (a, b) if isinstance(a, sp.MatrixBase) else (b, a)
+        return sp.ImmutableMatrix(m.rows, m.cols, [sp.Mul(k, x, evaluate=False) for x in m])
     return sp.Mul(a, b, evaluate=False)
 
 
 def _div(a, b):
-    return sp.Mul(a, sp.Pow(b, -1, evaluate=False), evaluate=False)
+    if isinstance(b, sp.MatrixBase):
+        raise ParseError("division by a matrix")
+    return _mul(a, sp.Pow(b, -1, evaluate=False))
 
 
 def _lift(op, a, b):

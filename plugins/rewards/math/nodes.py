@@ -54,6 +54,14 @@ class Union:
 
 
 @dataclass(frozen=True)
+class Difference:
+    """``left \\setminus right``: a subset of the line with points or intervals taken out."""
+
+    left: object
+    right: object
+
+
+@dataclass(frozen=True)
 class Text:
     """A word answer, compared lower-cased; ``raw`` keeps the spelling (``AB`` is A*B in
     arithmetic)."""
@@ -70,7 +78,7 @@ def as_expr(node):
     if isinstance(node, Text) and 2 <= len(node.raw) <= 3 and node.raw.isalpha() and \
             node.raw.isascii() and node.raw not in ("and", "or"):
         return sp.Mul(*[sp.Symbol(c) for c in node.raw], evaluate=False)  # 2ab is 2*a*b
-    if isinstance(node, (Seq, Equation, Union, Text, Inequality)):
+    if isinstance(node, (Seq, Equation, Union, Text, Inequality, Difference)):
         raise ParseError("a list, equation or word cannot be used inside arithmetic")
     return node
 
@@ -102,6 +110,8 @@ def magnitude(x) -> float | None:
 
 
 def power(base, exp):
+    """``base^exp`` with the exponent bounded; a constant rational exponent is folded
+    (``x^{2/3}`` is x to the 2/3, so a negative x has the real cube root squared)."""
     if isinstance(exp, sp.Rational):
         if abs(exp) > MAX_EXPONENT:
             raise ParseError("exponent too large")
@@ -109,6 +119,11 @@ def power(base, exp):
         m = magnitude(exp)
         if m is None or m > MAX_EXPONENT:
             raise ParseError("exponent too large")
+        from grpo_core_plugins.rewards.math.numeric import exact
+
+        q = exact(exp)
+        if q is not None:
+            exp = sp.Rational(q.numerator, q.denominator)
     return sp.Pow(base, exp, evaluate=False)
 
 

@@ -31,8 +31,12 @@ _NUMBER_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*\\circ\s*\}?")
 # LaTeX digit-group separators: 10,\!080  10{,}000  1\,000\,000 (only between digit groups)
 _LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\,|\\!|,\\,|\\ )(?=\d{3}(?!\d))")
 _MIXED = re.compile(r"(?<![\d.}^_a-zA-Z\\])(\d+)\s*\\frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
-_MIXED_PLAIN = re.compile(r"\s*([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*")
+_MIXED_PLAIN = re.compile(r"\s*([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*(\\?%)?\s*")
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_SPACED = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000 (SI style)
+_INFINITY_WORDS = [(re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
+                   (re.compile(r"\b(?:positive\s+infinity|infinitely\s+many)\b", re.IGNORECASE),
+                    "\\infty ")]
 _REALS = re.compile(r"\\mathbb\s*\{?\s*R\s*\}?|\b(?:[Aa]ll\s+)?[Rr]eal\s+[Nn]umbers\b"
                     r"|\\R(?![a-zA-Z])")
 _IN_PREFIX = re.compile(r"^\s*[a-zA-Z]\s*\\in\s*")
@@ -76,8 +80,33 @@ def separators(s: str) -> str:
     if "\\" in s or "{" in s:
         s = _LATEX_SEP.sub("", s)
     stripped = s.strip()
-    if _THOUSANDS.fullmatch(stripped):  # the whole answer is one number with commas
-        return stripped.replace(",", "")
+    if _THOUSANDS.fullmatch(stripped) or _SPACED.fullmatch(stripped):  # one grouped number
+        return stripped.replace(",", "").replace(" ", "")
+    return s
+
+
+def _over(s: str) -> str:
+    """TeX's ``{a \\over b}`` (or a whole ``a \\over b``) -> ``\\frac{a}{b}``."""
+    for _ in range(20):
+        m = re.search(r"\\over(?![a-zA-Z])", s)
+        if not m:
+            return s
+        depth, open_ = 0, -1
+        for j in range(m.start() - 1, -1, -1):
+            depth += {"}": 1, "{": -1}.get(s[j], 0)
+            if depth < 0:
+                open_ = j
+                break
+        depth, close = 0, len(s)
+        for j in range(m.end(), len(s)):
+            depth += {"{": 1, "}": -1}.get(s[j], 0)
+            if depth < 0:
+                close = j
+                break
+        if (open_ < 0) != (close == len(s)):
+            return s  # unbalanced: leave it for the parser to refuse
+        frac = f"\\frac{{{s[open_ + 1:m.start()]}}}{{{s[m.end():close]}}}"
+        s = s[:open_ + 1] + frac + s[close:]
     return s
 
 
@@ -87,7 +116,7 @@ def mixed_numbers(s: str) -> str:
         s = _MIXED.sub(_mixed, s)
     m = _MIXED_PLAIN.fullmatch(s)
     if m and 0 < int(m.group(3)) < int(m.group(4)):
-        return f"{m.group(1)}({m.group(2)}+{m.group(3)}/{m.group(4)})"
+        return f"{m.group(1)}({m.group(2)}+{m.group(3)}/{m.group(4)}){m.group(5) or ''}"
     return s
 
 
@@ -95,6 +124,9 @@ def normalise(s: str) -> str:
     """Rewrite the many spellings of the same math into one LaTeX-ish form."""
     s = _superscripts(s)
     s = _vulgar(s)
+    if "infinit" in s.lower():
+        for pattern, value in _INFINITY_WORDS:
+            s = pattern.sub(lambda _, v=value: v, s)
     for k, v in _UNICODE.items():
         s = s.replace(k, v)
     s = unicodedata.normalize("NFKC", s).replace("⁄", "/")
@@ -104,6 +136,8 @@ def normalise(s: str) -> str:
     s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
     s = separators(s)
     s = mixed_numbers(s)
+    if "\\over" in s:
+        s = _over(s)
     if "\\overline" in s:
         s = _REPEATING.sub(_repeating, s)
     for k, v in _ANGLES.items():
@@ -124,7 +158,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"(?:\\\\\s*)+$", "", s.strip())  # a trailing \\ left inside a box
     s = _IN_PREFIX.sub("", s)
     s = re.sub(r"^(?:\\approx|=)\s*", "", s.strip())
-    s = re.sub(r"\.\s*$", "", s).strip()
+    s = re.sub(r"(?:\.|(?<!\\)[,;])\s*$", "", s).strip()  # 12. and a trailing comma: 5,
     if _THOUSANDS.fullmatch(s):  # thousands separators
         s = s.replace(",", "")
     return s

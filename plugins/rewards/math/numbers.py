@@ -24,8 +24,8 @@ def plain_number(text: str) -> Fraction | None:
     s = text.strip().replace("−", "-").replace("$", "").strip()
     if not s or len(s) > 80:
         return None
+    s = separators(s).strip()
     if "\\" in s or "{" in s:
-        s = separators(s).strip()
         m = _FRAC.match(s)
         if m:
             sign, whole, num, den = m.group(1), m.group(2), m.group(3) or m.group(4), \

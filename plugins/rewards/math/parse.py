@@ -10,6 +10,8 @@ arguments, matrix size, number of items. Decimals become exact rationals, so ``0
 
 from __future__ import annotations
 
+import re
+
 import sympy as sp
 from grpo_core_plugins.rewards.math.lexicon import (
     _CONSTS,
@@ -33,6 +35,7 @@ from grpo_core_plugins.rewards.math.nodes import (  # noqa: F401  (re-exported n
     MAX_DEPTH,
     MAX_ITEMS,
     NAMED,
+    Difference,
     Equation,
     Inequality,
     ParseError,
@@ -45,6 +48,8 @@ from grpo_core_plugins.rewards.math.nodes import (  # noqa: F401  (re-exported n
     power,
 )
 from grpo_core_plugins.rewards.math.normalise import normalise  # noqa: F401
+
+_SPLIT_DIGITS = re.compile(r"(?<![_^\d.])\d+\s+\.?\d")  # not \log_3 9
 
 
 class Parser:
@@ -135,10 +140,19 @@ class Parser:
         return Inequality(tuple(sides), tuple(ops))
 
     def union(self):
+        """``a \\cup b``, ``A \\setminus B`` and ratios or clock times ``a : b`` (kept in order)."""
         parts = [self.expr()]
         while self.accept("\\cup", "U"):
             parts.append(self.expr())
-        return parts[0] if len(parts) == 1 else Union(tuple(parts))
+        node = parts[0] if len(parts) == 1 else Union(tuple(parts))
+        if self.accept("\\setminus", "\\backslash"):
+            node = Difference(node, self.union())
+        if self.peek()[1] == ":":
+            items = [node]
+            while self.accept(":"):
+                items.append(self.expr())
+            node = Seq(tuple(items), ":", ":")
+        return node
 
     def expr(self):
         self.enter()
@@ -189,12 +203,13 @@ class Parser:
             return value not in ("and", "or", "U")
         if value == "|":
             return self.bars == 0  # x|x|; inside |...| a bar closes
-        return value in ("(", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\{", "\\binom") or (
+        return value in ("(", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\{", "\\binom",
+                         "\\begin") or (
             kind == "cmd" and (value[1:] in _FUNCS or _greek(value)))
 
     def unary(self):
         if self.accept("-"):
-            return sp.Mul(-1, as_expr(self.unary()), evaluate=False)
+            return _mul(sp.Integer(-1), as_expr(self.unary()))
         if self.accept("+"):
             return self.unary()
         sign = self.accept("\\pm", "\\mp")
@@ -374,4 +389,6 @@ def parse(text: str, max_length: int = 2000):
     s = normalise(text)
     if not s:
         raise ParseError("empty answer")
+    if _SPLIT_DIGITS.search(s):  # 4 4/0, 3 5/4, 2 3: not a product, not a mixed number
+        raise ParseError("digits separated by a space")
     return Parser(tokenize(s)).top()

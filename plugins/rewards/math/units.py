@@ -24,8 +24,11 @@ _ALIASES = {
     "litre": "l", "ml": "ml", "milliliter": "ml", "gal": "gal", "gallon": "gal",
     "degree": "deg", "deg": "deg", "radian": "rad", "rad": "rad", "dollar": "usd",
     "usd": "usd", "cent": "cent", "euro": "eur", "mph": "mi/h", "kph": "km/h",
+    "percent": "percent", "pct": "percent",
     "unit": "unit", "sq": "square", "p.m": "pm", "a.m": "am", "pm": "pm", "am": "am",
 }
+_UNIT_NAMES = frozenset(_ALIASES.values())
+_PROSE_TOO = {"in", "am"}  # units that are also common words ("12 in total")
 _SQUARE = {"square", "sq", "sq."}
 _CUBIC = {"cubic", "cu", "cu."}
 _POWER_WORDS = {"squared": 2, "cubed": 3}
@@ -37,11 +40,11 @@ _NOT_UNITS = {"and", "or", "pi", "sqrt", "sin", "cos", "tan", "cot", "sec", "csc
 _CURRENCY = {"\\$": "usd", "$": "usd", "€": "eur", "£": "gbp", "¥": "jpy", "\\euro": "eur",
              "\\pounds": "gbp", "USD": "usd", "US$": "usd", "Rs.": "inr"}
 
-_TEXT = (r"\\(?:text|mbox|textrm|mathrm|textnormal)\s*\{(?:\s|~|\\[,;: ])*"
+_TEXT = (r"\\(?:text|mbox|textrm|mathrm|textnormal|textbf|textit)\s*\{(?:\s|~|\\[,;: ])*"
          r"([A-Za-z][A-Za-z./ ]{0,40}?)\s*\}")
 _POWER = r"(?:\s*\^\s*\{?\s*([23])\s*\}?)?"
 _TRAILING_TEXT = re.compile(r"(?:\\[,;: !]|~|\s)*" + _TEXT + _POWER + r"\s*\.?\s*$")
-_TRAILING_WORDS = re.compile(r"(?<=[\d}).])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
+_TRAILING_WORDS = re.compile(r"(?<=[\d}).π])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
                              r"{0,20}){0,2})" + _POWER + r"\s*\.?\s*$")
 _DEGREES = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)\s*(?:\\text\s*\{\s*([CF])\s*\}|"
                       r"\\mathrm\s*\{\s*([CF])\s*\}|([CF]))?\s*\.?\s*$")
@@ -60,6 +63,15 @@ def _word(w: str) -> str:
     elif w.endswith("s") and not w.endswith("ss") and len(w) > 2:
         w = w[:-1]
     return _ALIASES.get(w, w)
+
+
+def unit_word(word: str) -> bool:
+    """Is ``word`` (part of) a unit name: ``cm``, ``inches``, ``square``, ``per``?"""
+    low = word.lower().rstrip(".")
+    if low in _PROSE_TOO:
+        return False
+    return low in _SQUARE or low in _CUBIC or low in _POWER_WORDS or low == "per" or \
+        _word(low) in _UNIT_NAMES
 
 
 def unit_name(words: str, power: str | None = None) -> str | None:
