@@ -1,18 +1,106 @@
-"""GPU-marked tests (run by scripts/gpu_check.sh on a CUDA machine) and the script's
-CPU-safe parts."""
+"""GPU-marked tests (run by scripts/gpu_check.sh on a CUDA machine), and the check's own
+verdict and exit code, which need no GPU: judged from figures, good and failing."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, make_config
+from conftest import ROOT, make_config, run_grpo
 
 from grpo_core import config
+from grpo_core.cli import gpu_verdict
 from grpo_core.cli.gpu_check import parse
+
+#: what a passing check on one GPU without vLLM collects
+GOOD = {
+    "gpu": "NVIDIA H200", "gpus": 1, "torch": "2.13.0",
+    "gpu_tests": {"exit_code": 0},
+    "training": {"steps": 30, "rewards": [0.2] * 10 + [0.3] * 10 + [0.5] * 10,
+                 "completion_len": [3.0] * 30},
+    "generation": {"hf": {"8": 900.0, "64": 6500.0}, "vllm": {"skipped": "vllm is not installed"}},
+    "logprob_mismatch": {"skipped": "vllm is not installed"},
+    "memory": {"measured_mib": 5000.0, "planned_mib": 6000.0},
+    "distributed": {"fsdp": {"skipped": "needs 2 or more GPUs, 1 visible"},
+                    "zero3": {"world": 2, "exit_code": 0, "ranks_in_sync": True}},
+}
+
+
+def _set(figures: dict, path: str, value) -> dict:
+    out = copy.deepcopy(figures)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return out
+
+
+def test_good_figures_pass_and_skips_say_why():
+    checks = gpu_verdict.judge(GOOD)
+    assert gpu_verdict.exit_code(checks) == 0
+    assert {c.status for c in checks} == {"pass", "skip"}
+    skipped = {c.name: c.expected for c in checks if c.status == "skip"}
+    assert skipped["vllm generation tokens/s"] == "vllm is not installed"
+    assert "needs 2 or more GPUs" in skipped["fsdp over the GPUs"]
+    assert len(gpu_verdict.table(checks).splitlines()) == len(checks) + 2  # header, rule
+
+
+@pytest.mark.parametrize("path,value,failing", [
+    ("gpu_tests.exit_code", 1, "GPU-marked tests"),  # pytest's exit code, propagated
+    ("gpu_tests.exit_code", 5, "GPU-marked tests"),  # no test collected
+    ("training.completion_len", [3.0] * 29 + [0.0], "completions not empty"),
+    ("training.rewards", [0.0] * 30, "reward rises (bf16)"),  # zero reward, zero updates
+    ("training.rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
+    ("generation.hf", {"8": 900.0, "64": 800.0}, "hf generation tokens/s"),
+    ("logprob_mismatch", {"mean_abs": 0.2, "max_abs": 0.9, "tokens": 99},
+     "hf/vLLM log-prob mismatch"),
+    ("logprob_mismatch", {"mean_abs": 0.01, "max_abs": 4.0, "tokens": 99},
+     "hf/vLLM log-prob mismatch"),
+    ("memory.measured_mib", 8000.0, "peak memory vs plan-memory"),
+    ("distributed.zero3.ranks_in_sync", False, "zero3 over the GPUs"),
+    ("distributed.zero3.exit_code", 1, "zero3 over the GPUs"),
+    ("memory", {"error": "OutOfMemoryError: CUDA out of memory"}, "peak memory vs plan-memory"),
+])
+def test_each_failing_figure_fails_its_check_and_the_exit_code(path, value, failing):
+    checks = gpu_verdict.judge(_set(GOOD, path, value))
+    assert [c.name for c in checks if c.status == "fail"] == [failing]
+    assert gpu_verdict.exit_code(checks) == 1
+
+
+def test_a_part_never_measured_fails():
+    figures = copy.deepcopy(GOOD)
+    del figures["training"]
+    failed = [c for c in gpu_verdict.judge(figures) if c.status == "fail"]
+    assert [c.figure for c in failed] == ["not measured"]
+
+
+@pytest.mark.parametrize("how", ["script", "grpo"])
+def test_the_exit_code_of_the_real_command(tmp_path, how):
+    """A failing check injected through the figures an earlier check wrote: the command
+    exits 1, prints the table, and writes every figure with the verdict; good figures exit 0."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"figures": _set(GOOD, "gpu_tests.exit_code", 2)}))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(GOOD))
+    codes = {}
+    for name, src in (("bad", bad), ("good", good)):
+        args = ["--from-figures", str(src), "--out", str(tmp_path / f"{name}-out.json")]
+        if how == "script":
+            p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), *args],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+        else:
+            p = run_grpo("gpu-check", *args, cwd=ROOT, timeout=120)
+        codes[name] = p.returncode
+        assert "| measured" in p.stdout and "Traceback" not in p.stderr, p.stderr
+    assert codes == {"bad": 1, "good": 0}
+    written = json.loads((tmp_path / "bad-out.json").read_text())
+    assert written["figures"]["gpu_tests"] == {"exit_code": 2}
+    assert {c["name"]: c["status"] for c in written["checks"]}["GPU-marked tests"] == "fail"
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -27,6 +115,7 @@ def test_gpu_check_says_no_gpu_and_parses_arguments():
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "0"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
+    assert parse(["--group-sizes", "4,32"]).group_sizes == (4, 32)
     helped = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--help"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert helped.returncode == 0 and "--backends" in helped.stdout

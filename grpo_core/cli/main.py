@@ -227,10 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--reference-on-cpu", action="store_true", help="model.reference_device: cpu")
     pm.add_argument("--generation-batch-size", type=int)
     pm.set_defaults(func=cmd_plan_memory)
+
+    # listed for --help; main() hands its arguments to grpo_core.cli.gpu_check unparsed
+    sub.add_parser("gpu-check", add_help=False,
+                   help="check this machine's GPUs end to end; exit 1 when a check fails "
+                        "(options: grpo gpu-check --help)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu-check"]:  # its own options (grpo_core.cli.gpu_check.parse)
+        from grpo_core.cli.gpu_check import main as gpu_check
+
+        return gpu_check(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "plugins":
         rest = args.kind_or_name
