@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from grpo_core import rundir, schedules, tracking
+from grpo_core import dist, rundir, schedules, tracking, vllm_limits
 from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
@@ -96,6 +96,7 @@ def _runtime(cfg: dict) -> list[str]:
                         f"a CUDA device")
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
+    problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
     ds = cfg["deepspeed"]
     if isinstance(ds, str):
         if not os.path.isfile(ds):
