@@ -147,3 +147,35 @@ def test_vllm_generator_trains_and_syncs(tiny_model, addition_data, tmp_path):
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
     assert len(rows) == 2 and all(r["samples"] == 16 for r in rows)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_vllm_sync_changes_the_engines_weights(tiny_model):
+    """After a sync the engine holds the trained weights: its checksum moves, and it samples
+    from them (its log-probs match the trainer's recomputation of the same completions)."""
+    pytest.importorskip("vllm", reason="vllm is not installed")
+    import grpo_core
+    from grpo_core.config import CORE_SCHEMA, fill_defaults
+    from grpo_core.logprobs import completion_logprobs
+    from grpo_core.models import load_model, load_tokenizer
+    from grpo_core.rollout import SamplingParams
+
+    cuda = torch.device("cuda")
+    mc = fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": tiny_model}})["model"]
+    model, tok = load_model(mc, cuda), load_tokenizer(mc)
+    gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.2,
+                                                 "enforce_eager": True, "sleep": False})
+    gen.setup(model, tok, cuda)
+    before = sum(gen.llm.collective_rpc("weights_checksum"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    gen.sync_weights(model)
+    assert sum(gen.llm.collective_rpc("weights_checksum")) != pytest.approx(before, rel=1e-3)
+    prompts = [tok(f"{a}+{a}=")["input_ids"] for a in range(4)]
+    ro = gen.generate(prompts, 4, SamplingParams(max_new_tokens=8)).to(cuda)
+    with torch.no_grad():
+        ours = completion_logprobs(model, ro, 1.0, 1024)[0]
+    delta = (ours - ro.logprobs)[ro.action_mask.bool()].abs()
+    assert delta.mean() < 0.05, float(delta.mean())

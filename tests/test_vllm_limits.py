@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_config
+from grpo_core_plugins.vllm_generator import engine_args, tensor_parallel_groups, weight_batches
+from grpo_core_plugins.vllm_worker import EXTENSION
 from test_validate import problems
 
 from grpo_core import config, vllm_limits
-from grpo_core_plugins.vllm_generator import engine_args, tensor_parallel_groups, weight_batches
-from grpo_core_plugins.vllm_worker import EXTENSION
 
 
 def vllm_config(tiny_model, addition_data, tmp_path, **options) -> dict:
