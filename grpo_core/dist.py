@@ -9,19 +9,16 @@ import torch.distributed as td
 
 from grpo_core.errors import UserError
 
-_cpu_group = None  # a gloo group over every rank, for CPU objects beside NCCL's tensors
-
 
 def init(device: torch.device) -> tuple[torch.device, int, int]:
     """This process's device (:func:`own_device`, made current first, so that the process
     group and everything after it use it), then the process group when launched with
     WORLD_SIZE > 1; returns (device, rank, world)."""
-    global _cpu_group
     device = own_device(device)
     if launched_world() > 1 and not td.is_initialized():
-        # on GPUs NCCL for tensors on the device, gloo for the small CPU ones (flags, sums)
+        # on GPUs one group with two backends: NCCL for tensors on the device, gloo beside it
+        # for CPU tensors and objects (flags, sums, the reward grid), chosen by the tensor
         td.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
-        _cpu_group = td.new_group(backend="gloo") if device.type == "cuda" else None
     if td.is_initialized():
         return device, td.get_rank(), td.get_world_size()
     return device, 0, 1
@@ -53,12 +50,6 @@ def launched_world() -> int:
 
 def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def cpu_group():
-    """The process group for CPU tensors and Python objects: a gloo group beside the NCCL
-    one on GPUs; the default (gloo) group on CPUs; None in one process."""
-    return _cpu_group if _cpu_group is not None else (td.group.WORLD if active() else None)
 
 
 def rank() -> int:
@@ -142,7 +133,5 @@ def barrier() -> None:
 
 
 def finish() -> None:
-    global _cpu_group
     if td.is_initialized():
         td.destroy_process_group()
-    _cpu_group = None

@@ -242,7 +242,10 @@ def generator(register):
         "properties": {
             "gpu_memory_utilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                        "default": 0.3},
-            "tensor_parallel_size": {"type": "integer", "minimum": 1, "default": 1},
+            "tensor_parallel_size": {"type": "integer", "minimum": 1, "default": 1,
+                                     "description": "training ranks sharing one engine, each "
+                                                    "a shard (torchrun: a divisor of the "
+                                                    "process count)"},
             "sleep": {"type": "boolean", "default": True,
                       "description": "free the engine's memory during the update"},
             "sync_every": {"type": "integer", "minimum": 1, "default": 1,

@@ -111,14 +111,32 @@ def test_gpu_check_says_no_gpu_and_parses_arguments():
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "2"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 3 and "no CUDA device" in out.stderr
-    assert parse(["--steps", "3", "--backends", "hf"]).steps == 3
+    assert parse(["--steps", "3", "--skip-vllm"]).skip_vllm
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "0"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
     assert parse(["--group-sizes", "4,32"]).group_sizes == (4, 32)
     helped = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--help"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert helped.returncode == 0 and "--backends" in helped.stdout
+    assert helped.returncode == 0 and "--from-figures" in helped.stdout
+
+
+def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
+    """The check's measuring code, run on the CPU with the tiny model (on a GPU it runs with
+    device cuda): each probe returns the figures its verdict reads."""
+    from grpo_core.cli import gpu_probes
+
+    speeds = gpu_probes.hf_speed(tiny_model, (2, 4), 2, 4, device="cpu")
+    assert sorted(speeds) == ["2", "4"] and min(speeds.values()) > 0
+    mem = gpu_probes.memory(tiny_model, str(tmp_path), 2, 2, 4, device="cpu")
+    assert mem["measured_mib"] > 0 and mem["planned_mib"] > 0
+    trained = gpu_probes.demo_training(str(tmp_path / "demo"), 2, device="cpu")
+    assert trained["steps"] == 2 and len(trained["rewards"]) == len(trained["completion_len"])
+    assert gpu_probes.vllm_rows(tiny_model, (2,), 2, 4) == (
+        {"skipped": "vllm is not installed"}, {"skipped": "vllm is not installed"})
+    if not torch.cuda.is_available():
+        assert gpu_probes.distributed(str(tmp_path), "fsdp")["skipped"].startswith(
+            "needs 2 or more GPUs, 0 visible")
 
 
 @pytest.mark.gpu

@@ -23,12 +23,13 @@ NO_GPU = ("no CUDA device: this check needs a GPU (torch.cuda.is_available() is 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60, help="demo training steps (default 60)")
+    ap.add_argument("--steps", type=int, default=100,
+                    help="demo training steps (default 100)")
     ap.add_argument("--group-sizes", default="8,64", help="G of the speed rows (default 8,64)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts of the speed rows")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--skip-tests", action="store_true", help="skip the GPU-marked tests")
-    ap.add_argument("--backends", default="hf,vllm", help="comma list of generators to time")
+    ap.add_argument("--skip-vllm", action="store_true", help="skip the vLLM rows")
     ap.add_argument("--out", default="gpu_check.json", help="where the figures are written")
     ap.add_argument("--from-figures", metavar="JSON", help="judge the figures of an earlier "
                     "check (its JSON file) instead of measuring: no GPU needed")
@@ -67,13 +68,15 @@ def collect(args: argparse.Namespace, work: str) -> dict:
     demo = os.path.join(work, "demo")
     figures["training"] = _measured(lambda: probe.demo_training(demo, args.steps))
     speed = probe.build_speed_model(os.path.join(work, "speed-model"))
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    figures["generation"] = {b: _measured(lambda b=b: probe.generation_speed(
-        speed, b, args.group_sizes, args.prompts, args.max_new_tokens)) for b in backends}
-    figures["logprob_mismatch"] = _measured(lambda: probe.logprob_mismatch(
-        speed, args.prompts, args.group_sizes[0], args.max_new_tokens))
-    figures["memory"] = _measured(lambda: probe.memory(
+    figures["memory"] = _measured(lambda: probe.memory(  # before any engine holds memory
         speed, work, args.group_sizes[0], args.prompts, args.max_new_tokens))
+    figures["generation"] = {"hf": _measured(lambda: probe.hf_speed(
+        speed, args.group_sizes, args.prompts, args.max_new_tokens))}
+    vllm = {"skipped": "--skip-vllm"} if args.skip_vllm else _measured(
+        lambda: dict(zip(("speed", "mismatch"), probe.vllm_rows(
+            speed, args.group_sizes, args.prompts, args.max_new_tokens))))
+    figures["generation"]["vllm"] = vllm.get("speed", vllm)
+    figures["logprob_mismatch"] = vllm.get("mismatch", vllm)
     figures["distributed"] = {s: _measured(lambda s=s: probe.distributed(demo, s))
                               for s in ("fsdp", "zero3")}
     return figures

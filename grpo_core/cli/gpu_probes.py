@@ -45,28 +45,28 @@ def build_speed_model(path: str) -> str:
     return path
 
 
-def _demo_config(work: str, steps: int, **changes) -> dict:
+def _demo_config(work: str, steps: int, device: str = "cuda", **changes) -> dict:
     """The CPU demo's own settings, on the GPU (bf16 autocast, float32 master weights)."""
     from grpo_core.cli.demo import demo_config
 
     cfg = demo_config(work, steps, "grpo")
-    cfg["runtime"] = {"device": "cuda"}
+    cfg["runtime"] = {"device": device}
     cfg["optimizer"]["lr_schedule"] = "constant"
     cfg["output"].update(progress=False, samples_every=0, save_model=False)
     cfg.update(changes)
     return cfg
 
 
-def demo_training(work: str, steps: int) -> dict:
+def demo_training(work: str, steps: int, device: str = "cuda") -> dict:
     """The demo task (a+b on the warm-started tiny model) trained in bf16: each step's reward
-    and mean completion length."""
+    and mean completion length. (``device``: cpu lets the CPU tests run this code.)"""
     from grpo_core import config
     from grpo_core.cli.demo import prepare
     from grpo_core.metrics import read
     from grpo_core.trainer import train
 
     prepare(work)
-    summary = train(config.validate(_demo_config(work, steps)), overwrite=True)
+    summary = train(config.validate(_demo_config(work, steps, device)), overwrite=True)
     rows = list(read(summary["run_dir"]))
     return {"steps": len(rows), "rewards": [r["reward"] for r in rows],
             "completion_len": [r["completion_len"] for r in rows],
@@ -80,73 +80,76 @@ def _prompts(count: int) -> list[list[int]]:
     return [tok(r["prompt"])["input_ids"] for r in addition_rows()[0][:count]]
 
 
-def _loaded(model_dir: str):
+def _loaded(model_dir: str, device: str = "cuda"):
     from grpo_core.config import CORE_SCHEMA, fill_defaults
     from grpo_core.models import load_model, load_tokenizer
 
     mc = fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": model_dir}})["model"]
-    return load_model(mc, torch.device("cuda")), load_tokenizer(mc)
+    return load_model(mc, torch.device(device)), load_tokenizer(mc)
 
 
-def generation_speed(model_dir: str, backend: str, group_sizes: tuple[int, ...], prompts: int,
-                     new_tokens: int) -> dict:
-    """Completion tokens per second of one generator at each group size (``prompts`` prompts,
-    ``new_tokens`` each: a random model rarely ends early)."""
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(gen, ids: list[list[int]], group_sizes: tuple[int, ...], sp, device: str):
+    """Tokens/s of ``gen`` at each group size (after a warm-up: kernels, graphs), and the
+    rollout of the first size."""
+    gen.generate(ids[:1], 2, sp)
+    speeds, first = {}, None
+    for g in group_sizes:
+        _synchronize(device)
+        t0 = time.perf_counter()
+        ro = gen.generate(ids, g, sp, seed=g)
+        _synchronize(device)
+        speeds[str(g)] = float(ro.action_mask.sum()) / (time.perf_counter() - t0)
+        first = first or ro
+    return speeds, first
+
+
+def hf_speed(model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tokens: int,
+             device: str = "cuda") -> dict:
+    """The hf generator's completion tokens per second at each group size (``prompts``
+    prompts, ``new_tokens`` each: a random model rarely ends early)."""
     import grpo_core
     from grpo_core.rollout import SamplingParams
 
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vllm is not installed"}
-    model, tok = _loaded(model_dir)
-    gen = grpo_core.create("generator", backend, _engine_options(backend))
-    gen.setup(model, tok, torch.device("cuda"))
-    sp, ids = SamplingParams(max_new_tokens=new_tokens), _prompts(prompts)
-    gen.generate(ids[:1], 2, sp)  # warm-up: kernels, graphs
-    speeds = {}
-    for g in group_sizes:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ro = gen.generate(ids, g, sp, seed=g)
-        torch.cuda.synchronize()
-        speeds[str(g)] = float(ro.action_mask.sum()) / (time.perf_counter() - t0)
-    _release(gen)
-    return speeds
+    model, tok = _loaded(model_dir, device)
+    gen = grpo_core.create("generator", "hf", {})
+    gen.setup(model, tok, torch.device(device))
+    return _timed(gen, _prompts(prompts), group_sizes, SamplingParams(max_new_tokens=new_tokens),
+                  device)[0]
 
 
-def _engine_options(backend: str) -> dict:
-    return {"gpu_memory_utilization": 0.3} if backend == "vllm" else {}
-
-
-def _release(gen) -> None:
-    """Drop a generator's engine and what the allocator holds for it."""
-    gen.__dict__.clear()
-    torch.cuda.empty_cache()
-
-
-def logprob_mismatch(model_dir: str, prompts: int, group_size: int, new_tokens: int) -> dict:
-    """vLLM's log-probs of its own samples against the trainer's recomputation of the same
-    completions (bf16 autocast, as in training): mean and max |delta| over completion tokens."""
+def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
+              new_tokens: int) -> tuple[dict, dict]:
+    """One colocated vLLM engine (synced from the trainer's copy of the model, as in
+    training): its tokens/s at each group size, and its log-probs against the trainer's
+    recomputation of the same completions (bf16 autocast, as in training): mean and max
+    |delta| over completion tokens."""
     import grpo_core
     from grpo_core.logprobs import completion_logprobs
     from grpo_core.rollout import SamplingParams
 
     if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vllm is not installed"}
+        return {"skipped": "vllm is not installed"}, {"skipped": "vllm is not installed"}
+    cuda = torch.device("cuda")
     model, tok = _loaded(model_dir)
-    gen = grpo_core.create("generator", "vllm", _engine_options("vllm"))
-    gen.setup(model, tok, torch.device("cuda"))
-    ro = gen.generate(_prompts(prompts), group_size, SamplingParams(max_new_tokens=new_tokens))
-    _release(gen)
-    ro = ro.to(torch.device("cuda"))
+    gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.3})
+    gen.setup(model, tok, cuda)
+    speeds, ro = _timed(gen, _prompts(prompts), group_sizes,
+                        SamplingParams(max_new_tokens=new_tokens), "cuda")
+    ro = ro.to(cuda)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         ours = completion_logprobs(model, ro, 1.0, 1024)[0].float()
-    mask = ro.action_mask.bool()
-    delta = (ours - ro.logprobs)[mask].abs()
-    return {"mean_abs": float(delta.mean()), "max_abs": float(delta.max()),
-            "tokens": int(mask.sum())}
+    delta = (ours - ro.logprobs)[ro.action_mask.bool()].abs()
+    return speeds, {"mean_abs": float(delta.mean()), "max_abs": float(delta.max()),
+                    "tokens": int(delta.numel())}
 
 
-def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens: int) -> dict:
+def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens: int,
+           device: str = "cuda") -> dict:
     """Two bf16 GRPO steps of the 0.5B-shaped model with a reference: the measured peak
     against ``grpo plan-memory``'s estimate for the same settings."""
     from grpo_core import config
@@ -160,11 +163,12 @@ def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens:
         "model": {"name_or_path": model_dir}, "data": {"path": data, "columns": ["answer"]},
         "sampling": {"group_size": group_size, "max_new_tokens": new_tokens},
         "train": {"steps": 2, "prompts_per_step": prompts, "micro_batch_groups": 1},
-        "optimizer": {"lr": 1e-6}, "runtime": {"device": "cuda"}, "reward": {"name": "math"},
+        "optimizer": {"lr": 1e-6}, "runtime": {"device": device}, "reward": {"name": "math"},
         "kl": {"name": "fixed", "options": {"coef": 0.04}},
         "output": {"dir": os.path.join(work, "memory", "run"), "progress": False,
                    "save_model": False, "samples_every": 0}})
-    torch.cuda.reset_peak_memory_stats()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     summary = train(cfg, overwrite=True)
     prompt_tokens = max(len(p) for p in _prompts(len(addition_rows()[0])))
     est = plan(load_shape(model_dir), group_size, prompts, prompt_tokens, new_tokens,

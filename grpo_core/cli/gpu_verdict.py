@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 #: the demo task's reward must rise at least this much (mean of the last steps minus the first)
 MIN_REWARD_RISE = 0.1
 #: steps averaged at each end of the training run
-REWARD_WINDOW = 10
+REWARD_WINDOW = 20
 #: hf/vLLM log-prob mismatch on the same completions: bounds on mean and max |delta| (nats)
 MAX_MEAN_LOGPROB_DELTA = 0.05
 MAX_MAX_LOGPROB_DELTA = 1.5
