@@ -22,8 +22,12 @@ GOOD = {
     "gpu_tests": {"exit_code": 0},
     "training": {"steps": 30, "rewards": [0.2] * 10 + [0.3] * 10 + [0.5] * 10,
                  "completion_len": [3.0] * 30},
-    "generation": {"hf": {"8": 900.0, "64": 6500.0}, "vllm": {"skipped": "vllm is not installed"}},
-    "logprob_mismatch": {"skipped": "vllm is not installed"},
+    "generation": {"hf random 0.5B": {"8": 900.0, "64": 6500.0},
+                   "vllm random 0.5B": {"skipped": "vllm is not installed"},
+                   "hf Qwen2.5-7B": {"8": 300.0, "64": 2100.0},
+                   "vllm Qwen2.5-7B": {"8": 1200.0, "64": 9000.0}},
+    "logprob_mismatch": {"random 0.5B": {"skipped": "vllm is not installed"},
+                         "Qwen2.5-7B": {"mean_abs": 0.004, "max_abs": 0.3, "tokens": 4096}},
     "memory": {"measured_mib": 5000.0, "planned_mib": 6000.0},
     "distributed": {"fsdp": {"skipped": "needs 2 or more GPUs, 1 visible"},
                     "zero3": {"world": 2, "exit_code": 0, "ranks_in_sync": True}},
@@ -32,7 +36,7 @@ GOOD = {
 
 def _set(figures: dict, path: str, value) -> dict:
     out = copy.deepcopy(figures)
-    *parents, last = path.split(".")
+    *parents, last = path.split("/")
     node = out
     for key in parents:
         node = node[key]
@@ -45,25 +49,26 @@ def test_good_figures_pass_and_skips_say_why():
     assert gpu_verdict.exit_code(checks) == 0
     assert {c.status for c in checks} == {"pass", "skip"}
     skipped = {c.name: c.expected for c in checks if c.status == "skip"}
-    assert skipped["vllm generation tokens/s"] == "vllm is not installed"
+    assert skipped["vllm random 0.5B generation tokens/s"] == "vllm is not installed"
     assert "needs 2 or more GPUs" in skipped["fsdp over the GPUs"]
     assert len(gpu_verdict.table(checks).splitlines()) == len(checks) + 2  # header, rule
 
 
 @pytest.mark.parametrize("path,value,failing", [
-    ("gpu_tests.exit_code", 1, "GPU-marked tests"),  # pytest's exit code, propagated
-    ("gpu_tests.exit_code", 5, "GPU-marked tests"),  # no test collected
-    ("training.completion_len", [3.0] * 29 + [0.0], "completions not empty"),
-    ("training.rewards", [0.0] * 30, "reward rises (bf16)"),  # zero reward, zero updates
-    ("training.rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
-    ("generation.hf", {"8": 900.0, "64": 800.0}, "hf generation tokens/s"),
-    ("logprob_mismatch", {"mean_abs": 0.2, "max_abs": 0.9, "tokens": 99},
-     "hf/vLLM log-prob mismatch"),
-    ("logprob_mismatch", {"mean_abs": 0.01, "max_abs": 4.0, "tokens": 99},
-     "hf/vLLM log-prob mismatch"),
-    ("memory.measured_mib", 8000.0, "peak memory vs plan-memory"),
-    ("distributed.zero3.ranks_in_sync", False, "zero3 over the GPUs"),
-    ("distributed.zero3.exit_code", 1, "zero3 over the GPUs"),
+    ("gpu_tests/exit_code", 1, "GPU-marked tests"),  # pytest's exit code, propagated
+    ("gpu_tests/exit_code", 5, "GPU-marked tests"),  # no test collected
+    ("training/completion_len", [3.0] * 29 + [0.0], "completions not empty"),
+    ("training/rewards", [0.0] * 30, "reward rises (bf16)"),  # zero reward, zero updates
+    ("training/rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
+    ("generation/hf random 0.5B", {"8": 900.0, "64": 800.0},
+     "hf random 0.5B generation tokens/s"),
+    ("logprob_mismatch/Qwen2.5-7B", {"mean_abs": 0.2, "max_abs": 0.9, "tokens": 99},
+     "hf/vLLM log-prob mismatch Qwen2.5-7B"),
+    ("logprob_mismatch/random 0.5B", {"mean_abs": 0.01, "max_abs": 4.0, "tokens": 99},
+     "hf/vLLM log-prob mismatch random 0.5B"),
+    ("memory/measured_mib", 8000.0, "peak memory vs plan-memory"),
+    ("distributed/zero3/ranks_in_sync", False, "zero3 over the GPUs"),
+    ("distributed/zero3/exit_code", 1, "zero3 over the GPUs"),
     ("memory", {"error": "OutOfMemoryError: CUDA out of memory"}, "peak memory vs plan-memory"),
 ])
 def test_each_failing_figure_fails_its_check_and_the_exit_code(path, value, failing):
@@ -84,7 +89,7 @@ def test_the_exit_code_of_the_real_command(tmp_path, how):
     """A failing check injected through the figures an earlier check wrote: the command
     exits 1, prints the table, and writes every figure with the verdict; good figures exit 0."""
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"figures": _set(GOOD, "gpu_tests.exit_code", 2)}))
+    bad.write_text(json.dumps({"figures": _set(GOOD, "gpu_tests/exit_code", 2)}))
     good = tmp_path / "good.json"
     good.write_text(json.dumps(GOOD))
     codes = {}
@@ -116,6 +121,11 @@ def test_gpu_check_says_no_gpu_and_parses_arguments():
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
     assert parse(["--group-sizes", "4,32"]).group_sizes == (4, 32)
+    nowhere = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--model",
+                              "Qwen/Qwen2.5-7B"], capture_output=True, text=True, cwd=ROOT,
+                             timeout=120)
+    assert nowhere.returncode == 2 and "--model: Qwen/Qwen2.5-7B is not a model directory" \
+        in nowhere.stderr
     helped = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--help"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert helped.returncode == 0 and "--from-figures" in helped.stdout

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from grpo_core.cli import gpu_verdict
 
+RANDOM = "random 0.5B"  # the label of the randomly initialised Qwen2.5-0.5B-shaped model
 NO_GPU = ("no CUDA device: this check needs a GPU (torch.cuda.is_available() is False); "
           "the CPU test suite is `bash scripts/test.sh`")
 
@@ -30,6 +31,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--skip-tests", action="store_true", help="skip the GPU-marked tests")
     ap.add_argument("--skip-vllm", action="store_true", help="skip the vLLM rows")
+    ap.add_argument("--model", help="also time a real model (a local model directory)")
     ap.add_argument("--out", default="gpu_check.json", help="where the figures are written")
     ap.add_argument("--from-figures", metavar="JSON", help="judge the figures of an earlier "
                     "check (its JSON file) instead of measuring: no GPU needed")
@@ -40,17 +42,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--group-sizes: {args.group_sizes!r} is not a comma list of integers")
     if min(args.steps, args.prompts, args.max_new_tokens, *args.group_sizes) < 1:
         ap.error("--steps, --group-sizes, --prompts and --max-new-tokens must be >= 1")
+    if args.model and not os.path.isfile(os.path.join(args.model, "config.json")):
+        ap.error(f"--model: {args.model} is not a model directory (no config.json); the check "
+                 f"reads no network")
     return args
 
 
-def _measured(probe: Callable[[], dict]) -> dict:
-    """A probe's figures, or the error it raised (its check then fails; the others still
-    run)."""
+def _measured(probe: Callable[..., dict], *args) -> dict:
+    """``probe(*args)``'s figures, or the error it raised (its check then fails; the others
+    still run)."""
     try:
-        return probe()
+        return probe(*args)
     except Exception as exc:  # any failure of the measured path is what the check reports
         traceback.print_exc()
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+
+
+def _vllm(path: str, args: argparse.Namespace) -> dict:
+    """The vLLM rows of one model: {"speed": ..., "mismatch": ...}."""
+    from grpo_core.cli.gpu_probes import vllm_rows
+
+    return dict(zip(("speed", "mismatch"), vllm_rows(path, args.group_sizes, args.prompts,
+                                                     args.max_new_tokens)))
 
 
 def collect(args: argparse.Namespace, work: str) -> dict:
@@ -61,24 +74,23 @@ def collect(args: argparse.Namespace, work: str) -> dict:
 
     figures: dict = {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
                      "torch": torch.__version__}
-    if args.skip_tests:
-        figures["gpu_tests"] = {"skipped": "--skip-tests"}
-    else:
-        figures["gpu_tests"] = _measured(probe.gpu_tests)
+    figures["gpu_tests"] = {"skipped": "--skip-tests"} if args.skip_tests else \
+        _measured(probe.gpu_tests)
     demo = os.path.join(work, "demo")
-    figures["training"] = _measured(lambda: probe.demo_training(demo, args.steps))
+    figures["training"] = _measured(probe.demo_training, demo, args.steps)
     speed = probe.build_speed_model(os.path.join(work, "speed-model"))
-    figures["memory"] = _measured(lambda: probe.memory(  # before any engine holds memory
-        speed, work, args.group_sizes[0], args.prompts, args.max_new_tokens))
-    figures["generation"] = {"hf": _measured(lambda: probe.hf_speed(
-        speed, args.group_sizes, args.prompts, args.max_new_tokens))}
-    vllm = {"skipped": "--skip-vllm"} if args.skip_vllm else _measured(
-        lambda: dict(zip(("speed", "mismatch"), probe.vllm_rows(
-            speed, args.group_sizes, args.prompts, args.max_new_tokens))))
-    figures["generation"]["vllm"] = vllm.get("speed", vllm)
-    figures["logprob_mismatch"] = vllm.get("mismatch", vllm)
-    figures["distributed"] = {s: _measured(lambda s=s: probe.distributed(demo, s))
-                              for s in ("fsdp", "zero3")}
+    figures["memory"] = _measured(probe.memory, speed, work,  # before any engine holds memory
+                                  args.group_sizes[0], args.prompts, args.max_new_tokens)
+    figures["generation"], figures["logprob_mismatch"] = {}, {}
+    models = {RANDOM: speed, **({os.path.basename(os.path.abspath(args.model)): args.model}
+                                if args.model else {})}
+    for label, path in models.items():
+        figures["generation"][f"hf {label}"] = _measured(
+            probe.hf_speed, path, args.group_sizes, args.prompts, args.max_new_tokens)
+        vllm = {"skipped": "--skip-vllm"} if args.skip_vllm else _measured(_vllm, path, args)
+        figures["generation"][f"vllm {label}"] = vllm.get("speed", vllm)
+        figures["logprob_mismatch"][label] = vllm.get("mismatch", vllm)
+    figures["distributed"] = {s: _measured(probe.distributed, demo, s) for s in ("fsdp", "zero3")}
     return figures
 
 

@@ -73,18 +73,24 @@ def demo_training(work: str, steps: int, device: str = "cuda") -> dict:
             "peak_memory_mib": summary["peak_memory_mb"], "seconds": summary["seconds"]}
 
 
-def _prompts(count: int) -> list[list[int]]:
-    from grpo_core.cli.demo import addition_rows, build_tokenizer
+def _prompts(count: int, tok) -> list[list[int]]:
+    """The first ``count`` demo prompts (a+b=), as ``tok`` encodes them."""
+    from grpo_core.cli.demo import addition_rows
 
-    tok = build_tokenizer()
     return [tok(r["prompt"])["input_ids"] for r in addition_rows()[0][:count]]
 
 
-def _loaded(model_dir: str, device: str = "cuda"):
+def _model_config(model_dir: str) -> dict:
     from grpo_core.config import CORE_SCHEMA, fill_defaults
+
+    return fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": model_dir}})["model"]
+
+
+def _loaded(model_dir: str, device: str = "cuda"):
+    """The model as training loads it (float32 master weights) and its tokenizer."""
     from grpo_core.models import load_model, load_tokenizer
 
-    mc = fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": model_dir}})["model"]
+    mc = _model_config(model_dir)
     return load_model(mc, torch.device(device)), load_tokenizer(mc)
 
 
@@ -104,7 +110,7 @@ def _timed(gen, ids: list[list[int]], group_sizes: tuple[int, ...], sp, device: 
         ro = gen.generate(ids, g, sp, seed=g)
         _synchronize(device)
         speeds[str(g)] = float(ro.action_mask.sum()) / (time.perf_counter() - t0)
-        first = first or ro
+        first = ro if first is None else first
     return speeds, first
 
 
@@ -118,8 +124,8 @@ def hf_speed(model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tok
     model, tok = _loaded(model_dir, device)
     gen = grpo_core.create("generator", "hf", {})
     gen.setup(model, tok, torch.device(device))
-    return _timed(gen, _prompts(prompts), group_sizes, SamplingParams(max_new_tokens=new_tokens),
-                  device)[0]
+    return _timed(gen, _prompts(prompts, tok), group_sizes,
+                  SamplingParams(max_new_tokens=new_tokens), device)[0]
 
 
 def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
@@ -138,7 +144,7 @@ def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
     model, tok = _loaded(model_dir)
     gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.3})
     gen.setup(model, tok, cuda)
-    speeds, ro = _timed(gen, _prompts(prompts), group_sizes,
+    speeds, ro = _timed(gen, _prompts(prompts, tok), group_sizes,
                         SamplingParams(max_new_tokens=new_tokens), "cuda")
     ro = ro.to(cuda)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -155,6 +161,7 @@ def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens:
     from grpo_core import config
     from grpo_core.cli.demo import addition_rows, write_jsonl
     from grpo_core.cli.memory import load_shape, plan
+    from grpo_core.models import load_tokenizer
     from grpo_core.trainer import train
 
     data = os.path.join(work, "memory", "train.jsonl")
@@ -170,7 +177,8 @@ def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     summary = train(cfg, overwrite=True)
-    prompt_tokens = max(len(p) for p in _prompts(len(addition_rows()[0])))
+    tok = load_tokenizer(_model_config(model_dir))
+    prompt_tokens = max(len(p) for p in _prompts(len(addition_rows()[0]), tok))
     est = plan(load_shape(model_dir), group_size, prompts, prompt_tokens, new_tokens,
                micro_batch=group_size)
     return {"measured_mib": summary["peak_memory_mb"], "planned_mib": est["total"] / MiB}

@@ -68,8 +68,8 @@ def training(f: dict) -> list[Check]:
 
 
 def generation(f: dict) -> list[Check]:
-    """Tokens/s at each group size for each backend; more completions at once must give more
-    tokens per second (batching works)."""
+    """Tokens/s at each group size for each generator and model; more completions at once
+    must give more tokens per second (batching works)."""
     rows = []
     for backend, part in (f.get("generation") or {"hf": None}).items():
         name = f"{backend} generation tokens/s"
@@ -86,14 +86,20 @@ def generation(f: dict) -> list[Check]:
 
 
 def logprob_mismatch(f: dict) -> list[Check]:
-    part = f.get("logprob_mismatch")
+    """vLLM's log-probs against the trainer's on the same completions, for each model."""
     want = f"mean |d| <= {MAX_MEAN_LOGPROB_DELTA}, max |d| <= {MAX_MAX_LOGPROB_DELTA}"
-    bad = _missing("hf/vLLM log-prob mismatch", part, want)
-    if bad:
-        return [bad]
-    ok = part["mean_abs"] <= MAX_MEAN_LOGPROB_DELTA and part["max_abs"] <= MAX_MAX_LOGPROB_DELTA
-    return [Check("hf/vLLM log-prob mismatch", "pass" if ok else "fail",
-                  f"mean {part['mean_abs']:.4f}, max {part['max_abs']:.3f}", want)]
+    rows = []
+    for model, part in (f.get("logprob_mismatch") or {"": None}).items():
+        name = f"hf/vLLM log-prob mismatch {model}".strip()
+        bad = _missing(name, part, want)
+        if bad:
+            rows.append(bad)
+            continue
+        ok = part["mean_abs"] <= MAX_MEAN_LOGPROB_DELTA and \
+            part["max_abs"] <= MAX_MAX_LOGPROB_DELTA
+        rows.append(Check(name, "pass" if ok else "fail",
+                          f"mean {part['mean_abs']:.4f}, max {part['max_abs']:.3f}", want))
+    return rows
 
 
 def memory(f: dict) -> list[Check]:
