@@ -70,6 +70,17 @@ def sampled_logprobs(completion) -> list[float]:
     return [d[t].logprob if d and t in d else 0.0 for t, d in zip(completion.token_ids, steps)]
 
 
+def tensor_parallel_group(size: int):
+    """This rank's gloo group among those sharing its engine (None without tensor
+    parallelism); every rank must call this, as torch.distributed creates every group on
+    every rank."""
+    if size == 1:
+        return None
+    group, _ = td.new_subgroups_by_enumeration(
+        tensor_parallel_groups(dist.world_size(), size), backend="gloo")
+    return group
+
+
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A parameter whole: gathered from its shards under ddp/fsdp (every rank calls this)."""
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -118,12 +129,9 @@ class VLLMGenerator(Generator):
                             "'grpo-core[vllm]')") from exc
         self.vllm = vllm
         self.tokenizer = tokenizer
-        world = dist.world_size()
-        if self.tp > 1:  # every rank creates every group, as torch.distributed requires
-            self.group, _ = td.new_subgroups_by_enumeration(
-                tensor_parallel_groups(world, self.tp), backend="gloo")
+        self.group = tensor_parallel_group(self.tp)
         self.llm = vllm.LLM(**engine_args(self.opts, model.config._name_or_path, self.sleep,
-                                          world))
+                                          dist.world_size()))
         self.sync_weights(model, force=True)
         if self.sleep:
             self.llm.sleep(level=1)

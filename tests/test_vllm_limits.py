@@ -4,10 +4,21 @@ that are plain functions: engine arguments, tensor-parallel groups, weight batch
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 import torch
+import torch.distributed as td
+import torch.multiprocessing as mp
 from conftest import make_config
-from grpo_core_plugins.vllm_generator import engine_args, tensor_parallel_groups, weight_batches
+from grpo_core_plugins.vllm_generator import (
+    VLLMGenerator,
+    engine_args,
+    tensor_parallel_group,
+    tensor_parallel_groups,
+    weight_batches,
+)
 from grpo_core_plugins.vllm_worker import EXTENSION
 from test_validate import problems
 
@@ -97,3 +108,31 @@ def test_weight_batches_bound_the_bytes_and_keep_every_tensor_in_order():
     batches = list(weight_batches(named, limit=700))
     assert [[n for n, _ in b] for b in batches] == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]
     assert all(sum(t.numel() * 2 for _, t in b) <= 700 for b in batches if len(b) > 1)
+
+
+def _share(rank: int, world: int, port: int, out: str) -> None:
+    """One of ``world`` gloo ranks: its prompts (rank r has r + 1 of them), shared with the
+    ranks of its engine."""
+    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                          world_size=world)
+    gen = VLLMGenerator(tensor_parallel_size=2)
+    gen.group = tensor_parallel_group(2)
+    mine = [[rank, i] for i in range(rank + 1)]
+    requests, start = gen._shared(mine)
+    with open(f"{out}/{rank}.json", "w", encoding="utf-8") as f:
+        json.dump({"requests": requests, "start": start, "mine": mine}, f)
+    td.destroy_process_group()
+
+
+def test_ranks_sharing_an_engine_submit_the_same_requests(tmp_path):
+    """Four real gloo processes, engines of two: each pair submits both ranks' prompts in
+    rank order, and each rank finds its own where they start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_share, args=(4, port, str(tmp_path)), nprocs=4)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    for a, b in ((0, 1), (2, 3)):
+        assert got[a]["requests"] == got[b]["requests"] == got[a]["mine"] + got[b]["mine"]
+    for g in got:
+        assert g["requests"][g["start"]:g["start"] + len(g["mine"])] == g["mine"]
