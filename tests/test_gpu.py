@@ -103,6 +103,8 @@ def test_the_exit_code_of_the_real_command(tmp_path, how):
         codes[name] = p.returncode
         assert "| measured" in p.stdout and "Traceback" not in p.stderr, p.stderr
     assert codes == {"bad": 1, "good": 0}
+    missing = run_grpo("gpu-check", "--from-figures", str(tmp_path / "none.json"), cwd=ROOT)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --from-figures:")
     written = json.loads((tmp_path / "bad-out.json").read_text())
     assert written["figures"]["gpu_tests"] == {"exit_code": 2}
     assert {c["name"]: c["status"] for c in written["checks"]}["GPU-marked tests"] == "fail"

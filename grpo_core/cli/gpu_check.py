@@ -108,8 +108,13 @@ def report(figures: dict, out: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.from_figures:
-        with open(args.from_figures, encoding="utf-8") as f:
-            saved = json.load(f)
+        try:
+            with open(args.from_figures, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"error: --from-figures: cannot read {args.from_figures} ({exc})",
+                  file=sys.stderr)
+            return 2
         return report(saved.get("figures", saved), args.out)
     import torch
 
