@@ -1,4 +1,6 @@
-"""Which device each process computes on (grpo_core.dist.own_device)."""
+"""Which device each process computes on (grpo_core.dist.own_device), on a stand-in for a
+machine with 8 GPUs: torch.cuda's device count and set_device replaced (the ``eight_gpus``
+fixture) — the one stand-in this project allows, since CUDA cannot exist where these run."""
 
 from __future__ import annotations
 
