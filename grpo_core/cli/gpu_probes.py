@@ -124,8 +124,9 @@ def hf_speed(model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tok
     model, tok = _loaded(model_dir, device)
     gen = grpo_core.create("generator", "hf", {})
     gen.setup(model, tok, torch.device(device))
-    return _timed(gen, _prompts(prompts, tok), group_sizes,
-                  SamplingParams(max_new_tokens=new_tokens), device)[0]
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):  # as trained
+        return _timed(gen, _prompts(prompts, tok), group_sizes,
+                      SamplingParams(max_new_tokens=new_tokens), device)[0]
 
 
 def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
