@@ -150,10 +150,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     tc, rt, oc = cfg["train"], cfg["runtime"], cfg["output"]
     if rt["threads"]:
         torch.set_num_threads(rt["threads"])
-    device = pick_device(rt["device"])
-    if device.type == "cuda" and dist.active():
-        device = torch.device("cuda", dist.local_rank())
-    rank, world = dist.init(device)
+    device, rank, world = dist.init(pick_device(rt["device"]))  # each rank its own GPU
     torch.manual_seed(tc["seed"])
     if tc["prompts_per_step"] % world:
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Five-minute check on a single-GPU machine with torch installed and no internet:
-# GPU-marked tests, then a bf16 GRPO run of a random Qwen2.5-0.5B-shaped model (hf, and vLLM
-# when importable), printing tokens/s and peak memory. Options: see --help.
+# The GPU check (grpo_core/cli/gpu_check.py), under 8 minutes on one H100/H200, no internet:
+# GPU-marked tests, bf16 training on the demo task, generation speed, hf/vLLM log-prob
+# mismatch, memory against plan-memory, FSDP2/ZeRO-3 over every visible GPU. One table, a JSON
+# of every figure (--out); exits 1 when any check fails, 3 without a GPU. Options: --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"

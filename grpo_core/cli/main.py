@@ -226,11 +226,28 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--no-reference", action="store_true", help="KL coefficient 0")
     pm.add_argument("--reference-on-cpu", action="store_true", help="model.reference_device: cpu")
     pm.add_argument("--generation-batch-size", type=int)
+    pm.add_argument("--vllm-memory-utilization", type=float, metavar="FRACTION",
+                    help="a colocated vLLM engine's gpu_memory_utilization (default: the "
+                         "config's, when its generator is vllm)")
+    pm.add_argument("--vllm-awake", action="store_true",
+                    help="the engine keeps its memory during the update (sleep: false)")
+    pm.add_argument("--device-memory", type=float, metavar="GIB",
+                    help="each device's memory (default: this machine's GPU, else 80 GB)")
     pm.set_defaults(func=cmd_plan_memory)
+
+    # listed for --help; main() hands its arguments to grpo_core.cli.gpu_check unparsed
+    sub.add_parser("gpu-check", add_help=False,
+                   help="check this machine's GPUs end to end; exit 1 when a check fails "
+                        "(options: grpo gpu-check --help)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu-check"]:  # its own options (grpo_core.cli.gpu_check.parse)
+        from grpo_core.cli.gpu_check import main as gpu_check
+
+        return gpu_check(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "plugins":
         rest = args.kind_or_name

@@ -6,7 +6,9 @@ The estimate follows what this trainer allocates: weights (float32 master weight
 KL 0), gradients and AdamW's two moments for trainable weights, each sharded as the strategy
 shards it, the KV cache of G x prompts completions being generated, the chunked LM-head
 logits, and the activations kept for backward. Peak = weights + reference + the largest phase
-(generation, backward, optimizer step).
+(generation, backward, optimizer step). A colocated vLLM engine reserves
+``gpu_memory_utilization`` x the device's memory for its weights and KV cache: in place of the
+hf generator's cache during generation, and through the update too unless it sleeps.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ SHARDED = {"none": (False, False, False, False), "ddp": (False, False, False, Fa
            "fsdp": (True, True, True, True), "zero1": (False, False, True, False),
            "zero2": (False, True, True, False), "zero3": (True, True, True, True)}
 GiB = 2**30
+#: a device's memory when neither given nor found (GiB): an 80 GB H100's
+DEFAULT_DEVICE_GIB = 79.6
 
 
 @dataclass
@@ -83,10 +87,13 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
          micro_batch: int | None = None, dtype: str = "auto", strategy: str = "none",
          gpus: int = 1, lora_rank: int = 0, gradient_checkpointing: bool = False,
          reference: bool = True, generation_batch: int | None = None,
-         logprob_chunk: int = 1024) -> dict[str, float]:
+         logprob_chunk: int = 1024, engine_bytes: float = 0.0,
+         engine_sleeps: bool = True) -> dict[str, float]:
     """Bytes per component for one device; ``total`` is the estimated peak. ``prompts`` is
     the whole step's; each of the ``gpus`` processes handles its share. ``dtype`` as
-    ``model.dtype`` (auto: float32 weights, bfloat16 compute)."""
+    ``model.dtype`` (auto: float32 weights, bfloat16 compute). ``engine_bytes``: what a
+    colocated vLLM engine reserves on each device (0: the hf generator); ``engine_sleeps``:
+    it frees that during the update (``sleep``)."""
     wb = 4 if dtype == "auto" else BYTES[dtype]  # stored weights, gradients, moments
     ab = 2 if dtype == "auto" else BYTES[dtype]  # activations and KV cache
     P = shape.params()
@@ -116,11 +123,15 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     else:
         out["activations"] = tokens * shape.layers * per_token_layer * ab
     generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
-    if strategy in ("fsdp", "zero3") and gpus > 1:
-        generation += P * wb * (1 - 1 / w_s)  # generation holds the whole model
+    gathering = P * wb * (1 - 1 / w_s) if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
+    generation += gathering  # generation (or a sync) holds the whole model
     backward = out["gradients"] + out["activations"] + out["logits"]
     step = out["gradients"] + out["optimizer"] + trainable * 4 / o_s  # foreach temporaries
-    out["total"] = out["weights"] + out["reference"] + max(generation, backward, step)
+    out["vllm"] = float(engine_bytes)
+    awake = 0.0 if engine_sleeps else out["vllm"]  # held through the update as well
+    if engine_bytes:  # the engine's reservation replaces the hf generator's cache
+        out["kv_cache"], generation = 0.0, out["vllm"] - awake + gathering
+    out["total"] = out["weights"] + out["reference"] + awake + max(generation, backward, step)
     critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
     out["ppo_total"] = out["total"] + critic
     return out
@@ -134,7 +145,8 @@ def _settings(args) -> dict:
     got = {"model": None, "group_size": 8, "prompts": 8, "prompt_tokens": 256,
            "max_new_tokens": 512, "micro_batch": None, "dtype": "auto", "strategy": None,
            "gpus": 1, "lora_rank": 0, "gradient_checkpointing": False, "reference": True,
-           "generation_batch_size": None, "logprob_chunk": 1024}
+           "generation_batch_size": None, "logprob_chunk": 1024,
+           "vllm_memory_utilization": None, "vllm_sleep": True, "device_memory": None}
     if args.config:
         from grpo_core import config as config_mod
         from grpo_core.registry import registry
@@ -157,6 +169,10 @@ def _settings(args) -> dict:
                    reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
                    generation_batch_size=cfg["sampling"]["generation_batch_size"],
                    logprob_chunk=cfg["runtime"]["logprob_chunk"])
+        if cfg["generator"]["name"] == "vllm":
+            engine = cfg["generator"]["options"]
+            got.update(vllm_memory_utilization=engine["gpu_memory_utilization"],
+                       vllm_sleep=engine["sleep"])
     for key in got:
         value = getattr(args, key, None)
         if value is not None and value is not False:
@@ -165,8 +181,16 @@ def _settings(args) -> dict:
         got["reference"] = False
     if args.zero_stage is not None:
         got["strategy"] = f"zero{args.zero_stage}" if args.zero_stage else "ddp"
+    if args.vllm_awake:
+        got["vllm_sleep"] = False
     if got["model"] is None:
         raise UserError("plan-memory: give a run config or --model")
+    fraction = got["vllm_memory_utilization"]
+    if fraction is not None and not 0 < fraction <= 1:
+        raise UserError(f"--vllm-memory-utilization: found {fraction}, expected a fraction "
+                        f"in (0, 1]")
+    if got["device_memory"] is not None and got["device_memory"] <= 0:
+        raise UserError(f"--device-memory: found {got['device_memory']}, expected GiB > 0")
     for key in ("group_size", "prompts", "prompt_tokens", "max_new_tokens", "gpus"):
         if got[key] < 1:
             raise UserError(f"--{key.replace('_', '-')}: found {got[key]}, expected >= 1")
@@ -176,9 +200,27 @@ def _settings(args) -> dict:
     return got
 
 
+def device_memory_gib(given: float | None) -> float:
+    """The memory of each device in GiB: as given, else this machine's first GPU's, else
+    DEFAULT_DEVICE_GIB (an 80 GB H100)."""
+    if given is not None:
+        return given
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GiB
+    return DEFAULT_DEVICE_GIB
+
+
 def plan_cli(args) -> int:
     s = _settings(args)
     shape = load_shape(s["model"])
+    engine = 0.0
+    if s["vllm_memory_utilization"]:
+        device = device_memory_gib(s["device_memory"])
+        engine = s["vllm_memory_utilization"] * device * GiB
+        print(f"vLLM: {s['vllm_memory_utilization']} x {device:.1f} GiB reserved on each "
+              f"device, {'freed during the update (sleep)' if s['vllm_sleep'] else 'kept'}")
     names = [s["strategy"]] if s["strategy"] else (
         [n for n in STRATEGIES if n != "none"] if s["gpus"] > 1 else ["none"])
     print(f"model: {s['model']} ({shape.params() / 1e9:.2f} B parameters), dtype {s['dtype']}, "
@@ -188,14 +230,14 @@ def plan_cli(args) -> int:
           + (", gradient checkpointing" if s["gradient_checkpointing"] else "")
           + ("" if s["reference"] else ", no reference on the device"))
     keys = ("weights", "reference", "gradients", "optimizer", "kv_cache", "logits",
-            "activations", "total", "ppo_total")
+            "activations", "vllm", "total", "ppo_total")
     print("GiB per device | " + " | ".join(k if k != "total" else "GRPO peak" for k in keys)
           .replace("ppo_total", "PPO peak"))
     for name in names:
         est = plan(shape, s["group_size"], s["prompts"], s["prompt_tokens"],
                    s["max_new_tokens"], s["micro_batch"], s["dtype"], name, s["gpus"],
                    s["lora_rank"], s["gradient_checkpointing"], s["reference"],
-                   s["generation_batch_size"], s["logprob_chunk"])
+                   s["generation_batch_size"], s["logprob_chunk"], engine, s["vllm_sleep"])
         print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
     print("PPO peak: the same plus a critic of the same size with its gradients, optimizer "
           "and activations.")

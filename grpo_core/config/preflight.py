@@ -10,9 +10,10 @@ import os
 
 import torch
 
+from grpo_core.config import vllm_limits
 from grpo_core.data.prompts import check_fields, column_map, column_problems
 from grpo_core.data.sources import Source, looks_like_hub_id, open_stream, read_rows
-from grpo_core.engine import schedules
+from grpo_core.engine import dist, schedules
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Environment, Reward
@@ -98,6 +99,7 @@ def _runtime(cfg: dict) -> list[str]:
                         f"a CUDA device")
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
+    problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
     ds = cfg["deepspeed"]
     if isinstance(ds, str):
         if not os.path.isfile(ds):

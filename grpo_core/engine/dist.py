@@ -7,16 +7,45 @@ import os
 import torch
 import torch.distributed as td
 
+from grpo_core.errors import UserError
 
-def init(device: torch.device) -> tuple[int, int]:
-    """Join the process group when launched with WORLD_SIZE > 1; returns (rank, world)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not td.is_initialized():
-        # on GPUs NCCL for tensors on the device, gloo for the small CPU ones (flags, sums)
+
+def init(device: torch.device) -> tuple[torch.device, int, int]:
+    """This process's device (:func:`own_device`, made current first, so that the process
+    group and everything after it use it), then the process group when launched with
+    WORLD_SIZE > 1; returns (device, rank, world)."""
+    device = own_device(device)
+    if launched_world() > 1 and not td.is_initialized():
+        # on GPUs one group with two backends: NCCL for tensors on the device, gloo beside it
+        # for CPU tensors and objects (flags, sums, the reward grid), chosen by the tensor
         td.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     if td.is_initialized():
-        return td.get_rank(), td.get_world_size()
-    return 0, 1
+        return device, td.get_rank(), td.get_world_size()
+    return device, 0, 1
+
+
+def own_device(device: torch.device) -> torch.device:
+    """The device this process computes on. Under a launcher (WORLD_SIZE > 1) every rank of
+    a node gets the GPU numbered by its LOCAL_RANK — without this all of them would allocate
+    on GPU 0 — and that GPU is made current (torch.cuda.set_device), so NCCL, FSDP's meshes
+    and anything written as plain "cuda" land on it. One process keeps the configured index.
+    A CPU device is returned as it is."""
+    if device.type != "cuda":
+        return device
+    index = local_rank() if launched_world() > 1 else (device.index or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UserError(f"runtime.device: this process needs CUDA device {index} (LOCAL_RANK "
+                        f"{local_rank()}), but {count} are visible; start at most {count} "
+                        f"processes per machine")
+    chosen = torch.device("cuda", index)
+    torch.cuda.set_device(chosen)
+    return chosen
+
+
+def launched_world() -> int:
+    """The number of processes the launcher started (WORLD_SIZE; 1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def local_rank() -> int:

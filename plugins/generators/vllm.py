@@ -1,25 +1,38 @@
 """The ``vllm`` generator: a colocated vLLM engine for fast rollouts (needs CUDA and vllm).
 
-The engine runs in the training process (V1 multiprocessing off) and shares the GPU
+The engine runs in each training process, on that rank's GPU, sharing it
 (``gpu_memory_utilization``); it sleeps during the update and wakes for generation when
-``sleep`` is on. After every ``sync_every`` optimizer steps the trained weights are loaded
-into it. vLLM's sampling log-probs differ slightly from the trainer's (other kernels), so
-the trainer recomputes the old log-probs and corrects with a truncated importance weight
-min(pi_trainer / pi_vllm, ``tis_cap``) (``recompute_old_logprobs`` below).
+``sleep`` is on. Under torchrun the engines use vLLM's ``external_launcher``: the training
+ranks are its workers, ``tensor_parallel_size`` consecutive ranks sharing one engine (each
+holding a shard, all submitting the same requests). After every ``sync_every`` optimizer
+steps the trained weights are loaded through vLLM's RPC for RL trainers: ``collective_rpc``
+calls a worker extension (grpo_core_plugins.generators.vllm_worker) on every worker.
+
+The engine returns the log-probs of the distribution it sampled from (``logprobs_mode:
+processed_logprobs``: after the repetition penalty, temperature, top-k, top-p and min-p).
+The trainer recomputes the old log-probs under its own policy and weights the objective by
+min(pi_trainer / pi_vllm, ``tis_cap``), which corrects both the two engines' numeric mismatch
+and the filters' departure from the policy (``recompute_old_logprobs`` below).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 
 import torch
+import torch.distributed as td
+from grpo_core_plugins.generators.vllm_worker import EXTENSION
 from torch.distributed.tensor import DTensor
 
+from grpo_core.engine import dist
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Turn, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
 
 GRPO_CORE_API = (2,)
+#: weights handed to the workers per RPC call (bytes): bounds the extra memory of a sync
+SYNC_BATCH_BYTES = 2**29
 
 
 def settings(sp: SamplingParams, stop: tuple[str, ...]) -> dict:
@@ -32,9 +45,60 @@ def settings(sp: SamplingParams, stop: tuple[str, ...]) -> dict:
                 include_stop_str_in_output=True)
 
 
+def engine_args(opts: dict, path: str, sleep: bool, world: int) -> dict:
+    """vllm.LLM's arguments: the engine in this process (one worker per rank under torchrun:
+    external_launcher), log-probs of the processed distribution, the weight-loading worker
+    extension, and one seed everywhere (the ranks sharing an engine must sample alike)."""
+    kw = dict(model=path, tokenizer=path, dtype="bfloat16", enable_sleep_mode=sleep, seed=0,
+              logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+              **{k: v for k, v in opts.items() if v is not None})
+    if world > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+    return kw
+
+
+def tensor_parallel_groups(world: int, size: int) -> list[list[int]]:
+    """The ranks sharing each engine: ``size`` consecutive ones (vLLM lays tensor
+    parallelism innermost over the launched ranks)."""
+    return [list(range(start, start + size)) for start in range(0, world, size)]
+
+
+def sampled_logprobs(completion) -> list[float]:
+    """Each sampled token's log-prob from a vLLM CompletionOutput (its ``logprobs``: one
+    {token id: Logprob} per token), 0.0 where the engine gave none."""
+    steps = completion.logprobs or [None] * len(completion.token_ids)
+    return [d[t].logprob if d and t in d else 0.0 for t, d in zip(completion.token_ids, steps)]
+
+
+def tensor_parallel_group(size: int):
+    """This rank's gloo group among those sharing its engine (None without tensor
+    parallelism); every rank must call this, as torch.distributed creates every group on
+    every rank."""
+    if size == 1:
+        return None
+    group, _ = td.new_subgroups_by_enumeration(
+        tensor_parallel_groups(dist.world_size(), size), backend="gloo")
+    return group
+
+
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A parameter whole: gathered from its shards under ddp/fsdp (every rank calls this)."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def weight_batches(named: Iterable[tuple[str, torch.Tensor]],
+                   limit: int = SYNC_BATCH_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``named`` in consecutive lists of at most ``limit`` bytes each (a larger tensor alone),
+    so a sync never holds more than one list of bfloat16 copies at once."""
+    batch, size = [], 0
+    for name, t in named:
+        if batch and size + t.numel() * t.element_size() > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append((name, t))
+        size += t.numel() * t.element_size()
+    if batch:
+        yield batch
 
 
 class VLLMGenerator(Generator):
@@ -48,13 +112,16 @@ class VLLMGenerator(Generator):
                          tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                          enforce_eager=enforce_eager)
         self.sleep, self.sync_every, self.tis_cap = sleep, sync_every, tis_cap
-        self.llm, self.updates = None, 0
+        self.tp = tensor_parallel_size
+        self.llm, self.updates, self.group = None, 0, None
 
     def setup(self, model, tokenizer, device) -> None:
         if device.type != "cuda":
             raise UserError("generator vllm: needs a CUDA device (train.device); use the hf "
                             "generator on CPU")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+        # the engine in this process: collective_rpc then hands the workers our tensors as
+        # they are, on this rank's GPU, rather than serialising them to another process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
             import vllm
         except ImportError as exc:
@@ -62,38 +129,38 @@ class VLLMGenerator(Generator):
                             "'grpo-core[vllm]')") from exc
         self.vllm = vllm
         self.tokenizer = tokenizer
-        path = model.config._name_or_path
-        kw = dict(model=path, tokenizer=path, dtype="bfloat16", enable_sleep_mode=self.sleep,
-                  **{k: v for k, v in self.opts.items() if v is not None})
-        try:
-            self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kw)
-        except TypeError:  # vLLM before 0.10.2 has no logprobs_mode
-            self.llm = vllm.LLM(**kw)
+        self.group = tensor_parallel_group(self.tp)
+        self.llm = vllm.LLM(**engine_args(self.opts, model.config._name_or_path, self.sleep,
+                                          dist.world_size()))
         self.sync_weights(model, force=True)
         if self.sleep:
             self.llm.sleep(level=1)
 
-    def _engine_model(self):
-        engine = self.llm.llm_engine
-        executor = getattr(engine, "model_executor", None)
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)
-        return worker.model_runner.model
-
     def sync_weights(self, model, force: bool = False) -> None:
-        """Load the trained weights into the engine (every ``sync_every`` updates)."""
+        """Load the trained weights into the engine (every ``sync_every`` updates), a batch
+        of bfloat16 tensors per collective_rpc call."""
         self.updates += 1
         if not force and self.updates % self.sync_every:
             return
-        base = model.get_base_model() if hasattr(model, "merge_and_unload") else model
-        weights = ((k, _whole(v).detach().to(torch.bfloat16)) for k, v in base.state_dict().items())
         if self.sleep and not force:
             self.llm.wake_up()
-        self._engine_model().load_weights(weights=weights)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        named = ((k, _whole(v).detach().to(torch.bfloat16)) for k, v in model.state_dict().items())
+        for batch in weight_batches(named):
+            self.llm.collective_rpc("load_trained_weights", args=(batch,))
+        self.llm.reset_prefix_cache()
         if self.sleep and not force:
             self.llm.sleep(level=1)
+
+    def _shared(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], int]:
+        """The requests this rank submits, and where its own prompts start among them: its
+        prompts alone, or with tensor parallelism every prompt of the ranks sharing its
+        engine, in rank order (those ranks must submit the same requests)."""
+        if self.group is None:
+            return prompt_ids, 0
+        everyone: list = [None] * self.tp
+        td.all_gather_object(everyone, prompt_ids, group=self.group)
+        mine = td.get_rank(self.group)
+        return [p for part in everyone for p in part], sum(len(p) for p in everyone[:mine])
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
@@ -102,8 +169,10 @@ class VLLMGenerator(Generator):
                                       seed=seed, **settings(sampling, sampling.stop))
         if self.sleep:
             self.llm.wake_up()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
+        requests, start = self._shared(prompt_ids)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in requests],
                                     sampling_params=sp, use_tqdm=False)
+        outputs = outputs[start:start + len(prompt_ids)]
         if self.sleep:
             self.llm.sleep(level=1)
         pad = self.tokenizer.pad_token_id
@@ -113,8 +182,7 @@ class VLLMGenerator(Generator):
                 toks = list(c.token_ids) or [pad]
                 ids.append(torch.tensor([toks]))
                 masks.append(torch.ones(1, len(toks), dtype=torch.long) * bool(c.token_ids))
-                lp = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-                logps.append(torch.tensor([lp + [0.0] * (len(toks) - len(lp))]))
+                logps.append(torch.tensor([sampled_logprobs(c) or [0.0]]))
                 trunc.append(c.finish_reason == "length")
                 group.append(p)
         pids, pmask = pad_left(prompt_ids, pad)
@@ -162,11 +230,11 @@ class VLLMTurns(TurnSampler):
         for r, out in zip(rows, outputs):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lp = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+            lp = sampled_logprobs(c)
             finish = "length" if c.finish_reason == "length" else \
                 "stop" if isinstance(c.stop_reason, str) else "eos"
             self.prefix[r] += ids
-            turns.append(Turn(ids, lp[:len(ids)] + [0.0] * (len(ids) - len(lp)), finish))
+            turns.append(Turn(ids, lp, finish))
         self.turns += 1
         return turns
 
@@ -182,7 +250,10 @@ def generator(register):
         "properties": {
             "gpu_memory_utilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                                        "default": 0.3},
-            "tensor_parallel_size": {"type": "integer", "minimum": 1, "default": 1},
+            "tensor_parallel_size": {"type": "integer", "minimum": 1, "default": 1,
+                                     "description": "training ranks sharing one engine, each "
+                                                    "a shard (torchrun: a divisor of the "
+                                                    "process count)"},
             "sleep": {"type": "boolean", "default": True,
                       "description": "free the engine's memory during the update"},
             "sync_every": {"type": "integer", "minimum": 1, "default": 1,

@@ -75,3 +75,34 @@ def test_reads_a_run_config(tiny_model, addition_data, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "4 prompts x G=16" in out.stdout and "gradient checkpointing" in out.stdout
     assert "no reference" in out.stdout  # KL 0: the trainer loads none
+
+
+def test_a_colocated_vllm_engine_adds_its_reservation():
+    s, engine = Shape(**PRESETS["qwen2.5-1.5b"]), 0.3 * 80 * 2**30
+    hf = plan(s, 8, 8, 256, 512)
+    asleep = plan(s, 8, 8, 256, 512, engine_bytes=engine)
+    awake = plan(s, 8, 8, 256, 512, engine_bytes=engine, engine_sleeps=False)
+    assert asleep["vllm"] == engine and hf["vllm"] == 0 and asleep["kv_cache"] == 0
+    fixed = hf["weights"] + hf["reference"]
+    assert asleep["total"] == fixed + max(engine, hf["total"] - fixed)  # generation or update
+    assert awake["total"] > asleep["total"] and awake["total"] >= fixed + engine + (
+        hf["gradients"] + hf["activations"] + hf["logits"])  # held through backward too
+
+
+def test_cli_reads_the_engines_reservation_from_a_run_config(tiny_model, addition_data,
+                                                            tmp_path):
+    from helpers import make_config, write_config
+
+    cfg = make_config(tiny_model, addition_data, str(tmp_path / "r"),
+                      generator={"name": "vllm", "options": {"gpu_memory_utilization": 0.5}})
+    path = write_config(tmp_path / "c.json", cfg)
+    out = run_grpo("plan-memory", path, "--device-memory", "80", cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "vLLM: 0.5 x 80.0 GiB reserved on each device, freed during the update" in out.stdout
+    header, row = out.stdout.splitlines()[2:4]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert float(cells["vllm"]) == 40.0 and float(cells["GRPO peak"]) >= 40.0
+    awake = run_grpo("plan-memory", path, "--device-memory", "80", "--vllm-awake", cwd=ROOT)
+    assert "kept" in awake.stdout
+    bad = run_grpo("plan-memory", path, "--vllm-memory-utilization", "1.5", cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --vllm-memory-utilization:")
