@@ -43,6 +43,7 @@ from grpo_core.models import (
     save_model,
     saved_dtype,
 )
+from grpo_core.pitfalls import run_settings
 from grpo_core.rollout import SamplingParams
 from grpo_core.sources import Source, open_stream, read_rows
 from grpo_core.update import TorchUpdate
@@ -208,6 +209,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
+    if run.health:  # the advice names the run's own settings
+        run.health.settings = run_settings(cfg, run.reward)
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)
