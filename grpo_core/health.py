@@ -188,7 +188,7 @@ class HealthMonitor:
                 value=rw[-1], window=w, cause=cause), rw[-1]
         else:
             yield from self._signal(r, full, converged, rw, solved)
-            yield from pitfalls.reward_hacking(self, r)
+        yield from pitfalls.reward_hacking(self, r)
         yield from pitfalls.lr_collapse(self, converged)
         yield from self._kl(r, full, no_signal)
         yield from pitfalls.kl_dominates(self, converged)

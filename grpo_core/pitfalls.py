@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Iterator
 from typing import Protocol
 
+from grpo_core.registry import registry
+
 Finding = tuple[str, str, float]
 
 
@@ -30,25 +32,29 @@ class HealthMonitor(Protocol):
     def series(self, key: str, n: int | None = None) -> list[float]: ...
 
 
-def run_settings(cfg: dict, reward: object = None) -> dict:
+def run_settings(cfg: dict) -> dict:
     """What the advice needs from a validated config (sampling settings already resolved):
-    lr, sampling temperature and token budget, the KL controller and its coefficient's option
-    name, and a weighted reward's components (weight, ``requires``, best score when the
-    component declares one)."""
-    kl = cfg["kl"]
-    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(kl["name"])
-    parts = getattr(reward, "parts", None) or []
-    best = {p["dim"]: getattr(p["fn"], "max_value", None) for p in parts}
+    lr, sampling temperature and token budget, the KL coefficient's option name, and a
+    weighted reward's components (weight, ``requires``, the best score its class declares)."""
+    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(
+        cfg["kl"]["name"])
     components = {}
     if cfg["reward"]["name"] == "weighted":
         for c in cfg["reward"]["options"]["components"]:
-            dim = c.get("as") or c["name"]
-            components[dim] = {"weight": c.get("weight", 1.0), "requires": c.get("requires", []),
-                               "max": best.get(dim)}
+            components[c.get("as") or c["name"]] = {
+                "weight": c.get("weight", 1.0), "requires": c.get("requires", []),
+                "max": _declared_best(c["name"])}
     return {"lr": cfg["optimizer"]["lr"], "temperature": cfg["sampling"]["temperature"],
             "max_new_tokens": cfg["sampling"]["max_new_tokens"],
             "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
             "components": components}
+
+
+def _declared_best(name: str) -> float | None:
+    """A reward plugin's best score as its class declares it (``Reward.max_value``), read
+    from the registry: the reward itself may live in a worker process."""
+    factory = registry().get("reward", name).factory
+    return getattr(factory, "max_value", None) if isinstance(factory, type) else None
 
 
 def halves(values: list[float]) -> tuple[float, float]:

@@ -210,7 +210,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
     if run.health:  # the advice names the run's own settings
-        run.health.settings = run_settings(cfg, run.reward)
+        run.health.settings = run_settings(cfg)
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)
