@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--no-reference", action="store_true", help="KL coefficient 0")
     pm.add_argument("--reference-on-cpu", action="store_true", help="model.reference_device: cpu")
     pm.add_argument("--generation-batch-size", type=int)
+    pm.add_argument("--vllm-memory-utilization", type=float,
+                    help="a colocated vLLM's gpu_memory_utilization (needs --gpu-memory-gb)")
+    pm.add_argument("--gpu-memory-gb", type=float, help="the GPU's memory, for vLLM's share")
     pm.set_defaults(func=cmd_plan_memory)
     return p
 

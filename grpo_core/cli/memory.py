@@ -5,8 +5,11 @@ The estimate follows what this trainer allocates: weights (float32 master weight
 ``model.dtype: auto``, computing in bfloat16 on a GPU), a frozen reference (none with LoRA or at
 KL 0), gradients and AdamW's two moments for trainable weights, each sharded as the strategy
 shards it, the KV cache of G x prompts completions being generated, the chunked LM-head
-logits, and the activations kept for backward. Peak = weights + reference + the largest phase
-(generation, backward, optimizer step).
+logits, and the activations kept for backward. Peak = what stays resident from the second step
+on (weights, reference, the optimizer's moments) + the largest phase (generation, backward,
+optimizer step). A colocated vLLM engine reserves ``gpu_memory_utilization`` x the device's
+memory: during generation when it sleeps through the update, all along when it does not.
+Measured against real runs in docs/benchmarks.md (tests/memory_probe.py).
 """
 
 from __future__ import annotations
@@ -83,10 +86,13 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
          micro_batch: int | None = None, dtype: str = "auto", strategy: str = "none",
          gpus: int = 1, lora_rank: int = 0, gradient_checkpointing: bool = False,
          reference: bool = True, generation_batch: int | None = None,
-         logprob_chunk: int = 1024) -> dict[str, float]:
+         logprob_chunk: int = 1024, vllm_bytes: float = 0.0,
+         vllm_sleep: bool = True) -> dict[str, float]:
     """Bytes per component for one device; ``total`` is the estimated peak. ``prompts`` is
     the whole step's; each of the ``gpus`` processes handles its share. ``dtype`` as
-    ``model.dtype`` (auto: float32 weights, bfloat16 compute)."""
+    ``model.dtype`` (auto: float32 weights, bfloat16 compute). ``vllm_bytes``: a colocated
+    vLLM engine's reservation (its weights and KV cache), which replaces the trainer's own
+    generation; with ``vllm_sleep`` it is released during the update."""
     wb = 4 if dtype == "auto" else BYTES[dtype]  # stored weights, gradients, moments
     ab = 2 if dtype == "auto" else BYTES[dtype]  # activations and KV cache
     P = shape.params()
@@ -94,7 +100,7 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     completions = max(1, prompts // gpus) * group_size
     mb = min(micro_batch or completions, completions)
     seq = prompt_tokens + new_tokens
-    H, inter, kv = shape.hidden, shape.intermediate, shape.kv_dim
+    H, kv = shape.hidden, shape.kv_dim
     w_s, g_s, o_s, r_s = (gpus if x else 1 for x in SHARDED[strategy])
     layer = (P - shape.vocab * H * (1 if shape.tied else 2)) / shape.layers
     gathered = 2 * layer * wb if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
@@ -109,21 +115,33 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     # ZeRO-3 runs the head as a module: the micro-batch's completion logits all at once
     chunk = mb * new_tokens if strategy == "zero3" else min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
-    per_token_layer = 8 * H + 4 * inter + 4 * kv  # tensors a decoder layer keeps for backward
-    tokens = mb * seq
-    if gradient_checkpointing:
-        out["activations"] = tokens * (shape.layers * H + per_token_layer) * ab
-    else:
-        out["activations"] = tokens * shape.layers * per_token_layer * ab
-    generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
+    out["activations"] = activations(shape, mb * seq, gradient_checkpointing, ab)
+    generation = vllm_bytes if vllm_bytes and vllm_sleep else \
+        out["kv_cache"] + gen * shape.vocab * 4 * 2
     if strategy in ("fsdp", "zero3") and gpus > 1:
         generation += P * wb * (1 - 1 / w_s)  # generation holds the whole model
+    out["vllm"] = vllm_bytes
     backward = out["gradients"] + out["activations"] + out["logits"]
-    step = out["gradients"] + out["optimizer"] + trainable * 4 / o_s  # foreach temporaries
-    out["total"] = out["weights"] + out["reference"] + max(generation, backward, step)
+    step = out["gradients"] + trainable * 4 / o_s  # foreach temporaries
+    resident = out["weights"] + out["reference"] + out["optimizer"] + \
+        (vllm_bytes if not vllm_sleep else 0.0)
+    out["total"] = resident + max(generation, backward, step)
     critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
     out["ppo_total"] = out["total"] + critic
     return out
+
+
+def activations(shape: Shape, tokens: int, checkpointing: bool, nbytes: int) -> float:
+    """Bytes the backward pass needs for ``tokens`` tokens of one micro-batch. Without
+    checkpointing every decoder layer keeps its tensors (``per_layer`` numbers a token).
+    With it, each layer keeps only its input (H a token), and the layer being recomputed
+    holds its tensors and their gradients at once (2 x ``per_layer``): the measured peak
+    (docs/benchmarks.md) that one layer's worth alone underestimated by half."""
+    H = shape.hidden
+    per_layer = 8 * H + 4 * shape.intermediate + 4 * shape.kv_dim
+    if checkpointing:
+        return tokens * (shape.layers * H + 2 * per_layer) * nbytes
+    return tokens * shape.layers * per_layer * nbytes
 
 
 STRATEGIES = tuple(SHARDED)
@@ -134,7 +152,8 @@ def _settings(args) -> dict:
     got = {"model": None, "group_size": 8, "prompts": 8, "prompt_tokens": 256,
            "max_new_tokens": 512, "micro_batch": None, "dtype": "auto", "strategy": None,
            "gpus": 1, "lora_rank": 0, "gradient_checkpointing": False, "reference": True,
-           "generation_batch_size": None, "logprob_chunk": 1024}
+           "generation_batch_size": None, "logprob_chunk": 1024,
+           "vllm_memory_utilization": None, "vllm_sleep": True, "gpu_memory_gb": None}
     if args.config:
         from grpo_core import config as config_mod
         from grpo_core.registry import registry
@@ -157,6 +176,10 @@ def _settings(args) -> dict:
                    reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
                    generation_batch_size=cfg["sampling"]["generation_batch_size"],
                    logprob_chunk=cfg["runtime"]["logprob_chunk"])
+        if cfg["generator"]["name"] == "vllm":
+            options = cfg["generator"]["options"]
+            got.update(vllm_memory_utilization=options.get("gpu_memory_utilization", 0.3),
+                       vllm_sleep=options.get("sleep", True))
     for key in got:
         value = getattr(args, key, None)
         if value is not None and value is not False:
@@ -167,6 +190,9 @@ def _settings(args) -> dict:
         got["strategy"] = f"zero{args.zero_stage}" if args.zero_stage else "ddp"
     if got["model"] is None:
         raise UserError("plan-memory: give a run config or --model")
+    if got["vllm_memory_utilization"] and not got["gpu_memory_gb"]:
+        raise UserError("plan-memory: a colocated vLLM reserves a share of the GPU's memory; "
+                        "give the GPU's size with --gpu-memory-gb")
     for key in ("group_size", "prompts", "prompt_tokens", "max_new_tokens", "gpus"):
         if got[key] < 1:
             raise UserError(f"--{key.replace('_', '-')}: found {got[key]}, expected >= 1")
@@ -174,6 +200,11 @@ def _settings(args) -> dict:
         raise UserError(f"--dtype: found {got['dtype']!r}, expected auto or one of "
                         f"{sorted(BYTES)}")
     return got
+
+
+def vllm_reservation(s: dict) -> float:
+    """A colocated vLLM engine's reservation: gpu_memory_utilization x the GPU's memory."""
+    return (s["vllm_memory_utilization"] or 0.0) * (s["gpu_memory_gb"] or 0.0) * GiB
 
 
 def plan_cli(args) -> int:
@@ -186,16 +217,21 @@ def plan_cli(args) -> int:
           f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
           + (f", LoRA r={s['lora_rank']}" if s["lora_rank"] else "")
           + (", gradient checkpointing" if s["gradient_checkpointing"] else "")
-          + ("" if s["reference"] else ", no reference on the device"))
+          + ("" if s["reference"] else ", no reference on the device")
+          + (f", colocated vLLM at {s['vllm_memory_utilization']:g} of {s['gpu_memory_gb']:g} GiB"
+             + (" (sleeping through the update)" if s["vllm_sleep"] else "")
+             if s["vllm_memory_utilization"] else ""))
     keys = ("weights", "reference", "gradients", "optimizer", "kv_cache", "logits",
-            "activations", "total", "ppo_total")
+            "activations", *(("vllm",) if s["vllm_memory_utilization"] else ()), "total",
+            "ppo_total")
     print("GiB per device | " + " | ".join(k if k != "total" else "GRPO peak" for k in keys)
           .replace("ppo_total", "PPO peak"))
     for name in names:
         est = plan(shape, s["group_size"], s["prompts"], s["prompt_tokens"],
                    s["max_new_tokens"], s["micro_batch"], s["dtype"], name, s["gpus"],
                    s["lora_rank"], s["gradient_checkpointing"], s["reference"],
-                   s["generation_batch_size"], s["logprob_chunk"])
+                   s["generation_batch_size"], s["logprob_chunk"], vllm_reservation(s),
+                   s["vllm_sleep"])
         print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
     print("PPO peak: the same plus a critic of the same size with its gradients, optimizer "
           "and activations.")
