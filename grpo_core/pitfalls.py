@@ -149,8 +149,10 @@ def kl_dominates(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     if converged or min(len(kl), len(pol), len(rw)) < m.window:
         return
     term, policy = statistics.fmean(kl), statistics.fmean(abs(x) for x in pol)
+    if policy == 0:  # no policy gradient at all: flat groups, not the KL, are the cause
+        return
     (r0, r1), coef = halves(rw), m.records[-1].get("kl_coef") or 0.0
-    ratio = term / policy if policy > 0 else float("inf")
+    ratio = term / policy
     name = m.settings.get("kl_option", "the KL coefficient")
     if coef > 0 and ratio > m.t["kl_dominance"] and r1 - r0 < m.t["reward_rise"]:
         yield "kl_dominates", (

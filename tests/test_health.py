@@ -235,3 +235,10 @@ def test_update_metrics_average_every_inner_iteration():
 def test_suggest():
     assert suggest(5.0, 1 / 25) == "0.2" and suggest(0.05, 0.1) == "0.005"
     assert suggest(0.0015, 0.3) == "0.0004" and suggest(0.04, 3) == "0.1"
+
+
+def test_no_kl_verdict_without_a_policy_gradient():
+    # every group flat: the policy term is 0 and the KL term cannot be compared with it
+    w = stream(reward=lambda s: 0.0, zero_std_frac=lambda s: 1.0, solved_frac=lambda s: 0.0,
+               **{"loss/kl": lambda s: 0.001, "loss/policy": lambda s: 0.0})
+    assert fired(w, "every completion got the same reward") and not fired(w, "KL term")
