@@ -23,9 +23,10 @@ import torch
 from grpo_core import config
 from grpo_core.cli.demo import addition_rows, build_tokenizer, write_jsonl
 from grpo_core.cli.memory import load_shape, plan
+from grpo_core.data import render_prompt
 from grpo_core.trainer import train
 
-G, PROMPTS, PROMPT_TOKENS = 8, 2, 4  # the addition prompts "a+b=" are 4 byte tokens
+G, PROMPTS = 8, 2
 
 
 def tiny_model(d: str) -> str:
@@ -60,6 +61,15 @@ def settings(d: str, model: str, args) -> dict:
         "health": {"enabled": False}})
 
 
+def prompt_tokens(model: str) -> int:
+    """The longest prompt as the trainer renders it (a chat template, if the model has one)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return max(len(tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"])
+               for r in addition_rows()[0])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--gradient-checkpointing", action="store_true")
@@ -78,7 +88,7 @@ def main() -> None:
     train(cfg)
     peak = torch.cuda.max_memory_allocated() if cuda else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    est = plan(load_shape(model), G, PROMPTS, PROMPT_TOKENS, args.new_tokens,
+    est = plan(load_shape(model), G, PROMPTS, prompt_tokens(model), args.new_tokens,
                dtype="auto" if cuda else "float32", lora_rank=args.lora_rank,
                gradient_checkpointing=args.gradient_checkpointing, logprob_chunk=64)
     json.dump({"measured": peak - base, "estimated": est["total"], "plan": est}, sys.stdout)
