@@ -22,7 +22,7 @@ from grpo_core.loss.groups import group_std_zero, micro_batches, resample, to_gr
 from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.observe.evaluate import evaluate
-from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, write_samples
+from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
 from grpo_core.reward.call import Scored, score_rollout
 from grpo_core.rollout import Rollout
 from grpo_core.run import Run
@@ -166,10 +166,10 @@ def advantages(run: Run, j: Judged) -> Advantages:
 
 @dataclass
 class Updated:
-    """Phase 4: the step's loss terms and counts (first pass over the rollout, summed over
-    micro-batches and ranks), the gradient norm, and how many updates were skipped."""
+    """Phase 4: the loss terms and counts of each inner iteration (summed over micro-batches
+    and ranks), the gradient norm, and how many updates were skipped."""
 
-    stats: dict[str, float]
+    iterations: list[dict[str, float]]
     grad_norm: float
     skipped: int
     seconds: float
@@ -184,12 +184,12 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
                       float(completion_budget(cfg)[1]))
     kl_coef = run.kl.value if cfg["kl"]["placement"] == "loss" else 0.0
     aggregation = oc["aggregation"] or run.objective.aggregation
-    stats: dict[str, float] = {}
+    iterations: list[dict[str, float]] = []
     grad_norm, skipped = 0.0, 0
     run.policy.train()
-    for it in range(cfg["train"]["inner_iterations"]):
+    for _ in range(cfg["train"]["inner_iterations"]):
         run.engine.zero_grad()
-        total = 0.0
+        total, stats = 0.0, {}
         batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
         for i, mb in enumerate(batches):
             sub = ro.rows(mb)
@@ -205,9 +205,9 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
                 is_weights=None if a.is_weights is None else a.is_weights[mb])
             run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
-            if it == 0:
-                for k, v in s.items():
-                    stats[k] = stats.get(k, 0.0) + v
+            for k, v in s.items():
+                stats[k] = stats.get(k, 0.0) + v
+        iterations.append(stats)
         norm_now, applied = run.engine.step(math.isfinite(total))
         if applied:
             grad_norm = norm_now
@@ -219,10 +219,14 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     if run.nonfinite_run >= cfg["train"]["max_nonfinite_steps"]:
         raise TrainingError(f"non-finite loss or gradient in {run.nonfinite_run} steps in a row "
                             f"(step {step}); lower optimizer.lr or check the reward")
-    stats = dist.sum_named(stats, run.device)
-    run.kl.update(stats["kl"] / max(stats["tokens"], 1.0),
+    summed = dist.sum_named({f"{n}|{k}": v for n, it in enumerate(iterations)
+                             for k, v in it.items()}, run.device)
+    iterations = [{k: summed[f"{n}|{k}"] for k in it} for n, it in enumerate(iterations)]
+    # the controller reads the KL of the policy that sampled: the first iteration's
+    first = iterations[0]
+    run.kl.update(first.get("kl", 0.0) / max(first["tokens"], 1.0),
                   cfg["train"]["prompts_per_step"] * cfg["sampling"]["group_size"])
-    return Updated(stats, grad_norm, skipped, time.time() - t0)
+    return Updated(iterations, grad_norm, skipped, time.time() - t0)
 
 
 def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Updated,
@@ -230,18 +234,13 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
     """Phase 5: the step's metrics record (written by rank 0), validation when due, health
     warnings, samples."""
     cfg, ro = run.cfg, j.rollout
-    tokens = max(u.stats["tokens"], 1.0)
     record = {"step": step, **rollout_metrics(
         j.scored.rewards, to_grid(j.scored.rewards, ro.group.cpu(), run.prompts)[0], j.flat, ro,
         j.scored.dimensions, j.extra_completions,
         cfg["health"]["solved_reward"] if cfg["health"]["solved_reward"] is not None
         else run.reward.max_value, run.device)}
     record.update({
-        "kl": u.stats["kl"] / tokens, "kl_coef": run.kl.value,
-        "entropy": u.stats["entropy"] / tokens,
-        "loss": sum(v for k, v in u.stats.items() if k.startswith("loss/")),
-        **{k: v for k, v in u.stats.items() if k.startswith("loss/")},
-        **{f"{k}_frac": v / tokens for k, v in u.stats.items() if k.startswith("clip_")},
+        **update_metrics(u.iterations), "kl_coef": run.kl.value,
         "grad_norm": u.grad_norm, "skipped_updates": u.skipped,
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,

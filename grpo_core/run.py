@@ -41,6 +41,7 @@ from grpo_core.observe.metrics import (
     peak_memory_mb,
     truncate_metrics,
 )
+from grpo_core.observe.pitfalls import run_settings
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
 from grpo_core.store import persist, rundir
@@ -212,6 +213,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
+    if run.health:  # the advice names the run's own settings
+        run.health.settings = run_settings(cfg)
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)

@@ -1,5 +1,17 @@
-"""Run by test_memory.py in its own process: peak memory of one CPU step vs the plan."""
+"""Run by test_memory.py in its own process: the peak memory of a real two-step training (the
+second step holds the optimizer's moments from the first) next to ``grpo plan-memory``'s
+estimate, for the same settings.
 
+    python tests/memory_probe.py [--gradient-checkpointing] [--lora-rank R] [--new-tokens N]
+                                 [--model DIR] [--device cpu|cuda]
+
+Without ``--model`` a randomly initialised Qwen2-shaped model (6 layers, 512 wide) is built.
+On the CPU the measure is the process's peak resident size over what it held before training
+(the interpreter, torch and the libraries are not the run's); on a GPU, the allocator's peak.
+Prints one JSON object: measured and estimated bytes, and the plan's components.
+"""
+
+import argparse
 import json
 import os
 import resource
@@ -10,15 +22,16 @@ import torch
 
 from grpo_core import config
 from grpo_core.cli.memory import load_shape, plan
+from grpo_core.data.prompts import render_prompt
 from grpo_core.tiny import addition_rows, build_tokenizer, write_jsonl
 from grpo_core.trainer import train
 
+G, PROMPTS = 8, 2
 
-def main() -> None:
+
+def tiny_model(d: str) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.set_num_threads(1)
-    d = tempfile.mkdtemp()
     tok = build_tokenizer()
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
@@ -26,24 +39,59 @@ def main() -> None:
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     model.save_pretrained(d + "/m")
     tok.save_pretrained(d + "/m")
-    del model
+    return d + "/m"
+
+
+def settings(d: str, model: str, args) -> dict:
+    """A two-step run of G x 2 completions of up to ``--new-tokens`` (an untrained model
+    rarely ends one early)."""
     write_jsonl(d + "/train.jsonl", addition_rows()[0])
-    cfg = config.validate({
-        "model": {"name_or_path": d + "/m"},
+    lora = {"r": args.lora_rank} if args.lora_rank else None
+    return config.validate({
+        "model": {"name_or_path": model, "gradient_checkpointing": args.gradient_checkpointing,
+                  "lora": lora},
         "data": {"path": d + "/train.jsonl", "columns": ["answer"]},
-        "sampling": {"group_size": 8, "max_new_tokens": 8},
-        "train": {"steps": 1, "prompts_per_step": 2},
-        "runtime": {"device": "cpu", "threads": 1, "logprob_chunk": 64},
+        "sampling": {"group_size": G, "max_new_tokens": args.new_tokens},
+        "train": {"steps": 2, "prompts_per_step": PROMPTS},
+        "runtime": {"device": args.device, "threads": 1, "logprob_chunk": 64},
         "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
         "kl": {"name": "fixed", "options": {"coef": 0.1}},
         "output": {"dir": d + "/run", "progress": False, "save_model": False,
                    "samples_every": 0},
         "health": {"enabled": False}})
-    base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def prompt_tokens(model: str) -> int:
+    """The longest prompt as the trainer renders it (a chat template, if the model has one)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return max(len(tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"])
+               for r in addition_rows()[0])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--lora-rank", type=int, default=0)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    d = tempfile.mkdtemp()
+    model = args.model or tiny_model(d)
+    cfg = settings(d, model, args)
+    cuda = args.device == "cuda"
+    base = torch.cuda.memory_allocated() if cuda else \
+        int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     train(cfg)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    est = plan(load_shape(d + "/m"), 8, 2, 5, 8, dtype="float32", logprob_chunk=64)
-    json.dump({"measured": peak - base, "estimated": est["total"]}, sys.stdout)
+    peak = torch.cuda.max_memory_allocated() if cuda else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    est = plan(load_shape(model), G, PROMPTS, prompt_tokens(model), args.new_tokens,
+               dtype="auto" if cuda else "float32", lora_rank=args.lora_rank,
+               gradient_checkpointing=args.gradient_checkpointing, logprob_chunk=64)
+    json.dump({"measured": peak - base, "estimated": est["total"], "plan": est}, sys.stdout)
 
 
 if __name__ == "__main__":

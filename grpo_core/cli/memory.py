@@ -5,10 +5,11 @@ The estimate follows what this trainer allocates: weights (float32 master weight
 ``model.dtype: auto``, computing in bfloat16 on a GPU), a frozen reference (none with LoRA or at
 KL 0), gradients and AdamW's two moments for trainable weights, each sharded as the strategy
 shards it, the KV cache of G x prompts completions being generated, the chunked LM-head
-logits, and the activations kept for backward. Peak = weights + reference + the largest phase
-(generation, backward, optimizer step). A colocated vLLM engine reserves
-``gpu_memory_utilization`` x the device's memory for its weights and KV cache: in place of the
-hf generator's cache during generation, and through the update too unless it sleeps.
+logits, and the activations kept for backward. Peak = what stays resident from the second step
+on (weights, reference, the optimizer's moments) + the largest phase (generation, backward,
+optimizer step). A colocated vLLM engine reserves ``gpu_memory_utilization`` x the device's
+memory: during generation when it sleeps through the update, all along when it does not.
+Measured against real runs in docs/benchmarks.md (tests/memory_probe.py).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     completions = max(1, prompts // gpus) * group_size
     mb = min(micro_batch or completions, completions)
     seq = prompt_tokens + new_tokens
-    H, inter, kv = shape.hidden, shape.intermediate, shape.kv_dim
+    H, kv = shape.hidden, shape.kv_dim
     w_s, g_s, o_s, r_s = (gpus if x else 1 for x in SHARDED[strategy])
     layer = (P - shape.vocab * H * (1 if shape.tied else 2)) / shape.layers
     gathered = 2 * layer * wb if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
@@ -116,25 +117,34 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     # ZeRO-3 runs the head as a module: the micro-batch's completion logits all at once
     chunk = mb * new_tokens if strategy == "zero3" else min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
-    per_token_layer = 8 * H + 4 * inter + 4 * kv  # tensors a decoder layer keeps for backward
-    tokens = mb * seq
-    if gradient_checkpointing:
-        out["activations"] = tokens * (shape.layers * H + per_token_layer) * ab
-    else:
-        out["activations"] = tokens * shape.layers * per_token_layer * ab
+    out["activations"] = activations(shape, mb * seq, gradient_checkpointing, ab)
     generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
     gathering = P * wb * (1 - 1 / w_s) if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
-    generation += gathering  # generation (or a sync) holds the whole model
-    backward = out["gradients"] + out["activations"] + out["logits"]
-    step = out["gradients"] + out["optimizer"] + trainable * 4 / o_s  # foreach temporaries
     out["vllm"] = float(engine_bytes)
     awake = 0.0 if engine_sleeps else out["vllm"]  # held through the update as well
     if engine_bytes:  # the engine's reservation replaces the hf generator's cache
-        out["kv_cache"], generation = 0.0, out["vllm"] - awake + gathering
-    out["total"] = out["weights"] + out["reference"] + awake + max(generation, backward, step)
+        out["kv_cache"], generation = 0.0, out["vllm"] - awake
+    generation += gathering  # generation (or a sync) holds the whole model
+    backward = out["gradients"] + out["activations"] + out["logits"]
+    step = out["gradients"] + trainable * 4 / o_s  # foreach temporaries
+    resident = out["weights"] + out["reference"] + out["optimizer"] + awake
+    out["total"] = resident + max(generation, backward, step)
     critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
     out["ppo_total"] = out["total"] + critic
     return out
+
+
+def activations(shape: Shape, tokens: int, checkpointing: bool, nbytes: int) -> float:
+    """Bytes the backward pass needs for ``tokens`` tokens of one micro-batch. Without
+    checkpointing every decoder layer keeps its tensors (``per_layer`` numbers a token).
+    With it, each layer keeps only its input (H a token), and the layer being recomputed
+    holds its tensors and their gradients at once (2 x ``per_layer``): the measured peak
+    (docs/benchmarks.md) that one layer's worth alone underestimated by half."""
+    H = shape.hidden
+    per_layer = 8 * H + 4 * shape.intermediate + 4 * shape.kv_dim
+    if checkpointing:
+        return tokens * (shape.layers * H + 2 * per_layer) * nbytes
+    return tokens * shape.layers * per_layer * nbytes
 
 
 STRATEGIES = tuple(SHARDED)

@@ -75,7 +75,8 @@ def objective_loss(term: PolicyTerm, mask: torch.Tensor, aggregation: str, norm:
     term.loss, logp, ref_logp, entropy, is_weights, mask: [B, T]. Returns (loss, stats):
     stats are detached sums for logging: each term's share of the loss (``loss/policy``,
     ``loss/kl``, ``loss/entropy``; they add up to the loss, and over micro-batches to the
-    step's), the token sums of KL and entropy, the token count and the objective's counts.
+    step's), the token sums of KL (only with a reference: no KL is not a KL of 0) and entropy,
+    the token count and the objective's counts.
     """
     mask = mask.to(term.loss.dtype)
     policy_pt = term.loss if is_weights is None else term.loss * is_weights
@@ -91,7 +92,8 @@ def objective_loss(term: PolicyTerm, mask: torch.Tensor, aggregation: str, norm:
         loss = loss + parts["loss/entropy"]
     with torch.no_grad():
         stats = {k: float(v) for k, v in parts.items()}
-        stats["kl"] = float((kl * mask).sum()) if kl is not None else 0.0
+        if kl is not None:
+            stats["kl"] = float((kl * mask).sum())
         stats["entropy"] = float((entropy * mask).sum()) if entropy is not None else 0.0
         stats["tokens"] = float(mask.sum())
         stats.update({k: float((v * mask).sum()) for k, v in term.counts.items()})

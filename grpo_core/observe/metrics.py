@@ -166,6 +166,28 @@ def rollout_metrics(rewards: torch.Tensor, grid: torch.Tensor, flat: torch.Tenso
     return record
 
 
+def update_metrics(iterations: list[dict[str, float]]) -> dict[str, float]:
+    """The update's metrics from each inner iteration's sums (over micro-batches and ranks):
+    per-token KL (absent without a reference) and entropy, the loss and its terms, the
+    clip fractions. Each is the mean over the inner iterations, so a clip that only bites
+    after the first update (where the ratio is 1) shows; with more than one iteration the
+    last one's values also go under ``<name>_last``."""
+    each = [_iteration_metrics(s) for s in iterations]
+    out = {k: sum(e[k] for e in each) / len(each) for k in each[0]}
+    if len(each) > 1:
+        out.update({f"{k}_last": v for k, v in each[-1].items()})
+    return out
+
+
+def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
+    tokens = max(s["tokens"], 1.0)
+    terms = {k: v for k, v in s.items() if k.startswith("loss/")}
+    out = {"kl": s["kl"] / tokens} if "kl" in s else {}
+    out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
+    out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
+    return out
+
+
 #: a group whose rewards' std is under this (relative to their size) differs by noise only
 TINY_STD = 1e-4
 

@@ -156,3 +156,128 @@ def test_a_healthy_run_stays_quiet(warm_model, addition_data, tmp_path, objectiv
                                optimizer={"lr": 1e-4}, sampling={"group_size": 8})
     assert fired == {} and summary["health"] == [], fired
     assert all(r["zero_std_frac"] < 1 for r in rows) and rows[-1]["kl"] > 0
+
+
+# --- the article's pitfalls on the demo's model (grpo demo), 8 prompts x 8 per step ---------
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> str:
+    """The demo's model and data (its warm start included), built once for this module."""
+    from grpo_core.cli.demo import prepare
+
+    out = str(tmp_path_factory.mktemp("demo"))
+    prepare(out)
+    return out
+
+
+def demo_run(demo: str, tmp_path, steps: int, window: int, **sections):
+    """The demo's own config (lr, KL 0, reward), made small: 8 prompts x G=8, its lr held
+    constant (the cosine schedule over a few steps would be a different run each time)."""
+    from grpo_core.cli.demo import demo_config
+
+    cfg = demo_config(demo, steps, "grpo")
+    cfg["optimizer"]["lr_schedule"] = "constant"
+    cfg["train"].update(prompts_per_step=8, micro_batch_groups=8)
+    cfg["sampling"]["group_size"] = 8
+    cfg["runtime"]["threads"] = 1
+    cfg["output"].update(dir=str(tmp_path / "run"), progress=False, samples_every=0)
+    cfg["health"]["window"] = window
+    for key, value in sections.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(cfg.get(key), dict) and \
+            key != "reward" else value
+    summary = train(config.validate(cfg))
+    rows = [json.loads(x) for x in open(os.path.join(cfg["output"]["dir"], "metrics.jsonl"))]
+    return summary, rows, [(r["step"], w) for r in rows for w in r.get("health") or []]
+
+
+def said(warnings: list, text: str) -> list[int]:
+    """The steps at which a warning containing ``text`` was shown."""
+    return [s for s, w in warnings if text in w]
+
+
+def test_the_demo_run_stays_quiet(demo, tmp_path):
+    summary, rows, warnings = demo_run(demo, tmp_path, steps=30, window=10)
+    assert warnings == [] and summary["health"] == []
+    assert "kl" not in rows[0] and "kl_last" not in rows[0]  # KL 0: no reference, no KL
+    assert sum(r["reward"] for r in rows[-10:]) > sum(r["reward"] for r in rows[:10])
+
+
+def test_a_farmed_part_of_the_reward_at_correctness_expense(demo, tmp_path):
+    farmed = {"name": "weighted", "options": {"components": [
+        {"name": "format", "as": "farm", "options": {"tags": [], "patterns": ["^0"]},
+         "weight": 1.0},
+        {"name": "math", "options": {"strict": True}, "weight": 0.5}]}}
+    _, rows, warnings = demo_run(demo, tmp_path, steps=10, window=8, reward=farmed)
+    assert rows[-1]["reward/farm"] > rows[0]["reward/farm"] + 0.2
+    assert said(warnings, "while reward/math fell") == [8]
+    assert said(warnings, "make farm require math (the component's `requires`), or raise "
+                          "math's weight (now 0.5)") == [8]
+
+
+def test_one_part_at_its_best_while_the_gated_one_never_scores(demo, tmp_path):
+    data = tmp_path / "d.jsonl"  # golds no completion can match: math stays at 0
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": "impossible"}) + "\n"
+                            for a in range(10) for b in range(10)))
+    gated = {"name": "weighted", "options": {"components": [
+        {"name": "format", "as": "digits", "options": {"tags": [], "patterns": ["[0-9]"]},
+         "weight": 0.5},
+        {"name": "math", "options": {"strict": True}, "requires": ["digits"]}]}}
+    _, rows, warnings = demo_run(demo, tmp_path, steps=4, window=4, reward=gated,
+                                 data={"path": str(data)}, sampling={"max_new_tokens": 2})
+    assert all(r["reward/math"] == 0 and r["reward/digits"] > 0.95 for r in rows)
+    assert said(warnings, "reward/digits is at its best (1 of 1) for 4 steps while "
+                          "reward/math (gated on digits) stayed at 0") == [3]
+    assert said(warnings, "a larger sampling.max_new_tokens will not help") == [3]
+    assert not said(warnings, "raise max_new_tokens")
+
+
+def test_length_rising_with_a_reward_that_pays_for_it(demo, tmp_path):
+    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=8,
+                                 reward={"name": "length", "options": {"target": 8}},
+                                 sampling={"max_new_tokens": 10})
+    assert rows[-1]["completion_len"] > 2 * rows[0]["completion_len"]
+    assert said(warnings, "completion length rose") == [7]
+    assert said(warnings, "while the reward is being gamed (length_hacking): fix the reward "
+                          "first") == [7]
+    assert not said(warnings, "raise max_new_tokens")
+
+
+def test_a_kl_coefficient_that_holds_the_policy_still(demo, tmp_path):
+    _, rows, warnings = demo_run(demo, tmp_path, steps=10, window=10,
+                                 kl={"name": "fixed", "options": {"coef": 5.0}})
+    assert sum(r["loss/kl"] for r in rows) > 10 * sum(abs(r["loss/policy"]) for r in rows)
+    assert said(warnings, "the KL penalty holds the policy at the reference; lower "
+                          "kl.options.coef from 5") == [9]
+    assert not said(warnings, "raise kl.options.coef")
+
+
+def test_a_learning_rate_that_collapses_the_policy_in_one_update(demo, tmp_path):
+    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4, optimizer={"lr": 0.05})
+    assert rows[0]["reward"] > 0 and all(r["reward"] == 0 for r in rows[1:])
+    assert said(warnings, "right after one update (step 0") == [2]
+    assert said(warnings, "lower optimizer.lr from 0.05 (e.g. to 0.005)") == [2]
+    for wrong in ("check that the reward can be earned", "raise max_new_tokens",
+                  "identical, unsolved"):  # consequences, not causes
+        assert not said(warnings, wrong)
+
+
+def test_flat_groups_from_a_low_temperature(demo, tmp_path):
+    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4,
+                                 sampling={"temperature": 0.01})
+    assert sum(r["zero_std_frac"] for r in rows) / len(rows) > 0.8
+    assert said(warnings, "sampling.temperature is 0.01: a group's completions are near copies "
+                          "of one another, so their rewards are equal; raise "
+                          "sampling.temperature (e.g. to 1.0)")
+    assert not said(warnings, "check that the reward can be earned")
+    assert len(warnings) <= 4  # each said once
+
+
+def test_clip_fractions_count_every_inner_iteration(demo, tmp_path):
+    _, rows, _ = demo_run(demo, tmp_path, steps=3, window=10, train={"inner_iterations": 2},
+                          objective={"name": "grpo", "options": {"clip_low": 0.1,
+                                                                 "clip_high": 0.1}})
+    # the first iteration's ratio is exactly 1: the clipping shows in the second
+    assert all(r["clip_low_frac_last"] + r["clip_high_frac_last"] > 0 for r in rows)
+    assert all(r["clip_low_frac"] == pytest.approx(r["clip_low_frac_last"] / 2) for r in rows)
+    assert "kl" not in rows[0] and "kl_last" not in rows[0]
