@@ -255,7 +255,7 @@ EXTRACT = [
     ("Dividing the total by two, therefore 7/2", "7/2"),
     ("so the count is n - 2", None), ("and the leading term is x^2", None),
     ("Meet at 10:30", "10:30"), ("abc12def", None), ("It happened on the 5x", None),
-    ("she was in 6th place", "6"), ("the 3th", None), ("Her salary is $57500/year.", "57500"),
+    ("she was in 6th place", "6"), ("17 apples are left", "17"), ("the 3th", None), ("Her salary is $57500/year.", "57500"),
     ("Total = 3 + ", None), ("I think it's 5 or 6", "5 or 6"), ("between 5 and 6", "5 and 6"),
     ("Adding the two parts, 3 + 4 = 7", "7"), ("so x=5", "5"), ("They ran 17km", "17 km"),
     ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"), ("He pays $15 for it.", "15"),

@@ -407,6 +407,23 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     return stop, ""
 
 
+def _whole_from(tail: str, start: int, end: int) -> int | None:
+    """Where the answer in ``tail[start:end]`` starts: after its last "=" (``3 + 4 = 7``,
+    ``x=5``), at a clock time's hour (``4:30``); None when the expression is glued to what
+    comes before it (``x2``, ``\\frac{7}{2}`` in prose)."""
+    equals = tail.rfind("=", start, end)
+    if equals >= 0:
+        return equals + 1
+    start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
+    clock = _CLOCK.search(tail, max(0, start - 6), start)
+    if clock:
+        start = clock.start()
+    prev = tail[start - 1:start]
+    if prev and (prev.isalnum() or prev in "_^\\{}|!:"):
+        return None
+    return start
+
+
 def _last_expression(text: str, first: bool = True) -> str | None:
     """The whole plain-text expression around the last number, or None when that number is
     part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
@@ -427,17 +444,9 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     stop, unit = found
     start = _expression_start(tail, end)
     hedge = _HEDGED.search(tail, max(0, start - 40), start)
-    equals = tail.rfind("=", start, end)
-    if equals >= 0:
-        start = equals + 1  # 3 + 4 = 7, x=5: the right side
-    else:
-        start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
-        clock = _CLOCK.search(tail, max(0, start - 6), start)
-        if clock:
-            start = clock.start()  # 4:30, 3:4 read whole
-        prev = tail[start - 1:start]
-        if prev.isalnum() or prev in "_^\\{}|!:":
-            return None  # x2, \frac{7}{2}: the number belongs to a larger expression
+    start = _whole_from(tail, start, end)
+    if start is None:
+        return None
     run = tail[start:stop].strip()
     if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
         return None  # n - 2, a/2: the rest of an expression
