@@ -18,6 +18,7 @@ only the first ``MAX_TAIL`` characters after a marker are read.
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 from grpo_core_plugins.math_reward.normalise import _VULGAR, separators
 from grpo_core_plugins.math_reward.units import unit_name, unit_word
@@ -184,9 +185,12 @@ def _spans(s: str) -> list[str]:
 
 
 def _depth_zero_words(s: str):
-    """Prose words (two letters or more, not a command) outside braces, as matches."""
+    """Prose words (two letters or more, not a command) outside braces, as matches; one pass."""
+    depth, last = 0, 0
     for m in _PROSE_WORD.finditer(s):
-        if s.count("{", 0, m.start()) == s.count("}", 0, m.start()):
+        depth += s.count("{", last, m.start()) - s.count("}", last, m.start())
+        last = m.start()
+        if depth == 0:
             yield m
 
 
@@ -520,7 +524,7 @@ def gold_answer(gold) -> str:
     m = _HASH_RE.findall(text)
     if m:
         return _clean_tail(m[-1])
-    if "\n" in text or len(text) > 100 and sum(1 for _ in _depth_zero_words(text)) > 5:
+    if "\n" in text or len(text) > 100 and len(list(islice(_depth_zero_words(text), 6))) > 5:
         found = extract_answer(text)  # a worked solution, on one line or several
         return found if found is not None else text
     text = _DOLLARS.sub(" ", text).strip()
