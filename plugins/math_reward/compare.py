@@ -157,8 +157,9 @@ def _equations(p, g, tol: float) -> bool:
     if isinstance(p, Equation) and isinstance(g, Equation):
         if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
             return True
-        if (p.named or g.named) and same(p.rhs, g.rhs, tol):
-            return True
+        renamed = isinstance(p.lhs, sp.Symbol) and isinstance(g.lhs, sp.Symbol) and p.lhs != g.lhs
+        if (p.named or g.named) and not renamed and same(p.rhs, g.rhs, tol):
+            return True  # AB = 7 against BA = 7; but x = 5 is not y = 5
         if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
                for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
             return _proportional(sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
