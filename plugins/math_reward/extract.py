@@ -414,7 +414,7 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
 def _whole_from(tail: str, start: int, end: int) -> int | None:
     """Where the answer in ``tail[start:end]`` starts: after its last "=" (``3 + 4 = 7``,
     ``x=5``), at a clock time's hour (``4:30``); None when the expression is glued to what
-    comes before it (``x2``, ``\\frac{7}{2}`` in prose)."""
+    comes before it (``x2``, ``\\frac{7}{2}`` in prose) or ends a list (``3, 4``)."""
     equals = tail.rfind("=", start, end)
     if equals >= 0:
         return equals + 1
@@ -425,6 +425,8 @@ def _whole_from(tail: str, start: int, end: int) -> int | None:
     prev = tail[start - 1:start]
     if prev and (prev.isalnum() or prev in "_^\\{}|!:"):
         return None
+    if re.search(r"\d\s*,\s*$", tail[max(0, start - 8):start]):
+        return None  # (3, 4), "sizes 3, 4, 5": one item of a list
     return start
 
 
@@ -451,9 +453,13 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     start = _whole_from(tail, start, end)
     if start is None:
         return None
+    while tail[stop:stop + 1] == ")" and \
+            tail.count("(", start, stop) > tail.count(")", start, stop):
+        stop += 1  # (5)
     run = tail[start:stop].strip()
-    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
-        return None  # n - 2, a/2: the rest of an expression
+    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t" or \
+            tail[stop:].lstrip(" \t")[:1] == ")":
+        return None  # n - 2, a/2: the rest of an expression; (3, 4): inside a bracket
     while run.startswith("(") and run.count("(") > run.count(")"):
         run = run[1:].strip()
     if run.count("(") != run.count(")"):
