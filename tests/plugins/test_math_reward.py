@@ -58,6 +58,12 @@ def test_gold_reduction():
     assert gold_answer(solution) == "28\\%"
 
 
+def test_an_equation_equal_to_zero_is_not_the_value_zero():
+    """A plane ``5x - 7y + 11z + 4 = 0`` is no answer 0; ``a + b + c = 10`` states 10 (#31)."""
+    assert not equivalent("5x - 7y + 11z + 4 = 0", "0") and not equivalent("x + 1 = 0", "0")
+    assert equivalent("a + b + c = 10", "10") and equivalent("f(0) = 0", "0")
+
+
 def test_digits_split_by_a_space_are_refused():
     """``4 4/0`` is neither 16/0 nor 4, and ``3 5/4`` is no mixed number (#31)."""
     for text in ("4 4/0", "3 5/4", "2 3", "10 00", "3 0/5"):

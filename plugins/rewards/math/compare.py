@@ -157,8 +157,9 @@ def _equations(p, g, tol: float) -> bool:
     if isinstance(p, Equation) and isinstance(g, Equation):
         if same(p.lhs, g.lhs, tol) and same(p.rhs, g.rhs, tol):
             return True
-        if (p.named or g.named) and same(p.rhs, g.rhs, tol):
-            return True
+        renamed = isinstance(p.lhs, sp.Symbol) and isinstance(g.lhs, sp.Symbol) and p.lhs != g.lhs
+        if (p.named or g.named) and not renamed and same(p.rhs, g.rhs, tol):
+            return True  # AB = 7 against BA = 7; but x = 5 is not y = 5
         if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
                for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
             return _proportional(sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
@@ -166,7 +167,8 @@ def _equations(p, g, tol: float) -> bool:
                                  tol)
         return False
     if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
-        if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs):
+        if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs) and \
+                not _zero(p.rhs):  # 5x - 7y + 4 = 0 is a plane, not the value 0
             return same(p.rhs, g, tol)
         return False  # x + y = 2x is an equation, not the value 2x
     if g.named or _is_name(g.lhs) or _name_expr(g.lhs):  # gold x = 3, |AB| = 1 against 3, 1
@@ -204,6 +206,10 @@ def _proportional(dp, dg, tol: float) -> bool:
             return expressions_equal(dp, scaled, tol)
     return expressions_equal(dp, dg, tol) or \
         expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+
+
+def _zero(x) -> bool:
+    return isinstance(x, sp.Integer) and x == 0
 
 
 def _constant(x) -> bool:

@@ -18,6 +18,7 @@ only the first ``MAX_TAIL`` characters after a marker are read.
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 from grpo_core_plugins.rewards.math.normalise import _VULGAR, separators
 from grpo_core_plugins.rewards.math.units import unit_name, unit_word
@@ -184,9 +185,12 @@ def _spans(s: str) -> list[str]:
 
 
 def _depth_zero_words(s: str):
-    """Prose words (two letters or more, not a command) outside braces, as matches."""
+    """Prose words (two letters or more, not a command) outside braces, as matches; one pass."""
+    depth, last = 0, 0
     for m in _PROSE_WORD.finditer(s):
-        if s.count("{", 0, m.start()) == s.count("}", 0, m.start()):
+        depth += s.count("{", last, m.start()) - s.count("}", last, m.start())
+        last = m.start()
+        if depth == 0:
             yield m
 
 
@@ -407,6 +411,25 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     return stop, ""
 
 
+def _whole_from(tail: str, start: int, end: int) -> int | None:
+    """Where the answer in ``tail[start:end]`` starts: after its last "=" (``3 + 4 = 7``,
+    ``x=5``), at a clock time's hour (``4:30``); None when the expression is glued to what
+    comes before it (``x2``, ``\\frac{7}{2}`` in prose) or ends a list (``3, 4``)."""
+    equals = tail.rfind("=", start, end)
+    if equals >= 0:
+        return equals + 1
+    start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
+    clock = _CLOCK.search(tail, max(0, start - 6), start)
+    if clock:
+        start = clock.start()
+    prev = tail[start - 1:start]
+    if prev and (prev.isalnum() or prev in "_^\\{}|!:"):
+        return None
+    if re.search(r"\d\s*,\s*$", tail[max(0, start - 8):start]):
+        return None  # (3, 4), "sizes 3, 4, 5": one item of a list
+    return start
+
+
 def _last_expression(text: str, first: bool = True) -> str | None:
     """The whole plain-text expression around the last number, or None when that number is
     part of something else: ``Therefore 7/2`` -> ``7/2``, ``so x=5`` -> ``5``, ``3 + 4 = 7``
@@ -427,20 +450,16 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     stop, unit = found
     start = _expression_start(tail, end)
     hedge = _HEDGED.search(tail, max(0, start - 40), start)
-    equals = tail.rfind("=", start, end)
-    if equals >= 0:
-        start = equals + 1  # 3 + 4 = 7, x=5: the right side
-    else:
-        start += len(re.match(r"(?:[ \t)]|\*\*)*", tail[start:end]).group(0))
-        clock = _CLOCK.search(tail, max(0, start - 6), start)
-        if clock:
-            start = clock.start()  # 4:30, 3:4 read whole
-        prev = tail[start - 1:start]
-        if prev.isalnum() or prev in "_^\\{}|!:":
-            return None  # x2, \frac{7}{2}: the number belongs to a larger expression
+    start = _whole_from(tail, start, end)
+    if start is None:
+        return None
+    while tail[stop:stop + 1] == ")" and \
+            tail.count("(", start, stop) > tail.count(")", start, stop):
+        stop += 1  # (5)
     run = tail[start:stop].strip()
-    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t":
-        return None  # n - 2, a/2: the rest of an expression
+    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t" or \
+            tail[stop:].lstrip(" \t")[:1] == ")":
+        return None  # n - 2, a/2: the rest of an expression; (3, 4): inside a bracket
     while run.startswith("(") and run.count("(") > run.count(")"):
         run = run[1:].strip()
     if run.count("(") != run.count(")"):
@@ -511,7 +530,7 @@ def gold_answer(gold) -> str:
     m = _HASH_RE.findall(text)
     if m:
         return _clean_tail(m[-1])
-    if "\n" in text or len(text) > 100 and sum(1 for _ in _depth_zero_words(text)) > 5:
+    if "\n" in text or len(text) > 100 and len(list(islice(_depth_zero_words(text), 6))) > 5:
         found = extract_answer(text)  # a worked solution, on one line or several
         return found if found is not None else text
     text = _DOLLARS.sub(" ", text).strip()
