@@ -14,6 +14,7 @@ from grpo_core import rundir, schedules, tracking
 from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
+from grpo_core.gguf import gguf_path
 from grpo_core.hookspecs import Environment, Reward
 from grpo_core.registry import registry
 from grpo_core.sources import Source, looks_like_hub_id, open_stream, read_rows
@@ -62,6 +63,11 @@ def environment_columns(cfg: dict) -> tuple[str, ...]:
 
 
 def _model(model_cfg: dict, chat_template: str) -> list[str]:
+    gguf = gguf_path(model_cfg)
+    if gguf is not None:  # converted (and its chat template read) when the run loads it
+        return [] if os.path.isfile(gguf) else [
+            f"model.gguf_file: {gguf} not found (expected a .gguf file, by name inside "
+            f"model.name_or_path or as a path)"]
     path = model_cfg["name_or_path"]
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
