@@ -66,17 +66,20 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
     }
 
 
-def accuracy(cfg: dict, model_path: str | None, rows: list[dict]) -> float:
-    """Greedy accuracy of the config's model (or the model in ``model_path``) on ``rows``,
-    judged by the config's reward."""
+def accuracies(cfg: dict, model_path: str | None, *row_sets: list[dict] | None
+               ) -> list[float | None]:
+    """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
+    set of rows (None for a set that is None), judged by the config's reward; the model is
+    loaded once."""
     import grpo_core
     from grpo_core.evaluate import evaluate
     from grpo_core.isolation import build_reward
     from grpo_core.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
     model_cfg = dict(cfg["model"])
-    if model_path is not None:
-        model_cfg.update(name_or_path=model_path, gguf_file=None)
+    if model_path is not None:  # a trained, saved model: no GGUF file, no new adapters
+        model_cfg.update(name_or_path=model_path, gguf_file=None, lora=None,
+                         gradient_checkpointing=False)
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, device).eval()
@@ -84,14 +87,20 @@ def accuracy(cfg: dict, model_path: str | None, rows: list[dict]) -> float:
     gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
     gen.setup(model, tokenizer, device)
     reward = build_reward(cfg["reward"])
+    out: list[float | None] = []
     try:
-        with torch.no_grad():
-            report, _ = evaluate(model, tokenizer, gen, rows, cfg["data"], reward,
-                                 temperature=0.0,
-                                 max_new_tokens=cfg["sampling"]["max_new_tokens"])
+        for rows in row_sets:
+            if rows is None:
+                out.append(None)
+                continue
+            with torch.no_grad():
+                report, _ = evaluate(model, tokenizer, gen, rows, cfg["data"], reward,
+                                     temperature=0.0, progress=True,
+                                     max_new_tokens=cfg["sampling"]["max_new_tokens"])
+            out.append(report["accuracy"])
     finally:
         reward.close()
-    return report["accuracy"]
+    return out
 
 
 def gsm8k_rows(path: str, n: int) -> list[dict]:
@@ -123,14 +132,15 @@ def run(out: str, steps: int | None = None, overrides: list[str] | None = None,
     gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if os.path.isfile(GSM8K_TEST) else None
     print(f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",
           flush=True)
-    before = accuracy(cfg, None, heldout)
-    gsm_before = accuracy(cfg, None, gsm8k) if gsm8k else None
+    before, gsm_before = accuracies(cfg, None, heldout, gsm8k)
     from grpo_core.trainer import train
 
+    if cfg["model"]["lora"]:  # evaluate (and hand over) the merged weights, not the adapter
+        cfg["model"]["lora"]["save_merged"] = True
     result = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
-    final = os.path.join(result["run_dir"], "final")
-    after = accuracy(cfg, final, heldout)
-    gsm_after = accuracy(cfg, final, gsm8k) if gsm8k else None
+    final = os.path.join(result["run_dir"], "final", *(["merged"] if cfg["model"]["lora"]
+                                                       else []))
+    after, gsm_after = accuracies(cfg, final, heldout, gsm8k)
     summary = {"heldout_before": before, "heldout_after": after, "heldout_n": len(heldout),
                "gsm8k_before": gsm_before, "gsm8k_after": gsm_after,
                "gsm8k_n": len(gsm8k) if gsm8k else 0, "steps": result["steps"],
