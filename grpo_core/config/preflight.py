@@ -20,6 +20,7 @@ from grpo_core.hookspecs import Environment, Reward
 from grpo_core.observe import tracking
 from grpo_core.registry import registry
 from grpo_core.store import rundir
+from grpo_core.store.gguf import gguf_path
 
 #: rows of each data set looked at
 SAMPLE_ROWS = 50
@@ -65,6 +66,11 @@ def environment_columns(cfg: dict) -> tuple[str, ...]:
 
 
 def _model(model_cfg: dict, chat_template: str) -> list[str]:
+    gguf = gguf_path(model_cfg)
+    if gguf is not None:  # converted (and its chat template read) when the run loads it
+        return [] if os.path.isfile(gguf) else [
+            f"model.gguf_file: {gguf} not found (expected a .gguf file, by name inside "
+            f"model.name_or_path or as a path)"]
     path = model_cfg["name_or_path"]
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):

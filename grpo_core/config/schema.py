@@ -43,6 +43,8 @@ POS_INT = {"type": "integer", "minimum": 1}
 
 MODEL = _obj({
     "name_or_path": {"type": "string", "description": "hub id or local directory"},
+    "gguf_file": {"type": ["string", "null"], "default": None, "description": "GGUF file (in "
+                  "name_or_path, or a path): model and tokenizer, float, converted once"},
     "dtype": {"enum": ["auto", "float32", "bfloat16", "float16"], "default": "auto",
               "description": "auto: float32 weights, bf16 autocast on GPU"},
     "trust_remote_code": {"type": "boolean", "default": False,

@@ -10,6 +10,7 @@ import torch
 
 from grpo_core.errors import UserError
 from grpo_core.rollout import MODEL_DEFAULTED, NEUTRAL
+from grpo_core.store.gguf import model_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,7 +26,7 @@ def pick_device(name: str) -> torch.device:
 def load_tokenizer(model_cfg: dict):
     from transformers import AutoTokenizer
 
-    path = model_cfg["name_or_path"]
+    path = model_dir(model_cfg)
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg["trust_remote_code"])
     except Exception as exc:  # whatever a broken directory raises, it is the input's fault
@@ -42,7 +43,7 @@ def load_model(model_cfg: dict, device: torch.device):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    path = model_cfg["name_or_path"]
+    path = model_dir(model_cfg)
     dtype = DTYPES.get(model_cfg["dtype"], torch.float32)
     if os.path.isdir(path) and not model_cfg["allow_unsafe_weights"]:
         files = os.listdir(path)
@@ -114,7 +115,7 @@ def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
     from transformers import AutoConfig
 
     try:
-        cfg = AutoConfig.from_pretrained(model_cfg["name_or_path"],
+        cfg = AutoConfig.from_pretrained(model_dir(model_cfg),
                                          trust_remote_code=model_cfg["trust_remote_code"])
     except (OSError, ValueError):
         return torch.float32
