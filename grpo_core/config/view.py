@@ -21,6 +21,7 @@ class ModelSection:
     """``model``: The policy to train."""
 
     name_or_path: str
+    gguf_file: str | None
     dtype: str
     trust_remote_code: bool
     allow_unsafe_weights: bool
