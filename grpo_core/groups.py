@@ -19,6 +19,15 @@ from grpo_core.rewards import Scored
 from grpo_core.rollout import Rollout, SamplingParams, merge
 
 
+def problems(cfg: dict) -> list[str]:
+    """Settings of the ``groups`` section that cannot be combined (one line each)."""
+    gc = cfg["groups"]
+    if gc["dynamic_sampling"] and gc["resample_zero_std_max"]:
+        return ["groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
+                "replaces flat groups with new prompts instead; set one of them"]
+    return []
+
+
 def group_std_zero(rewards: torch.Tensor) -> torch.Tensor:
     """[P, G] -> [P] bool: the group's valid rewards are all equal (no learning signal)."""
     ok = torch.isfinite(rewards)

@@ -24,7 +24,7 @@ from grpo_core.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.metrics import peak_memory_mb, rollout_metrics, write_samples
 from grpo_core.models import save_model
-from grpo_core.rewards import Scored, score_rollout
+from grpo_core.rewards import Scored, score_rollout, with_overlong
 from grpo_core.rollout import Rollout
 from grpo_core.run import Run
 
@@ -53,13 +53,21 @@ class Sampled:
 
 
 def sample(run: Run, step: int) -> Sampled:
-    t0 = time.time()
     P, G = run.prompts, run.cfg["sampling"]["group_size"]
     every = run.stream.take(run.cfg["train"]["prompts_per_step"])
-    rows = every[run.rank * P:(run.rank + 1) * P]
-    batch = make_batch(rows, run.cfg["data"], run.tokenizer)
-    seed, offset = step_seed(run.cfg["train"]["seed"], step), run.rank * P * G
+    return generate(run, step, every[run.rank * P:(run.rank + 1) * P],
+                    step_seed(run.cfg["train"]["seed"], step), run.rank * P * G)
+
+
+def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> Sampled | None:
+    """G completions of each of ``rows`` (this rank's prompts), completion ``offset + r`` drawing
+    the noise of row id ``offset + r``. Every rank calls it together (sharded weights are
+    gathered by all); a rank with no rows only takes part in that and returns None."""
+    t0, G = time.time(), run.cfg["sampling"]["group_size"]
+    batch = make_batch(rows, run.cfg["data"], run.tokenizer) if rows else None
     with run.autocast, run.engine.gathered():
+        if batch is None:
+            return None
         if run.episodes is None:
             ro, transcripts = run.generator.generate(batch.prompt_ids, G, run.sampling,
                                                      seed=seed, row_offset=offset), None
@@ -87,14 +95,18 @@ class Judged:
     extra_completions: int
     seconds: float
     greedy_seconds: float
+    filler: torch.Tensor | None = None  # [P] bool: no signal, left out of the loss (dynamic)
+    groups: dict | None = None  # dynamic sampling's counts (groups/filtered, ...)
 
 
 def score(run: Run, step: int, s: Sampled) -> Judged:
     t0 = time.time()
 
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
-        return score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
-                             transcripts)
+        scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
+                               transcripts)
+        return with_overlong(scored, ro, run.cfg["reward"]["overlong"],
+                             completion_budget(run.cfg)[1])
 
     ro, scored, extra = s.rollout, judge(s.batch, s.rollout, s.transcripts), 0
     if scored.problem:
@@ -159,6 +171,10 @@ def advantages(run: Run, j: Judged) -> Advantages:
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if cfg["groups"]["drop_zero_std"]:
         keep &= ~j.flat[group]
+    if j.filler is not None:  # dynamic sampling ran out of rounds: groups with no signal
+        keep &= ~j.filler[group]
+    if cfg["objective"]["mask_truncated_completions"]:  # cut by the budget: no loss on them
+        keep &= ~ro.truncated.cpu()
     return Advantages(old_logp, ref_logp, is_weights, rewards,
                       torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
                       time.time() - t0)
@@ -246,7 +262,7 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
         "time/train": u.seconds, "time/step": time.time() - started,
-        "data/long_prompts": run.stream.long_prompts, **_memory(run)})
+        "data/long_prompts": run.stream.long_prompts, **(j.groups or {}), **_memory(run)})
     if s.transcripts is not None:
         record.update(episode_metrics(s.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from grpo_core import rundir, schedules, tracking
+from grpo_core import groups, rundir, schedules, tracking
 from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
@@ -27,7 +27,7 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
-    problems += episode_problems(cfg)
+    problems += episode_problems(cfg) + groups.problems(cfg)
     tc = cfg["train"]
     problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets

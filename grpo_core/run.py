@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import grpo_core
-from grpo_core import dist, parallel, persist, rundir, schedules, tracking
+from grpo_core import dist, groups, parallel, persist, rundir, schedules, tracking
 from grpo_core.configfile import unresolved
 from grpo_core.data import (
     PromptStream,
@@ -152,6 +152,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
     problems = column_problems(cfg["data"]) + tracking.problems(oc) + episode_problems(cfg)
+    problems += groups.problems(cfg)
     if problems:
         raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
