@@ -87,7 +87,7 @@ def _tuples(x):
 
 
 def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: dict, scheduler,
-         meta: dict, keep_last: int, dtype: torch.dtype) -> str:
+         meta: dict, keep_last: int, dtype: torch.dtype, baseline: dict | None = None) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
     ``keep_last``; another run's checkpoints are never counted or removed."""
     os.makedirs(root, exist_ok=True)
@@ -107,16 +107,19 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: d
         raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
     return finish_save(root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last,
-                       optimizer_state)
+                       optimizer_state, baseline)
 
 
 def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokenizer, scheduler,
-                meta: dict, keep_last: int, optimizer_state: dict | None = None) -> str:
-    """The part every checkpoint shares, once its weights are in ``tmp``: trainer state,
-    tokenizer, checksums of every file, then the rename that makes it exist."""
+                meta: dict, keep_last: int, optimizer_state: dict | None = None,
+                baseline: dict | None = None) -> str:
+    """The part every checkpoint shares, once its weights are in ``tmp``: trainer state (with
+    the baseline's: a critic's weights and optimizer), tokenizer, checksums of every file,
+    then the rename that makes it exist."""
     try:
         torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, os.path.join(tmp, "trainer.pt"))
+                    "torch_rng": torch.get_rng_state(), "baseline": baseline or {}},
+                   os.path.join(tmp, "trainer.pt"))
         tokenizer.save_pretrained(tmp)
         files = {}
         for folder, _, names in os.walk(tmp):

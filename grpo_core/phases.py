@@ -137,9 +137,11 @@ class Advantages:
     ref_logp: torch.Tensor | None  # [B, T] under the frozen reference
     is_weights: torch.Tensor | None  # [B, T] truncated importance weights (other sampler)
     rewards: torch.Tensor  # [B] what the baseline saw: task reward, minus KL if so placed
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B]; [B, T] from a baseline with a critic (PPO)
     keep: torch.Tensor  # [B] bool: in the loss (reward present, group not dropped)
     seconds: float
+    returns: torch.Tensor | None = None  # [B, T] the critic's targets (PPO)
+    values: torch.Tensor | None = None  # [B, T] the critic's values at sampling time
 
 
 def _chunk(run: Run) -> int | None:
@@ -162,12 +164,16 @@ def advantages(run: Run, j: Judged) -> Advantages:
     if ref_logp is not None and cfg["kl"]["placement"] == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
-    group = ro.group.cpu()
-    grid, slot = to_grid(rewards, group, run.prompts)
-    everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
-    greedy = None if j.greedy_rewards is None else \
-        dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
-    adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
+    group, critic = ro.group.cpu(), None
+    if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
+        with run.autocast:
+            adv, *critic = run.baseline.token_targets(ro, torch.nan_to_num(rewards, nan=0.0))
+    else:
+        grid, slot = to_grid(rewards, group, run.prompts)
+        everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
+        greedy = None if j.greedy_rewards is None else \
+            dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+        adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if cfg["groups"]["drop_zero_std"]:
         keep &= ~j.flat[group]
@@ -177,7 +183,7 @@ def advantages(run: Run, j: Judged) -> Advantages:
         keep &= ~ro.truncated.cpu()
     return Advantages(old_logp, ref_logp, is_weights, rewards,
                       torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
-                      time.time() - t0)
+                      time.time() - t0, *(critic or ()))
 
 
 @dataclass
@@ -203,10 +209,10 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     stats: dict[str, float] = {}
     grad_norm, skipped = 0.0, 0
     run.policy.train()
+    batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
     for it in range(cfg["train"]["inner_iterations"]):
         run.engine.zero_grad()
         total = 0.0
-        batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
         for i, mb in enumerate(batches):
             sub = ro.rows(mb)
             with run.autocast:
@@ -230,6 +236,11 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
         else:  # NaN guard: this update was skipped
             skipped += 1
             _warn(run, step, "non-finite loss or gradient; update skipped")
+        if a.returns is not None:  # PPO: the critic's update, its own optimizer
+            with run.autocast:
+                fitted = run.baseline.fit(ro, a.returns, a.values, batches)
+            if it == 0:
+                stats.update(fitted)
     run.generator.sync_weights(run.policy)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
     if run.nonfinite_run >= cfg["train"]["max_nonfinite_steps"]:
@@ -258,6 +269,7 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "loss": sum(v for k, v in u.stats.items() if k.startswith("loss/")),
         **{k: v for k, v in u.stats.items() if k.startswith("loss/")},
         **{f"{k}_frac": v / tokens for k, v in u.stats.items() if k.startswith("clip_")},
+        **{k: v for k, v in u.stats.items() if k.startswith("critic/")},
         "grad_norm": u.grad_norm, "skipped_updates": u.skipped,
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
@@ -280,8 +292,16 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
             run.metrics.log_samples(write_samples(
                 run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
-                a.advantages, run.tokenizer), step)
+                _per_completion(a.advantages, ro), run.tokenizer), step)
     return record
+
+
+def _per_completion(adv: torch.Tensor, ro: Rollout) -> torch.Tensor:
+    """[B] advantages as they are, or [B, T] ones (a critic's) as each completion's mean."""
+    if adv.dim() == 1:
+        return adv
+    mask = ro.action_mask.to(adv)
+    return (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def _memory(run: Run) -> dict:

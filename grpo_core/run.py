@@ -209,6 +209,11 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
               None, HealthMonitor(window=cfg["health"]["window"])
               if cfg["health"]["enabled"] else None)
     run.memory_limit = memory_limit_mb(device)
+    if run.baseline.needs_values:  # PPO: a critic of its own, built before a checkpoint loads
+        problem = critic_problem(cfg, world, how, is_peft(policy), run.objective)
+        if problem:
+            raise UserError(problem)
+        run.baseline.attach(policy)
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)
@@ -221,6 +226,21 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"],
                                     tracking.Trackers.start(cfg, run_id, run.start_step))
     return run
+
+
+def critic_problem(cfg: dict, world: int, how: str, lora: bool,
+                   objective: Objective | None = None) -> str | None:
+    """Why a baseline with a critic (``needs_values``: PPO) cannot run as configured, in one
+    line; None when it can. Its critic is a whole copy of the policy in this process."""
+    name = f"baseline.name: {cfg['baseline']['name']}"
+    if world > 1 or how != "none" or cfg["deepspeed"]:
+        return f"{name} (a critic) runs in one process only, not sharded or data parallel"
+    if lora or cfg["model"]["lora"]:
+        return f"{name} (a critic) is not supported with model.lora"
+    if objective is not None and not objective.token_advantages:
+        return (f"{name} gives per-token advantages; objective {cfg['objective']['name']!r} "
+                f"does not take them")
+    return None
 
 
 def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
