@@ -20,7 +20,7 @@ import torch
 
 from grpo_core import dist
 from grpo_core.data import Batch
-from grpo_core.groups import group_std_zero, to_grid
+from grpo_core.groups import first_group_size, group_std_zero, to_grid
 from grpo_core.phases import Judged, Sampled, generate, score, step_seed
 from grpo_core.rewards import Scored
 from grpo_core.rollout import Rollout, pad_right
@@ -48,7 +48,7 @@ def sample_with_signal(run: Run, step: int) -> tuple[Sampled, Judged]:
     as many rounds as the batch needs (at most ``groups.max_rounds``), with the metrics
     ``groups/filtered`` (groups left out for want of signal), ``groups/generated`` and
     ``groups/rounds``, over all ranks."""
-    gc, P, G = run.cfg["groups"], run.prompts, run.cfg["sampling"]["group_size"]
+    gc, P, G = run.cfg["groups"], run.prompts, first_group_size(run.cfg)
     kept: list[tuple[Sampled, Judged, list[int]]] = []
     have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
     while rounds < gc["max_rounds"]:

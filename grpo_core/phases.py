@@ -19,7 +19,14 @@ from grpo_core.data import Batch, make_batch
 from grpo_core.episodes import Transcript, completion_budget, episode_metrics
 from grpo_core.errors import TrainingError
 from grpo_core.evaluate import evaluate
-from grpo_core.groups import group_std_zero, micro_batches, resample, to_grid
+from grpo_core.groups import (
+    allocate,
+    first_group_size,
+    group_std_zero,
+    micro_batches,
+    resample,
+    to_grid,
+)
 from grpo_core.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.metrics import peak_memory_mb, rollout_metrics, write_samples
@@ -53,7 +60,7 @@ class Sampled:
 
 
 def sample(run: Run, step: int) -> Sampled:
-    P, G = run.prompts, run.cfg["sampling"]["group_size"]
+    P, G = run.prompts, first_group_size(run.cfg)
     every = run.stream.take(run.cfg["train"]["prompts_per_step"])
     return generate(run, step, every[run.rank * P:(run.rank + 1) * P],
                     step_seed(run.cfg["train"]["seed"], step), run.rank * P * G)
@@ -63,7 +70,7 @@ def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> S
     """G completions of each of ``rows`` (this rank's prompts), completion ``offset + r`` drawing
     the noise of row id ``offset + r``. Every rank calls it together (sharded weights are
     gathered by all); a rank with no rows only takes part in that and returns None."""
-    t0, G = time.time(), run.cfg["sampling"]["group_size"]
+    t0, G = time.time(), first_group_size(run.cfg)
     batch = make_batch(rows, run.cfg["data"], run.tokenizer) if rows else None
     with run.autocast, run.engine.gathered():
         if batch is None:
@@ -123,10 +130,36 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
                     run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
                     step_seed(run.cfg["train"]["seed"], step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
+    if run.cfg["groups"]["adaptive_first"]:
+        ro, scored, extra = _allocate(run, step, s.batch, ro, scored, judge)
+        flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     t1 = time.time()
     greedy = None if s.greedy is None else judge(s.batch, s.greedy).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
                   s.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
+
+
+def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
+              judge) -> tuple[Rollout, Scored, int]:
+    """Std-driven group sizes: the rest of the step's P x G completions (over all ranks)
+    shared by the first samples' reward std (groups.allocate), drawn and merged into this
+    rank's groups. Every rank enters the gathering, with work or not."""
+    grid = to_grid(scored.rewards, ro.group.cpu(), len(batch.prompts))[0]
+    everyone, first = dist.gather_grid(grid)
+    ok = torch.isfinite(everyone)
+    x = torch.where(ok, everyone.double(), 0.0)
+    count = ok.sum(-1).clamp(min=1)
+    std = ((x - x.sum(-1, keepdim=True) / count[:, None]).pow(2) * ok).sum(-1).div(count).sqrt()
+    G, G0 = run.cfg["sampling"]["group_size"], first_group_size(run.cfg)
+    n = allocate(std, everyone.shape[0] * (G - G0))[first:first + len(batch.prompts)]
+    extra, seed = 0, step_seed(run.cfg["train"]["seed"], step)
+    with run.autocast, run.engine.gathered():
+        for k, size in enumerate(sorted(set(n.tolist()) - {0})):
+            ro, scored, added = resample(run.generator, judge, batch, ro, scored, n == size,
+                                         size, run.sampling, seed ^ (k + 1),
+                                         (run.rank * 64 + k) * 1_000_000)
+            extra += added
+    return ro, scored, extra
 
 
 @dataclass

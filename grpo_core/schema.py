@@ -151,6 +151,11 @@ GROUPS = _obj({
                       "description": "leave groups with equal rewards out of the loss"},
     "resample_zero_std_max": {"type": "integer", "minimum": 0, "default": 0,
                               "description": "extra completions per zero-std group"},
+    "adaptive_first": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                       "description": "std-driven group sizes: draw this many completions per "
+                                      "prompt first, then share the rest of P x G among the "
+                                      "prompts in proportion to their rewards' std (null: "
+                                      "every group G)"},
     "dynamic_sampling": {"type": "boolean", "default": False,
                          "description": "replace groups with no signal by groups of new "
                                         "prompts until the step has prompts_per_step groups "

@@ -122,3 +122,17 @@ def test_two_processes_draw_the_same_groups_as_one(tiny_model, addition_data, tm
         assert [a[k] for k in keys] == [b[k] for k in keys]
         assert abs(a["loss"] - b["loss"]) < 1e-6
     assert position(runs[1], 3) == position(runs[2], 3)
+
+
+@pytest.mark.parametrize("baseline", ["remax", "ppo"])
+def test_with_greedy_completions_and_with_a_critic(tiny_model, addition_data, tmp_path,
+                                                   baseline):
+    # ReMax's greedy completions and PPO's per-token targets follow the groups kept
+    out = tmp_path / baseline
+    c = cfg(tiny_model, addition_data, out, steps=2)
+    c["baseline"] = {"name": baseline, "options": {}}
+    c = config.validate(c)
+    train(c)
+    rows = records(out)
+    assert all(r["groups/generated"] - r["groups/filtered"] == 4 for r in rows)
+    assert all(r["samples"] == 16 and r["zero_std_frac"] == 0 for r in rows)
