@@ -136,16 +136,18 @@ class Baseline(Component):
         """``needs_values``: build the critic from the policy (before any checkpoint loads)."""
         raise NotImplementedError
 
-    def token_targets(self, rollout: Rollout, rewards: torch.Tensor) \
+    def token_targets(self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor) \
             -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``needs_values``: rewards ``[B]`` (task reward, minus KL if so placed; missing ones
-        0) -> (advantages, returns, values), each ``[B, T]``, 0 off ``rollout.action_mask``."""
+        0) -> (advantages, returns, values), each ``[B, T]``, 0 off ``mask`` ``[B, T]`` (the
+        model's tokens of the completions in the loss)."""
         raise NotImplementedError
 
     def fit(self, rollout: Rollout, returns: torch.Tensor, values: torch.Tensor,
-            batches: list[torch.Tensor]) -> dict[str, float]:
-        """``needs_values``: one update of the critic towards ``returns`` over the micro-batches
-        ``batches`` (row indices); returns named numbers for the metrics (``critic/...``)."""
+            mask: torch.Tensor, batches: list[torch.Tensor]) -> dict[str, float]:
+        """``needs_values``: one update of the critic towards ``returns`` on the tokens in
+        ``mask`` over the micro-batches ``batches`` (row indices); returns named numbers for
+        the metrics (``critic/...``)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:

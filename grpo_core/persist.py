@@ -46,7 +46,7 @@ def save(run, step: int) -> None:
     meta = {"config": written, "config_hash": checkpoint.config_hash(written),
             "kl": run.kl.state_dict(),
             "data_position": run.stream.position, "data": run.stream.state_dict()}
-    baseline = run.baseline.state_dict()  # in trainer.pt: a critic's tensors too
+    baseline = run.baseline.state_dict()  # baseline.pt: a critic's tensors too
     if run.engine.shards:
         _save_sharded(run, root, step + 1, meta, baseline)
     elif run.main:
@@ -105,8 +105,8 @@ def resume(run, target: str | bool, force: bool) -> None:
             None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
         schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
     run.kl.load_state_dict(state["kl"])
-    baseline = checkpoint.trainer_state(path).get("baseline") or state.get("baseline")
-    if baseline:  # older checkpoints kept it in state.json
+    baseline = checkpoint.baseline_state(path, state)
+    if baseline:
         run.baseline.load_state_dict(baseline)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
     run.start_step = state["step"]

@@ -198,15 +198,6 @@ def advantages(run: Run, j: Judged) -> Advantages:
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
     group, critic = ro.group.cpu(), None
-    if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
-        with run.autocast:
-            adv, *critic = run.baseline.token_targets(ro, torch.nan_to_num(rewards, nan=0.0))
-    else:
-        grid, slot = to_grid(rewards, group, run.prompts)
-        everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
-        greedy = None if j.greedy_rewards is None else \
-            dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
-        adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if cfg["groups"]["drop_zero_std"]:
         keep &= ~j.flat[group]
@@ -214,6 +205,16 @@ def advantages(run: Run, j: Judged) -> Advantages:
         keep &= ~j.filler[group]
     if cfg["objective"]["mask_truncated_completions"]:  # cut by the budget: no loss on them
         keep &= ~ro.truncated.cpu()
+    if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
+        with run.autocast:
+            adv, *critic = run.baseline.token_targets(
+                ro, torch.nan_to_num(rewards, nan=0.0), mask * keep.to(mask.device)[:, None])
+    else:
+        grid, slot = to_grid(rewards, group, run.prompts)
+        everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
+        greedy = None if j.greedy_rewards is None else \
+            dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+        adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     return Advantages(old_logp, ref_logp, is_weights, rewards,
                       torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
                       time.time() - t0, *(critic or ()))
@@ -271,7 +272,7 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
             _warn(run, step, "non-finite loss or gradient; update skipped")
         if a.returns is not None:  # PPO: the critic's update, its own optimizer
             with run.autocast:
-                fitted = run.baseline.fit(ro, a.returns, a.values, batches)
+                fitted = run.baseline.fit(ro, a.returns, a.values, loss_mask, batches)
             if it == 0:
                 stats.update(fitted)
     run.generator.sync_weights(run.policy)

@@ -35,9 +35,9 @@ class PPO(hookspecs.Baseline):
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.lr,
                                            weight_decay=self.weight_decay)
 
-    def token_targets(self, rollout: Rollout, rewards: torch.Tensor) \
+    def token_targets(self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor) \
             -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mask = rollout.action_mask.float()
+        mask = mask.float()
         with torch.no_grad():
             values = self.critic(rollout) * mask
         adv, returns = gae(terminal_rewards(rewards.to(mask.device), mask), values, mask,
@@ -45,8 +45,8 @@ class PPO(hookspecs.Baseline):
         return (masked_whiten(adv, mask) if self.whiten else adv), returns, values
 
     def fit(self, rollout: Rollout, returns: torch.Tensor, values: torch.Tensor,
-            batches: list[torch.Tensor]) -> dict[str, float]:
-        mask = rollout.action_mask.float()
+            mask: torch.Tensor, batches: list[torch.Tensor]) -> dict[str, float]:
+        mask = mask.float()
         tokens = float(mask.sum().clamp(min=1))
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped = 0.0, 0.0

@@ -104,6 +104,8 @@ def test_ppo_trains_its_critic_and_resumes_exactly(tiny_model, addition_data, tm
     adv = [json.loads(x)["advantage"] for x in open(whole / "samples.jsonl")]
     assert len(set(adv)) > 2  # per-token advantages, shown as each completion's mean
     train(cfg(tiny_model, addition_data, cut, steps=2, ckpt=1))
+    ckpt = cut / "checkpoints" / "step-00000002"  # the critic, checksummed like the rest
+    assert "baseline.pt" in json.load(open(ckpt / "state.json"))["files"]
     train(cfg(tiny_model, addition_data, cut, steps=3, ckpt=1), resume=True)
     keys = ("reward", "loss", "critic/value_loss", "critic/values")
     assert [[r[k] for k in keys] for r in records(cut)] == [[r[k] for k in keys] for r in rows]
