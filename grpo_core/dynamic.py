@@ -20,7 +20,7 @@ import torch
 
 from grpo_core import dist
 from grpo_core.data import Batch
-from grpo_core.groups import first_group_size, group_std_zero, to_grid
+from grpo_core.groups import first_group_size, group_std, group_std_zero, to_grid
 from grpo_core.phases import Judged, Sampled, generate, score, step_seed
 from grpo_core.rewards import Scored
 from grpo_core.rollout import Rollout, pad_right
@@ -30,12 +30,7 @@ from grpo_core.run import Run
 def has_signal(rewards: torch.Tensor, min_std: float = 0.0) -> torch.Tensor:
     """[P, G] rewards (NaN = missing) -> [P] bool: the group's valid rewards differ and their
     population std is above ``min_std`` (DAPO keeps 0 < accuracy < 1: std > 0)."""
-    ok = torch.isfinite(rewards)
-    r = torch.where(ok, rewards.double(), 0.0)
-    n = ok.sum(-1).clamp(min=1)
-    mean = r.sum(-1, keepdim=True) / n[:, None]
-    std = (torch.where(ok, r - mean, 0.0).pow(2).sum(-1) / n).sqrt()
-    return ~group_std_zero(rewards) & (std > min_std)
+    return ~group_std_zero(rewards) & (group_std(rewards) > min_std)
 
 
 def round_seed(seed: int, step: int, k: int) -> int:

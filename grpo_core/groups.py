@@ -64,6 +64,16 @@ def group_std_zero(rewards: torch.Tensor) -> torch.Tensor:
     return ~(hi > lo)
 
 
+def group_std(rewards: torch.Tensor) -> torch.Tensor:
+    """[P, G] -> [P] float64: the population std of each group's valid rewards (0 for a group
+    with none)."""
+    ok = torch.isfinite(rewards)
+    x = torch.where(ok, rewards.double(), 0.0)
+    n = ok.sum(-1).clamp(min=1)
+    mean = x.sum(-1, keepdim=True) / n[:, None]
+    return (torch.where(ok, x - mean, 0.0).pow(2).sum(-1) / n).sqrt()
+
+
 def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor,
                                                                          torch.Tensor]:
     """Rows [B] -> [P, Gmax] with NaN where a group has fewer rows; also each row's slot

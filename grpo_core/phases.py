@@ -22,6 +22,7 @@ from grpo_core.evaluate import evaluate
 from grpo_core.groups import (
     allocate,
     first_group_size,
+    group_std,
     group_std_zero,
     micro_batches,
     resample,
@@ -142,16 +143,13 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
 def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
               judge) -> tuple[Rollout, Scored, int]:
     """Std-driven group sizes: the rest of the step's P x G completions (over all ranks)
-    shared by the first samples' reward std (groups.allocate), drawn and merged into this
+    shared by the first samples' reward std (grpo_core.groups.allocate), drawn and merged into this
     rank's groups. Every rank enters the gathering, with work or not."""
     grid = to_grid(scored.rewards, ro.group.cpu(), len(batch.prompts))[0]
     everyone, first = dist.gather_grid(grid)
-    ok = torch.isfinite(everyone)
-    x = torch.where(ok, everyone.double(), 0.0)
-    count = ok.sum(-1).clamp(min=1)
-    std = ((x - x.sum(-1, keepdim=True) / count[:, None]).pow(2) * ok).sum(-1).div(count).sqrt()
     G, G0 = run.cfg["sampling"]["group_size"], first_group_size(run.cfg)
-    n = allocate(std, everyone.shape[0] * (G - G0))[first:first + len(batch.prompts)]
+    n = allocate(group_std(everyone), everyone.shape[0] * (G - G0))
+    n = n[first:first + len(batch.prompts)]
     extra, seed = 0, step_seed(run.cfg["train"]["seed"], step)
     with run.autocast, run.engine.gathered():
         for k, size in enumerate(sorted(set(n.tolist()) - {0})):
