@@ -193,3 +193,22 @@ def test_gspo_clamp_keeps_the_gradient_at_and_past_the_bound():
     assert term.loss[:, 0].tolist() == pytest.approx([e20, e20, -1 / e20, -1 / e20], rel=1e-12)
     term.loss.sum().backward()
     assert logp.grad[:, 0].tolist() == pytest.approx([e20, e20, -1 / e20, -1 / e20], rel=1e-12)
+
+
+@pytest.mark.parametrize("fn", [clipped_ratio, sequence_ratio, clipped_weight])
+def test_per_token_advantages_equal_per_sequence_ones_when_constant(fn):
+    # a critic's [B, T] advantages; the same value on every token gives the [B] result, and
+    # a token's own advantage is the one it is weighted by
+    logp, old = torch.tensor(LOGP, dtype=F64), torch.tensor(OLD, dtype=F64)
+    adv = torch.tensor([1.0, -0.5], dtype=F64)
+    per_seq = fn(logp, old, adv, MASK)
+    per_tok = fn(logp, old, adv[:, None].expand(2, 3), MASK)
+    torch.testing.assert_close(per_tok.loss, per_seq.loss)
+    varied = fn(logp, old, torch.tensor([[1.0, 2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=F64), MASK)
+    assert varied.loss[0, 2] == 0 and varied.loss[1, 1] == 0
+    assert varied.loss[0, 1].item() == pytest.approx(2 * per_seq.loss[0, 1].item())
+
+
+def test_every_built_in_objective_declares_per_token_advantages():
+    assert all(grpo_core.create("objective", n).token_advantages
+               for n in ("grpo", "gspo", "cispo"))
