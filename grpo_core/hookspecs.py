@@ -122,12 +122,37 @@ class Baseline(Component):
     #: their rewards, ``[prompts]``, as ``greedy_rewards``
     needs_greedy: bool = False
 
+    #: the baseline learns per-token values with a critic of its own (PPO): the trainer calls
+    #: :meth:`attach` once, :meth:`token_targets` each step instead of :meth:`advantages`, and
+    #: :meth:`fit` once per update; the objective then gets ``[B, T]`` advantages (it must
+    #: declare ``token_advantages``). Runs in one process without LoRA only.
+    needs_values: bool = False
+
     def advantages(self, rewards: torch.Tensor,
                    greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def attach(self, policy: Any) -> None:
+        """``needs_values``: build the critic from the policy (before any checkpoint loads)."""
+        raise NotImplementedError
+
+    def token_targets(self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor) \
+            -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``needs_values``: rewards ``[B]`` (task reward, minus KL if so placed; missing ones
+        0) -> (advantages, returns, values), each ``[B, T]``, 0 off ``mask`` ``[B, T]`` (the
+        model's tokens of the completions in the loss)."""
+        raise NotImplementedError
+
+    def fit(self, rollout: Rollout, returns: torch.Tensor, values: torch.Tensor,
+            mask: torch.Tensor, batches: list[torch.Tensor]) -> dict[str, float]:
+        """``needs_values``: one update of the critic towards ``returns`` on the tokens in
+        ``mask`` over the micro-batches ``batches`` (row indices); returns named numbers for
+        the metrics (``critic/...``)."""
+        raise NotImplementedError
+
     def state_dict(self) -> dict:
-        """State that a checkpoint must keep (a running mean, say); empty by default."""
+        """State that a checkpoint must keep (a running mean, a critic's weights and optimizer:
+        tensors allowed); empty by default."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
@@ -224,12 +249,15 @@ class PolicyTerm:
 
 class Objective(Component):
     """The policy-gradient term of the loss: ``objective(logp, old_logp, advantages, mask)``
-    with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]``. The trainer
+    with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]`` (``[B, T]``
+    from a baseline with a critic, for an objective that declares ``token_advantages``). The trainer
     adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""
 
     #: how per-token losses become one number when the config does not say (``token_mean``,
     #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.loss.losses.aggregate)
     aggregation: str = "token_mean"
+    #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (a baseline with a critic)
+    token_advantages: bool = False
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                  mask: torch.Tensor) -> PolicyTerm:

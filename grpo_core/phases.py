@@ -18,12 +18,20 @@ from grpo_core.data.prompts import Batch, make_batch
 from grpo_core.engine import dist
 from grpo_core.env.episodes import Transcript, completion_budget, episode_metrics
 from grpo_core.errors import TrainingError
-from grpo_core.loss.groups import group_std_zero, micro_batches, resample, to_grid
+from grpo_core.loss.groups import (
+    allocate,
+    first_group_size,
+    group_std,
+    group_std_zero,
+    micro_batches,
+    resample,
+    to_grid,
+)
 from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.observe.evaluate import evaluate
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
-from grpo_core.reward.call import Scored, score_rollout
+from grpo_core.reward.call import Scored, score_rollout, with_overlong
 from grpo_core.rollout import Rollout
 from grpo_core.run import Run
 from grpo_core.store.models import save_model
@@ -53,13 +61,21 @@ class Sampled:
 
 
 def sample(run: Run, step: int) -> Sampled:
-    t0 = time.time()
-    P, G = run.prompts, run.cfg["sampling"]["group_size"]
+    P, G = run.prompts, first_group_size(run.cfg)
     every = run.stream.take(run.cfg["train"]["prompts_per_step"])
-    rows = every[run.rank * P:(run.rank + 1) * P]
-    batch = make_batch(rows, run.cfg["data"], run.tokenizer)
-    seed, offset = step_seed(run.cfg["train"]["seed"], step), run.rank * P * G
+    return generate(run, step, every[run.rank * P:(run.rank + 1) * P],
+                    step_seed(run.cfg["train"]["seed"], step), run.rank * P * G)
+
+
+def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> Sampled | None:
+    """G completions of each of ``rows`` (this rank's prompts), completion ``offset + r`` drawing
+    the noise of row id ``offset + r``. Every rank calls it together (sharded weights are
+    gathered by all); a rank with no rows only takes part in that and returns None."""
+    t0, G = time.time(), first_group_size(run.cfg)
+    batch = make_batch(rows, run.cfg["data"], run.tokenizer) if rows else None
     with run.autocast, run.engine.gathered():
+        if batch is None:
+            return None
         if run.episodes is None:
             ro, transcripts = run.generator.generate(batch.prompt_ids, G, run.sampling,
                                                      seed=seed, row_offset=offset), None
@@ -87,14 +103,18 @@ class Judged:
     extra_completions: int
     seconds: float
     greedy_seconds: float
+    filler: torch.Tensor | None = None  # [P] bool: no signal, left out of the loss (dynamic)
+    groups: dict | None = None  # dynamic sampling's counts (groups/filtered, ...)
 
 
 def score(run: Run, step: int, s: Sampled) -> Judged:
     t0 = time.time()
 
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
-        return score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
-                             transcripts)
+        scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
+                               transcripts)
+        return with_overlong(scored, ro, run.cfg["reward"]["overlong"],
+                             completion_budget(run.cfg)[1])
 
     ro, scored, extra = s.rollout, judge(s.batch, s.rollout, s.transcripts), 0
     if scored.problem:
@@ -111,10 +131,33 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
                     run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
                     step_seed(run.cfg["train"]["seed"], step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
+    if run.cfg["groups"]["adaptive_first"]:
+        ro, scored, extra = _allocate(run, step, s.batch, ro, scored, judge)
+        flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     t1 = time.time()
     greedy = None if s.greedy is None else judge(s.batch, s.greedy).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
                   s.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
+
+
+def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
+              judge) -> tuple[Rollout, Scored, int]:
+    """Std-driven group sizes: the rest of the step's P x G completions (over all ranks)
+    shared by the first samples' reward std (grpo_core.loss.groups.allocate), drawn and merged
+    into this rank's groups. Every rank enters the gathering, with work or not."""
+    grid = to_grid(scored.rewards, ro.group.cpu(), len(batch.prompts))[0]
+    everyone, first = dist.gather_grid(grid)
+    G, G0 = run.cfg["sampling"]["group_size"], first_group_size(run.cfg)
+    n = allocate(group_std(everyone), everyone.shape[0] * (G - G0))
+    n = n[first:first + len(batch.prompts)]
+    extra, seed = 0, step_seed(run.cfg["train"]["seed"], step)
+    with run.autocast, run.engine.gathered():
+        for k, size in enumerate(sorted(set(n.tolist()) - {0})):
+            ro, scored, added = resample(run.generator, judge, batch, ro, scored, n == size,
+                                         size, run.sampling, seed ^ (k + 1),
+                                         (run.rank * 64 + k) * 1_000_000)
+            extra += added
+    return ro, scored, extra
 
 
 @dataclass
@@ -125,9 +168,11 @@ class Advantages:
     ref_logp: torch.Tensor | None  # [B, T] under the frozen reference
     is_weights: torch.Tensor | None  # [B, T] truncated importance weights (other sampler)
     rewards: torch.Tensor  # [B] what the baseline saw: task reward, minus KL if so placed
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B]; [B, T] from a baseline with a critic (PPO)
     keep: torch.Tensor  # [B] bool: in the loss (reward present, group not dropped)
     seconds: float
+    returns: torch.Tensor | None = None  # [B, T] the critic's targets (PPO)
+    values: torch.Tensor | None = None  # [B, T] the critic's values at sampling time
 
 
 def _chunk(run: Run) -> int | None:
@@ -150,18 +195,27 @@ def advantages(run: Run, j: Judged) -> Advantages:
     if ref_logp is not None and cfg["kl"]["placement"] == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
-    group = ro.group.cpu()
-    grid, slot = to_grid(rewards, group, run.prompts)
-    everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
-    greedy = None if j.greedy_rewards is None else \
-        dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
-    adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
+    group, critic = ro.group.cpu(), None
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if cfg["groups"]["drop_zero_std"]:
         keep &= ~j.flat[group]
+    if j.filler is not None:  # dynamic sampling ran out of rounds: groups with no signal
+        keep &= ~j.filler[group]
+    if cfg["objective"]["mask_truncated_completions"]:  # cut by the budget: no loss on them
+        keep &= ~ro.truncated.cpu()
+    if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
+        with run.autocast:
+            adv, *critic = run.baseline.token_targets(
+                ro, torch.nan_to_num(rewards, nan=0.0), mask * keep.to(mask.device)[:, None])
+    else:
+        grid, slot = to_grid(rewards, group, run.prompts)
+        everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
+        greedy = None if j.greedy_rewards is None else \
+            dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+        adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     return Advantages(old_logp, ref_logp, is_weights, rewards,
                       torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
-                      time.time() - t0)
+                      time.time() - t0, *(critic or ()))
 
 
 @dataclass
@@ -187,10 +241,10 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     iterations: list[dict[str, float]] = []
     grad_norm, skipped = 0.0, 0
     run.policy.train()
+    batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
     for _ in range(cfg["train"]["inner_iterations"]):
         run.engine.zero_grad()
         total, stats = 0.0, {}
-        batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
         for i, mb in enumerate(batches):
             sub = ro.rows(mb)
             with run.autocast:
@@ -214,6 +268,9 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
         else:  # NaN guard: this update was skipped
             skipped += 1
             _warn(run, step, "non-finite loss or gradient; update skipped")
+        if a.returns is not None:  # PPO: the critic's update, its own optimizer
+            with run.autocast:
+                stats.update(run.baseline.fit(ro, a.returns, a.values, loss_mask, batches))
     run.generator.sync_weights(run.policy)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
     if run.nonfinite_run >= cfg["train"]["max_nonfinite_steps"]:
@@ -245,7 +302,7 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
         "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
         "time/train": u.seconds, "time/step": time.time() - started,
-        "data/long_prompts": run.stream.long_prompts, **_memory(run)})
+        "data/long_prompts": run.stream.long_prompts, **(j.groups or {}), **_memory(run)})
     if s.transcripts is not None:
         record.update(episode_metrics(s.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
@@ -263,8 +320,16 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
             run.metrics.log_samples(write_samples(
                 run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
-                a.advantages, run.tokenizer), step)
+                _per_completion(a.advantages, ro), run.tokenizer), step)
     return record
+
+
+def _per_completion(adv: torch.Tensor, ro: Rollout) -> torch.Tensor:
+    """[B] advantages as they are, or [B, T] ones (a critic's) as each completion's mean."""
+    if adv.dim() == 1:
+        return adv
+    mask = ro.action_mask.to(adv)
+    return (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def _memory(run: Run) -> dict:

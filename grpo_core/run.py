@@ -33,6 +33,7 @@ from grpo_core.env.episodes import EpisodeRunner, completion_budget
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
+from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.observe.health import HealthMonitor
 from grpo_core.observe.metrics import (
@@ -157,6 +158,7 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
                         f"the {world} processes")
     problems = column_problems(cfg["data"]) + tracking.problems(oc) + episode_problems(cfg)
+    problems += groups.problems(cfg)
     if problems:
         raise UserError(problems[0])
     run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
@@ -215,6 +217,11 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     run.memory_limit = memory_limit_mb(device)
     if run.health:  # the advice names the run's own settings
         run.health.settings = run_settings(cfg)
+    if run.baseline.needs_values:  # PPO: a critic of its own, built before a checkpoint loads
+        problem = critic_problem(cfg, world, how, is_peft(policy), run.objective)
+        if problem:
+            raise UserError(problem)
+        run.baseline.attach(policy)
     if cfg["environment"]:
         run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
                                      tokenizer, cfg)
@@ -227,6 +234,21 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
         run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"],
                                     tracking.Trackers.start(cfg, run_id, run.start_step))
     return run
+
+
+def critic_problem(cfg: dict, world: int, how: str, lora: bool,
+                   objective: Objective | None = None) -> str | None:
+    """Why a baseline with a critic (``needs_values``: PPO) cannot run as configured, in one
+    line; None when it can. Its critic is a whole copy of the policy in this process."""
+    name = f"baseline.name: {cfg['baseline']['name']}"
+    if world > 1 or how != "none" or cfg["deepspeed"]:
+        return f"{name} (a critic) runs in one process only, not sharded or data parallel"
+    if lora or cfg["model"]["lora"]:
+        return f"{name} (a critic) is not supported with model.lora"
+    if objective is not None and not objective.token_advantages:
+        return (f"{name} gives per-token advantages; objective {cfg['objective']['name']!r} "
+                f"does not take them")
+    return None
 
 
 def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from grpo_core import phases
+from grpo_core import dynamic, phases
 from grpo_core.errors import TrainingError
 from grpo_core.run import finish, start
 from grpo_core.store import persist
@@ -26,8 +26,11 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
     run = start(cfg, resume, force, overwrite)
     for step in range(run.start_step, cfg["train"]["steps"]):
         t0 = time.time()
-        sampled = phases.sample(run, step)  # 1. G completions per prompt
-        judged = phases.score(run, step, sampled)  # 2. rewards (+ resampling, greedy)
+        if cfg["groups"]["dynamic_sampling"]:  # 1-2, until the batch has signal (DAPO)
+            sampled, judged = dynamic.sample_with_signal(run, step)
+        else:
+            sampled = phases.sample(run, step)  # 1. G completions per prompt
+            judged = phases.score(run, step, sampled)  # 2. rewards (+ resampling, greedy)
         targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
         updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
         phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval

@@ -2,9 +2,10 @@
 policy loss and which clip bounds were active.
 
 Shapes: ``logp``, ``old_logp``, ``mask`` ``[B, T]`` (``mask`` 1 on completion tokens);
-``advantages`` ``[B]``. ``r = exp(logp - old_logp)``, with the log-ratio clamped to
-``[-log_ratio_clamp, log_ratio_clamp]`` first (a ratio past e^20 carries no signal, only
-overflow). The trainer adds the KL and entropy terms and aggregates over tokens.
+``advantages`` ``[B]``, or ``[B, T]`` per token (a critic's). ``r = exp(logp - old_logp)``,
+with the log-ratio clamped to ``[-log_ratio_clamp, log_ratio_clamp]`` first (a ratio past
+e^20 carries no signal, only overflow). The trainer adds the KL and entropy terms and
+aggregates over tokens.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import torch
 from grpo_core.hookspecs import Objective, PolicyTerm, hookimpl
 
 GRPO_CORE_API = (2,)
+
+
+def _per_token(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Advantages [B] (one per completion) or [B, T] (per token, from a critic) as [B, 1] or
+    [B, T], in ``logp``'s dtype."""
+    return (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
 
 
 def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, bound: float | None) -> torch.Tensor:
@@ -34,7 +41,7 @@ def clipped_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
     [B, T] x3, [B] -> PolicyTerm(loss [B, T], counts clip_low / clip_high / clip_dual).
     """
-    adv = advantages[:, None].to(logp.dtype)
+    adv = _per_token(advantages, logp)
     ratio = torch.exp(_log_ratio(logp, old_logp, log_ratio_clamp))
     loss = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     counts = {"clip_low": (ratio < 1 - clip_low) & (adv < 0),
@@ -62,7 +69,7 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
     [B, T] x3, [B] -> PolicyTerm(loss [B, T], counts clip_low / clip_high per token).
     """
     m = mask.to(logp.dtype)
-    adv = advantages[:, None].to(logp.dtype)
+    adv = _per_token(advantages, logp)
     seq = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1)
     seq = seq.clamp(-log_ratio_clamp, log_ratio_clamp) if log_ratio_clamp else seq
     s = torch.exp(seq.detach())[:, None] * torch.exp(logp - logp.detach())
@@ -85,7 +92,7 @@ def clipped_weight(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
     [B, T] x3, [B] -> PolicyTerm(loss [B, T], counts clip_low / clip_high per token).
     """
-    adv = advantages[:, None].to(logp.dtype)
+    adv = _per_token(advantages, logp)
     ratio = torch.exp(_log_ratio(logp, old_logp, log_ratio_clamp)).detach()
     lo = 1 - clip_low if clip_low is not None else None
     weight = ratio.clamp(lo, 1 + clip_high)
@@ -96,6 +103,8 @@ def clipped_weight(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
 class PolicyObjective(Objective):
     """One of the functions above with its options bound."""
+
+    token_advantages = True
 
     def __init__(self, fn, aggregation: str = "token_mean", **options):
         self.fn, self.options, self.aggregation = fn, options, aggregation

@@ -16,7 +16,8 @@ from grpo_core.data.sources import Source, looks_like_hub_id, open_stream, read_
 from grpo_core.engine import dist, schedules
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Environment, Reward
+from grpo_core.hookspecs import Baseline, Environment, Reward
+from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.registry import registry
 from grpo_core.store import rundir
@@ -31,7 +32,7 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
-    problems += episode_problems(cfg)
+    problems += episode_problems(cfg) + groups.problems(cfg) + _critic(cfg)
     tc = cfg["train"]
     problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
@@ -54,6 +55,18 @@ def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
     if isinstance(factory, type) and issubclass(factory, Reward):
         return tuple(factory.columns_for(reward_cfg["options"]))
     return ()
+
+
+def _critic(cfg: dict) -> list[str]:
+    """A baseline that declares a critic (``needs_values``) in a layout it cannot run in."""
+    from grpo_core.run import critic_problem
+
+    factory = registry().get("baseline", cfg["baseline"]["name"]).factory
+    if not (isinstance(factory, type) and issubclass(factory, Baseline) and factory.needs_values):
+        return []
+    strategy = cfg["distributed"]["strategy"]
+    problem = critic_problem(cfg, 1, "none" if strategy in ("auto", "none") else strategy, False)
+    return [problem] if problem else []
 
 
 def environment_columns(cfg: dict) -> tuple[str, ...]:

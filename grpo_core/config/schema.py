@@ -132,6 +132,20 @@ REWARD = plugin_ref("reward", description="Phase 2, score: the reward plugin.", 
                                  "killed past the timeout; inline: in the trainer's process"},
     "memory_mb": {"type": ["integer", "null"], "minimum": 64, "default": None,
                   "description": "address-space limit of the reward's worker process"},
+    "overlong": {"type": ["object", "null"], "default": None, "additionalProperties": False,
+                 "description": "DAPO's soft overlong punishment added to the reward: 0 up "
+                                "to max_tokens - buffer tokens, then down to -factor at "
+                                "max_tokens (null: off)",
+                 "required": ["buffer"],
+                 "properties": {
+                     "buffer": {**POS_INT, "description": "L_cache: tokens before max_tokens "
+                                                          "over which the penalty grows"},
+                     "max_tokens": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                    "description": "L_max (null: the completion budget, "
+                                                   "sampling.max_new_tokens)"},
+                     "factor": {"type": "number", "minimum": 0, "default": 1.0,
+                                "description": "the penalty at L_max"},
+                 }},
 })
 
 GROUPS = _obj({
@@ -139,6 +153,22 @@ GROUPS = _obj({
                       "description": "leave groups with equal rewards out of the loss"},
     "resample_zero_std_max": {"type": "integer", "minimum": 0, "default": 0,
                               "description": "extra completions per zero-std group"},
+    "adaptive_first": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                       "description": "std-driven group sizes: draw this many completions per "
+                                      "prompt first, then share the rest of P x G among the "
+                                      "prompts in proportion to their rewards' std (null: "
+                                      "every group G)"},
+    "dynamic_sampling": {"type": "boolean", "default": False,
+                         "description": "replace groups with no signal by groups of new "
+                                        "prompts until the step has prompts_per_step groups "
+                                        "with signal (DAPO)"},
+    "min_std": {"type": "number", "minimum": 0, "default": 0.0,
+                "description": "dynamic sampling: a group whose reward std (population) is "
+                               "at most this has no signal"},
+    "max_rounds": {**POS_INT, "default": 4,
+                   "description": "dynamic sampling: generation rounds per step at most; "
+                                  "then the batch is completed with groups without signal, "
+                                  "left out of the loss"},
 }, description="Phase 2-3: groups with no learning signal (DAPO dynamic sampling).")
 
 KL = plugin_ref("kl", default="fixed", description="Phase 3: the KL coefficient controller.",
@@ -156,6 +186,10 @@ OBJECTIVE = plugin_ref("objective", default="grpo",
                     "description": "per-token losses to one number (null: the objective's "
                                    "own choice)"},
     "entropy_coef": {"type": "number", "default": 0.0, "description": "entropy bonus weight"},
+    "mask_truncated_completions": {"type": "boolean", "default": False,
+                                   "description": "completions cut by the token budget (no "
+                                                  "EOS) leave the loss; the baseline still "
+                                                  "sees their rewards"},
 })
 
 #: optimizer.lr_schedule: names transformers.get_scheduler knows (see grpo_core.engine.schedules)

@@ -19,12 +19,59 @@ from grpo_core.reward.call import Scored
 from grpo_core.rollout import Rollout, SamplingParams, merge
 
 
+def problems(cfg: dict) -> list[str]:
+    """Settings of the ``groups`` section that cannot be combined (one line each)."""
+    gc, found = cfg["groups"], []
+    if gc["dynamic_sampling"] and gc["resample_zero_std_max"]:
+        found.append("groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
+                     "replaces flat groups with new prompts instead; set one of them")
+    first = gc["adaptive_first"]
+    if first is not None:
+        if first >= cfg["sampling"]["group_size"]:
+            found.append(f"groups.adaptive_first: {first} leaves no completions to allocate "
+                         f"(sampling.group_size: {cfg['sampling']['group_size']})")
+        if gc["resample_zero_std_max"] or gc["dynamic_sampling"] or cfg["environment"]:
+            found.append("groups.adaptive_first: not with groups.resample_zero_std_max, "
+                         "groups.dynamic_sampling or an environment")
+    return found
+
+
+def first_group_size(cfg: dict) -> int:
+    """Completions drawn for each prompt in the first pass: all G, or ``adaptive_first``."""
+    return cfg["groups"]["adaptive_first"] or cfg["sampling"]["group_size"]
+
+
+def allocate(std: torch.Tensor, budget: int) -> torch.Tensor:
+    """Std-driven group sizes: ``budget`` more completions shared among P prompts in
+    proportion to the std of their first samples (the prompts whose samples disagree most
+    get the most; equally when none disagree), rounded by largest remainder (ties: the
+    earlier prompt). std [P] -> [P] long, summing to ``budget``."""
+    w = std.double().clamp(min=0)
+    w = w if w.sum() > 0 else torch.ones_like(w)
+    quota = budget * w / w.sum()
+    n = quota.floor().long()
+    left = budget - int(n.sum())
+    order = sorted(range(len(w)), key=lambda p: (-float(quota[p] - n[p]), p))
+    n[order[:left]] += 1
+    return n
+
+
 def group_std_zero(rewards: torch.Tensor) -> torch.Tensor:
     """[P, G] -> [P] bool: the group's valid rewards are all equal (no learning signal)."""
     ok = torch.isfinite(rewards)
     hi = torch.where(ok, rewards, -torch.inf).amax(-1)
     lo = torch.where(ok, rewards, torch.inf).amin(-1)
     return ~(hi > lo)
+
+
+def group_std(rewards: torch.Tensor) -> torch.Tensor:
+    """[P, G] -> [P] float64: the population std of each group's valid rewards (0 for a group
+    with none)."""
+    ok = torch.isfinite(rewards)
+    x = torch.where(ok, rewards.double(), 0.0)
+    n = ok.sum(-1).clamp(min=1)
+    mean = x.sum(-1, keepdim=True) / n[:, None]
+    return (torch.where(ok, x - mean, 0.0).pow(2).sum(-1) / n).sqrt()
 
 
 def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor,

@@ -185,6 +185,7 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     out = {"kl": s["kl"] / tokens} if "kl" in s else {}
     out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
     out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
+    out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
     return out
 
 

@@ -137,6 +137,35 @@ def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
     return scored
 
 
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,
+                     factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), a reward added to the task's:
+    0 up to ``L_max - L_cache`` tokens, then falling linearly to ``-factor`` at ``L_max``
+    (and ``-factor`` past it), so a long answer is discouraged before the budget cuts it:
+
+        R(y) = 0                                 |y| <= L_max - L_cache
+               ((L_max - L_cache) - |y|) / L_cache   L_max - L_cache < |y| <= L_max
+               -1                                L_max < |y|
+
+    lengths [B] (completion tokens), ``max_tokens`` L_max, ``buffer`` L_cache -> [B] float32.
+    """
+    free = max_tokens - buffer
+    return ((free - lengths.float()) / buffer).clamp(-1.0, 0.0) * factor
+
+
+def with_overlong(scored: Scored, ro: Rollout, overlong: dict | None, budget: int) -> Scored:
+    """``scored`` with the soft overlong penalty (the ``reward.overlong`` section; None: off)
+    added to each reward and kept as the dimension ``overlong``; ``budget``: L_max when the
+    section leaves ``max_tokens`` null (the completion budget)."""
+    if not overlong:
+        return scored
+    lengths = ro.action_mask.sum(-1).cpu()
+    pen = overlong_penalty(lengths, overlong["max_tokens"] or budget, overlong["buffer"],
+                           overlong["factor"])
+    return Scored(scored.rewards + pen, {**scored.dimensions, "overlong": pen.tolist()},
+                  scored.extras, scored.problem)
+
+
 def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:
     """Every completion failed (the call raised or gave the wrong length)."""
     return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy),

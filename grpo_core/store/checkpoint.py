@@ -2,7 +2,8 @@
 
 A checkpoint ``step-NNNNNNNN/`` is a model directory (``save_pretrained``: config, weights in
 the save dtype, tokenizer; a LoRA run's adapter) plus the trainer's state: ``trainer.pt``
-(optimizer, scheduler, torch RNG), ``state.json`` (step, data position, plugin state, RNGs,
+(optimizer, scheduler, torch RNG), ``baseline.pt`` when the baseline keeps state (a running
+mean, PPO's critic), ``state.json`` (step, data position, plugin state, RNGs,
 the run's id and config, and the size and SHA-256 of every file), and, when the saved weights
 are not the trained ones bit for bit (a lower save dtype, or an adapter), ``master.safetensors``
 with the trainable parameters as trained. It is written into a temporary directory, fsynced,
@@ -33,6 +34,7 @@ from grpo_core.store.models import is_peft, save_model
 PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
 MASTER = "master.safetensors"
+BASELINE = "baseline.pt"  # the baseline's state, when it has any
 #: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
 #: how many threads, how the run is spread over processes); any other difference is refused
 #: unless forced.
@@ -87,7 +89,7 @@ def _tuples(x):
 
 
 def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: dict, scheduler,
-         meta: dict, keep_last: int, dtype: torch.dtype) -> str:
+         meta: dict, keep_last: int, dtype: torch.dtype, baseline: dict | None = None) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
     ``keep_last``; another run's checkpoints are never counted or removed."""
     os.makedirs(root, exist_ok=True)
@@ -107,16 +109,20 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: d
         raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
                         f"earlier checkpoints are intact") from exc
     return finish_save(root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last,
-                       optimizer_state)
+                       optimizer_state, baseline)
 
 
 def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokenizer, scheduler,
-                meta: dict, keep_last: int, optimizer_state: dict | None = None) -> str:
-    """The part every checkpoint shares, once its weights are in ``tmp``: trainer state,
-    tokenizer, checksums of every file, then the rename that makes it exist."""
+                meta: dict, keep_last: int, optimizer_state: dict | None = None,
+                baseline: dict | None = None) -> str:
+    """The part every checkpoint shares, once its weights are in ``tmp``: trainer state, the
+    baseline's (``baseline.pt``: a running mean, a critic's weights and optimizer), tokenizer,
+    checksums of every file, then the rename that makes it exist."""
     try:
         torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state()}, os.path.join(tmp, "trainer.pt"))
+        if baseline:
+            torch.save(baseline, os.path.join(tmp, BASELINE))
         tokenizer.save_pretrained(tmp)
         files = {}
         for folder, _, names in os.walk(tmp):
@@ -259,6 +265,14 @@ def read_weights(path: str) -> dict:
     for file in _weights(path):
         weights.update(load_file(file))
     return weights
+
+
+def baseline_state(path: str, state: dict) -> dict:
+    """The baseline's state: ``baseline.pt``, or ``state.json``'s (older checkpoints)."""
+    file = os.path.join(path, BASELINE)
+    if os.path.isfile(file):
+        return torch.load(file, weights_only=True)
+    return state.get("baseline") or {}
 
 
 def trainer_state(path: str) -> dict:

@@ -45,18 +45,19 @@ def save(run, step: int) -> None:
     root = os.path.join(run.dir, "checkpoints")
     written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
     meta = {"config": written, "config_hash": checkpoint.config_hash(written),
-            "kl": run.kl.state_dict(), "baseline": run.baseline.state_dict(),
+            "kl": run.kl.state_dict(),
             "data_position": run.stream.position, "data": run.stream.state_dict()}
+    baseline = run.baseline.state_dict()  # baseline.pt: a critic's tensors too
     if run.engine.shards:
-        _save_sharded(run, root, step + 1, meta)
+        _save_sharded(run, root, step + 1, meta, baseline)
     elif run.main:
         checkpoint.save(root, step + 1, run.run_id, run.policy, run.tokenizer,
                         optimizer_state(run.policy, run.optimizer), run.scheduler, meta,
-                        run.cfg["output"]["keep_last"], run.save_dtype)
+                        run.cfg["output"]["keep_last"], run.save_dtype, baseline)
     dist.barrier()
 
 
-def _save_sharded(run, root: str, step: int, meta: dict) -> None:
+def _save_sharded(run, root: str, step: int, meta: dict, baseline: dict) -> None:
     final = os.path.join(root, f"{checkpoint.PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run.run_id}")
     if run.main:
@@ -74,7 +75,8 @@ def _save_sharded(run, root: str, step: int, meta: dict) -> None:
     dist.barrier()
     if run.main:
         checkpoint.finish_save(root, tmp, final, step, run.run_id, run.tokenizer,
-                               run.scheduler, meta, run.cfg["output"]["keep_last"])
+                               run.scheduler, meta, run.cfg["output"]["keep_last"],
+                               baseline=baseline)
 
 
 def resume(run, target: str | bool, force: bool) -> None:
@@ -104,8 +106,9 @@ def resume(run, target: str | bool, force: bool) -> None:
             None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
         schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
     run.kl.load_state_dict(state["kl"])
-    if state.get("baseline"):
-        run.baseline.load_state_dict(state["baseline"])
+    baseline = checkpoint.baseline_state(path, state)
+    if baseline:
+        run.baseline.load_state_dict(baseline)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
     run.start_step = state["step"]
 

@@ -15,7 +15,7 @@ BUILTINS = {("reward", "math"), ("reward", "format"), ("reward", "length"),
             ("reward", "json_schema"), ("reward", "reward_model"), ("reward", "http"),
             ("reward", "weighted"), ("baseline", "grpo"), ("baseline", "rloo"),
             ("baseline", "remax"), ("baseline", "dr_grpo"), ("baseline", "mixed"),
-            ("baseline", "reinforce_pp"), ("kl", "fixed"), ("kl", "adaptive"),
+            ("baseline", "reinforce_pp"), ("baseline", "ppo"), ("kl", "fixed"), ("kl", "adaptive"),
             ("kl", "schedule"), ("generator", "hf"), ("generator", "vllm")}
 
 

@@ -167,3 +167,48 @@ def test_every_objective_trains(tiny_model, addition_data, tmp_path, objective):
 def test_plugins_check_passes_for_each_objective(name):
     out = run_grpo("plugins", "check", "objective", name, cwd=ROOT)
     assert out.returncode == 0 and "0 failed" in out.stdout, out.stdout + out.stderr
+
+
+def test_dual_clip_tie_keeps_the_whole_gradient():
+    # ratio exactly c = 1.5 with A < 0: the unclipped loss equals the bound c |A|. We take the
+    # dual clip to bind only strictly above c, so the token keeps the whole gradient -A r
+    # (verl's torch.min splits it: half). exp(log 1.5) == 1.5 exactly in float64.
+    logp = leaf([[math.log(1.5)]])
+    assert torch.exp(logp.detach()).item() == 1.5
+    term = clipped_ratio(logp, torch.zeros(1, 1, dtype=F64), torch.tensor([-1.0], dtype=F64),
+                         torch.ones(1, 1), 0.2, 0.2, dual_clip=1.5)
+    assert term.loss.item() == 1.5 and not term.counts["clip_dual"].any()
+    term.loss.sum().backward()
+    assert logp.grad.item() == 1.5
+
+
+def test_gspo_clamp_keeps_the_gradient_at_and_past_the_bound():
+    # sequence log-ratios 20 (the bound) and 25 (past it), A = -1: the value is clamped to
+    # e^20 but the token keeps the gradient s * |A| * grad log pi (verl: clamp at +10, no
+    # gradient above it); below, -20 and -25 with A = +1 give -e^-20 (verl: no lower clamp)
+    logp = leaf([[20.0], [25.0], [-20.0], [-25.0]])
+    adv = torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=F64)
+    term = sequence_ratio(logp, torch.zeros(4, 1, dtype=F64), adv, torch.ones(4, 1))
+    e20 = math.exp(20.0)
+    assert term.loss[:, 0].tolist() == pytest.approx([e20, e20, -1 / e20, -1 / e20], rel=1e-12)
+    term.loss.sum().backward()
+    assert logp.grad[:, 0].tolist() == pytest.approx([e20, e20, -1 / e20, -1 / e20], rel=1e-12)
+
+
+@pytest.mark.parametrize("fn", [clipped_ratio, sequence_ratio, clipped_weight])
+def test_per_token_advantages_equal_per_sequence_ones_when_constant(fn):
+    # a critic's [B, T] advantages; the same value on every token gives the [B] result, and
+    # a token's own advantage is the one it is weighted by
+    logp, old = torch.tensor(LOGP, dtype=F64), torch.tensor(OLD, dtype=F64)
+    adv = torch.tensor([1.0, -0.5], dtype=F64)
+    per_seq = fn(logp, old, adv, MASK)
+    per_tok = fn(logp, old, adv[:, None].expand(2, 3), MASK)
+    torch.testing.assert_close(per_tok.loss, per_seq.loss)
+    varied = fn(logp, old, torch.tensor([[1.0, 2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=F64), MASK)
+    assert varied.loss[0, 2] == 0 and varied.loss[1, 1] == 0
+    assert varied.loss[0, 1].item() == pytest.approx(2 * per_seq.loss[0, 1].item())
+
+
+def test_every_built_in_objective_declares_per_token_advantages():
+    assert all(grpo_core.create("objective", n).token_advantages
+               for n in ("grpo", "gspo", "cispo"))
