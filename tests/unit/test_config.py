@@ -172,7 +172,7 @@ def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys,
                             "micro_batch_groups": 8, "max_nonfinite_steps": 3, "seed": 0}
     assert eff["optimizer"]["lr"] == 3e-4 and eff["optimizer"]["lr_schedule"] == "cosine"
     assert eff["objective"] == {"name": "grpo", "aggregation": "seq_mean_token_sum_norm",
-                                "entropy_coef": 0.01,
+                                "entropy_coef": 0.01, "mask_truncated_completions": False,
                                 "options": {"clip_low": 0.2, "clip_high": 0.28,
                                             "dual_clip": None, "log_ratio_clamp": 20.0}}
     assert eff["kl"]["placement"] == "reward" and eff["kl"]["estimator"] == "k1"
