@@ -38,7 +38,7 @@ MASTER = "master.safetensors"
 #: unless forced.
 MAY_CHANGE = ("train.steps", "train.max_nonfinite_steps", "output.", "eval.", "health.",
               "runtime.threads", "reward.timeout", "reward.failure", "reward.isolation",
-              "distributed.")
+              "distributed.", "optimizer.fused")
 #: What checkpoints written before the full config was stored are compared on.
 COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
                       ("train", "prompts_per_step"), ("train", "seed"))

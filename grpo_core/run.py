@@ -225,9 +225,10 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
 def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
     """AdamW; in one process on the CPU or a GPU its fused kernel (one pass over each
     parameter instead of a dozen ops, the update up to rounding; transformers' Trainer
-    defaults to it too). Sharded runs (ddp, fsdp, deepspeed) keep the default kernels."""
-    fused = how == "none" and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda")
-                                  for p in params)
+    defaults to it too) unless ``optimizer.fused`` is false. Sharded runs (ddp, fsdp,
+    deepspeed) keep the default kernels."""
+    fused = how == "none" and oc["fused"] and all(
+        torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=oc["lr"], betas=tuple(oc["betas"]),
                              weight_decay=oc["weight_decay"], fused=True if fused else None)
 
