@@ -43,6 +43,7 @@ from grpo_core.models import (
     save_model,
     saved_dtype,
 )
+from grpo_core.redact import redact
 from grpo_core.rollout import SamplingParams
 from grpo_core.sources import Source, open_stream, read_rows
 from grpo_core.update import TorchUpdate
@@ -154,7 +155,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     problems = column_problems(cfg["data"]) + tracking.problems(oc) + episode_problems(cfg)
     if problems:
         raise UserError(problems[0])
-    run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
+    run_id = rundir.claim(oc["dir"], bool(resume), overwrite,
+                          rundir.input_paths(cfg) if overwrite else []) if rank == 0 else ""
     dist.barrier()
     run_id = run_id or rundir.run_id(oc["dir"])
     if rank == 0:
@@ -283,7 +285,7 @@ def finish(run: Run) -> dict:
     if run.main:
         run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+            f.write(redact(json.dumps(summary, indent=2)))
         rundir.release(run.dir)
     dist.barrier()
     return summary

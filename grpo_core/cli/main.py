@@ -12,6 +12,8 @@ import traceback
 import yaml
 
 from grpo_core.errors import ConfigError, UserError
+from grpo_core.interrupt import Stopped
+from grpo_core.redact import install as install_redaction
 
 
 def _config(args, preflight: bool = False) -> dict:
@@ -231,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    install_redaction()  # before anything can hold sys.stderr: secrets never printed
     args = build_parser().parse_args(argv)
     if args.command == "plugins":
         rest = args.kind_or_name
@@ -244,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         return args.func(args)
+    except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
