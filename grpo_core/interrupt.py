@@ -3,14 +3,16 @@
 The first signal only asks: the step in progress finishes, a checkpoint of it is written (as
 ``output.checkpoint_every`` would write one) and the run exits with ``128 + signal``, naming
 the checkpoint, so that ``--resume`` continues it exactly. Every rank of a multi-process run
-stops at the same step (they agree on it at each step boundary). A second signal stops at
-once, as the signal's default would (a KeyboardInterrupt, or exit status 128 + signal).
+stops at the same step (they agree on it at each step boundary). A second SIGINT (Ctrl-C
+pressed again) stops at once, as a KeyboardInterrupt. A second SIGTERM changes nothing: a
+launcher (torchrun) forwards the one its job got to ranks that got it already; SIGKILL is
+what stops at once.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 from types import FrameType
 
 from grpo_core.errors import UserError
@@ -47,10 +49,11 @@ class StopRequests:
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum:  # the second signal: stop now
-            if signum == signal.SIGINT:
+        if self.signum:
+            if signum == signal.SIGINT:  # pressed again: stop now
                 raise KeyboardInterrupt
-            sys.exit(128 + signum)
+            return
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step, with a checkpoint "
-              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+        # straight to the file descriptor: the handler may have interrupted a write to stderr
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step, with a "
+                    f"checkpoint\n".encode())

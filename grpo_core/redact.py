@@ -63,14 +63,6 @@ def redact(text: Any) -> Any:
     return _pattern.sub(lambda m: _secrets[m.group(0)], text)
 
 
-def redact_bytes(data: bytes) -> bytes:
-    """:func:`redact` for UTF-8 bytes (a child process's output)."""
-    if _pattern is None:
-        return data
-    return redact(data.decode("utf-8", errors="surrogateescape")).encode(
-        "utf-8", errors="surrogateescape")
-
-
 class RedactingStream(io.TextIOBase):
     """A text stream that redacts what is written to it, then hands it to ``inner``. A value
     is found when a single write holds it whole (``print`` writes its text at once)."""

@@ -253,3 +253,33 @@ def test_prompts_must_divide_between_processes(tiny_model, addition_data, tmp_pa
     cfg["train"]["prompts_per_step"] = 3
     p = torchrun(write_config(tmp_path / "odd.json", cfg))
     assert p.returncode != 0 and "not divisible by the 2 processes" in p.stderr
+
+
+def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(tiny_model, addition_data,
+                                                                tmp_path):
+    """SIGTERM to the whole job (a scheduler's notice): the ranks agree on the step, write one
+    sharded checkpoint of it and exit non-zero; resuming continues from it."""
+    out = str(tmp_path / "run")
+    keep = {"dir": out, "progress": False, "samples_every": 0, "checkpoint_every": 0}
+    path = write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, "fsdp",
+                                                     steps=400, output=keep))
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path],
+                         cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    t0 = time.monotonic()
+    while not os.path.exists(os.path.join(out, "metrics.jsonl")) or len(rows(out)) < 2:
+        assert p.poll() is None and time.monotonic() - t0 < 600, p.stderr.read()[-3000:]
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGTERM)
+    err = p.communicate(timeout=300)[1]
+    assert p.returncode != 0
+    saved = checkpoints(out)
+    assert len(saved) == 1 and f"checkpoint saved in {os.path.join(out, 'checkpoints', saved[0])}" \
+        in err, err[-3000:]
+    steps = len(rows(out))
+    assert int(saved[0].split("-")[1]) == steps
+    more = cfg_for(tiny_model, addition_data, out, "fsdp", steps=steps + 1, output=keep)
+    done = torchrun(write_config(tmp_path / "m.json", more), "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["step"] for r in rows(out)] == list(range(steps + 1))

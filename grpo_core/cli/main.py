@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         return args.func(args)
-    except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named
-        print(f"error: {exc}", file=sys.stderr)
+    except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named (by rank 0)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except ConfigError as exc:
         for line in exc.problems:
