@@ -403,7 +403,7 @@ def test_prompts_longer_than_the_context(tiny_model, tmp_path, capsys):
     cfg = cfg_for(tiny_model, str(data), tmp_path / "r", steps=1)
     cfg["data"]["long_prompts"] = "error"
     one_line_error(*cli(["train", write_config(tmp_path / "e.json", cfg)], capsys),
-                   "row 1 has a prompt of 200000 tokens")
+                   "row 1 has a prompt of 200000 characters (more than 253 tokens)")
     cfg["data"]["long_prompts"] = "drop"
     code, err = cli(["train", write_config(tmp_path / "d.json", cfg)], capsys)
     assert code == 0 and "1 of 2 prompts are longer than 253 tokens" in err, err
