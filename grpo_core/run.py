@@ -16,6 +16,7 @@ import torch
 
 import grpo_core
 from grpo_core.config.file import unresolved
+from grpo_core.config.redact import redact
 from grpo_core.data.prompts import (
     PromptStream,
     StreamedPrompts,
@@ -161,7 +162,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     problems += groups.problems(cfg)
     if problems:
         raise UserError(problems[0])
-    run_id = rundir.claim(oc["dir"], bool(resume), overwrite) if rank == 0 else ""
+    run_id = rundir.claim(oc["dir"], bool(resume), overwrite,
+                          rundir.input_paths(cfg) if overwrite else []) if rank == 0 else ""
     dist.barrier()
     run_id = run_id or rundir.run_id(oc["dir"])
     if rank == 0:
@@ -254,9 +256,10 @@ def critic_problem(cfg: dict, world: int, how: str, lora: bool,
 def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
     """AdamW; in one process on the CPU or a GPU its fused kernel (one pass over each
     parameter instead of a dozen ops, the update up to rounding; transformers' Trainer
-    defaults to it too). Sharded runs (ddp, fsdp, deepspeed) keep the default kernels."""
-    fused = how == "none" and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda")
-                                  for p in params)
+    defaults to it too) unless ``optimizer.fused`` is false. Sharded runs (ddp, fsdp,
+    deepspeed) keep the default kernels."""
+    fused = how == "none" and oc["fused"] and all(
+        torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=oc["lr"], betas=tuple(oc["betas"]),
                              weight_decay=oc["weight_decay"], fused=True if fused else None)
 
@@ -311,7 +314,7 @@ def finish(run: Run) -> dict:
     if run.main:
         run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+            f.write(redact(json.dumps(summary, indent=2)))
         rundir.release(run.dir)
     dist.barrier()
     return summary

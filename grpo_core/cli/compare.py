@@ -29,6 +29,7 @@ from grpo_core import config as config_mod
 from grpo_core.cli import stats
 from grpo_core.cli.plots import build_report, plot_study
 from grpo_core.config.file import scalar, unresolved
+from grpo_core.config.redact import redact
 from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.observe.metrics import read
@@ -218,7 +219,7 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
     t0 = time.time()
     code, output = train_child(path, run_dir, cfg["train"]["steps"], tag)
     with open(run_dir + ".log", "w", encoding="utf-8") as f:
-        f.write(output)
+        f.write(redact(output))  # the child redacts its own output too
     if code != 0:
         last = [ln for ln in output.splitlines() if ln.strip()][-1:] or ["(no output)"]
         raise UserError(f"{tag} failed (exit {code}): {last[0].strip()}; output in "

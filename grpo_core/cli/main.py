@@ -11,7 +11,9 @@ import traceback
 
 import yaml
 
+from grpo_core.config.redact import install as install_redaction
 from grpo_core.errors import ConfigError, UserError
+from grpo_core.interrupt import Stopped
 
 
 def _config(args, preflight: bool = False) -> dict:
@@ -250,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    install_redaction()  # before anything can hold sys.stderr: secrets never printed
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["gpu-check"]:  # its own options (grpo_core.cli.gpu_check.parse)
         from grpo_core.cli.gpu_check import main as gpu_check
@@ -268,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         return args.func(args)
+    except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named (by rank 0)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)

@@ -14,11 +14,11 @@ Measured against real runs in docs/benchmarks.md (tests/memory_probe.py).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
-from grpo_core.errors import UserError
+from grpo_core.config.file import read_file
+from grpo_core.errors import ConfigError, UserError
 
 PRESETS = {
     "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
@@ -74,14 +74,24 @@ def load_shape(spec: str) -> Shape:
     if not os.path.exists(path):
         raise UserError(f"--model: {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a "
                         f"config.json")
-    with open(path, encoding="utf-8") as f:
-        c = json.load(f)
     try:
-        return Shape(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                     c.get("num_key_value_heads", c["num_attention_heads"]),
-                     c["intermediate_size"], c["vocab_size"], c.get("tie_word_embeddings", False))
-    except KeyError as exc:
-        raise UserError(f"--model: {path} has no {exc.args[0]!r}") from exc
+        c = read_file(path)  # bounded like a config: /dev/zero, a FIFO, garbage are refused
+    except ConfigError as exc:
+        raise UserError(f"--model: {exc.problems[0]}") from None
+    sizes = {}
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "vocab_size"):
+        sizes[key] = c.get(key)
+        if not isinstance(sizes[key], int) or isinstance(sizes[key], bool) or sizes[key] < 1:
+            raise UserError(f"--model: {path}: {key} is {sizes[key]!r}, expected a positive "
+                            f"integer")
+    kv = c.get("num_key_value_heads", sizes["num_attention_heads"])
+    if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1:
+        raise UserError(f"--model: {path}: num_key_value_heads is {kv!r}, expected a positive "
+                        f"integer")
+    return Shape(sizes["hidden_size"], sizes["num_hidden_layers"],
+                 sizes["num_attention_heads"], kv, sizes["intermediate_size"],
+                 sizes["vocab_size"], bool(c.get("tie_word_embeddings", False)))
 
 
 def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_tokens: int,

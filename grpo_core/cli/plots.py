@@ -114,7 +114,10 @@ def plot_groups(groups: dict[str, list[list[dict]]], metrics: list[str], out_dir
     some run has, a line per label (its colour fixed by the label's place, the same in every
     figure), against the records' ``x`` field."""
     plt = _pyplot()
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out: cannot create {out_dir}: {exc.strerror or exc}") from None
     paths = []
     for metric in metrics:
         drawn, window = lines(groups, metric, x, smooth_window)
@@ -140,8 +143,12 @@ def plot_groups(groups: dict[str, list[list[dict]]], metrics: list[str], out_dir
         suffix = "" if x == "step" else f"_vs_{x}"
         path = os.path.join(out_dir, metric.replace("/", "_") + suffix + ".png")
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        try:
+            fig.savefig(path, dpi=100)
+        except OSError as exc:
+            raise UserError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            plt.close(fig)
         paths.append(path)
     return paths
 

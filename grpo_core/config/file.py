@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from grpo_core.config.redact import register_resolved
 from grpo_core.errors import ConfigError
 
 MAX_BYTES = 1 << 20  # a config is a page of text, not a data set
@@ -115,6 +116,8 @@ def read_file(path: str) -> dict:
         raise ConfigError([f"{path}: config file not found"])
     if os.path.isdir(path):
         raise ConfigError([f"{path}: is a directory, expected a YAML or JSON file"])
+    if not os.path.isfile(path):  # a FIFO or a terminal would block the read; a device never ends
+        raise ConfigError([f"{path}: not a regular file, expected a YAML or JSON file"])
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
@@ -231,13 +234,15 @@ class Resolved(str):
     values: plugins read it as the plain string it is. ``template`` keeps the text as it was
     written, and the template is all that a file the run writes may hold (see
     :func:`unresolved`), so an API key given through the environment never lands in
-    ``config.json``, a checkpoint or a tracker."""
+    ``config.json``, a checkpoint or a tracker. Making one registers its value as a secret
+    (grpo_core.config.redact), also where it is unpickled, in a reward's worker process."""
 
     template: str
 
     def __new__(cls, value: str, template: str) -> Resolved:
         obj = super().__new__(cls, value)
         obj.template = template
+        register_resolved(value, template)
         return obj
 
     def __reduce__(self):  # pickling (reward worker processes) keeps both forms

@@ -7,13 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 
 import torch
 
 from grpo_core.config import vllm_limits
-from grpo_core.data.prompts import check_fields, column_map, column_problems
-from grpo_core.data.sources import Source, looks_like_hub_id, open_stream, read_rows
+from grpo_core.data.prompts import check_fields, column_map, column_problems, fit_prompt
+from grpo_core.data.sources import Source, check_local, looks_like_hub_id, open_stream, read_rows
 from grpo_core.engine import dist, schedules
+from grpo_core.env.episodes import completion_budget
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Baseline, Environment, Reward
@@ -22,6 +24,7 @@ from grpo_core.observe import tracking
 from grpo_core.registry import registry
 from grpo_core.store import rundir
 from grpo_core.store.gguf import gguf_path
+from grpo_core.store.models import load_tokenizer
 
 #: rows of each data set looked at
 SAMPLE_ROWS = 50
@@ -153,10 +156,14 @@ def _runtime(cfg: dict) -> list[str]:
 def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list[str]:
     """The data set can be read and its first rows have the fields (a local file, a
     directory, a saved dataset; streamed the way the run will read it)."""
-    if not os.path.exists(path):
-        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
     dc = cfg["data"]  # the training set's source keeps its configuration and data_files
     name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
+    try:
+        check_local(Source(path, split, name, files, key))
+    except UserError as exc:
+        return [str(exc)]
+    if not os.path.exists(path):
+        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
     try:
         if key == "data.path" and dc["streaming"]:
             stream = open_stream(Source(path, split, name, files, key), None)
@@ -164,6 +171,41 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
         else:
             rows = read_rows(path, split, name, files, limit=SAMPLE_ROWS, key=key)
         check_fields(rows, fields, path)
+        if key == "data.path":
+            long_rows(cfg, rows)
     except UserError as exc:
         return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
     return []
+
+
+#: what ``train`` does with a prompt over the limit, by ``data.long_prompts``
+_LONG = {"drop": "leave them out", "truncate_left": "keep their last tokens"}
+
+
+def long_rows(cfg: dict, rows: list[dict]) -> None:
+    """Say what ``train`` will do with the rows (of those read) whose prompts are over the
+    prompt limit, as train decides it (raises under ``data.long_prompts: error``). Needs the
+    tokenizer: only for a local model whose repository code need not run."""
+    mc, dc = cfg["model"], cfg["data"]
+    if mc["trust_remote_code"] or not os.path.isfile(os.path.join(mc["name_or_path"],
+                                                                  "config.json")):
+        return
+    limit = dc["max_prompt_tokens"] or _context(mc["name_or_path"]) - completion_budget(cfg)[1]
+    if limit < 1:
+        return  # train names the setting that leaves no room
+    tokenizer = load_tokenizer(mc)
+    long = sum(fit_prompt(row, i, tokenizer, dc, limit)[1] for i, row in enumerate(rows))
+    if long:
+        print(f"notice: data.path: {long} of the first {len(rows)} rows have prompts longer "
+              f"than {limit} tokens; train will {_LONG[dc['long_prompts']]} "
+              f"(data.long_prompts: {dc['long_prompts']})", file=sys.stderr)
+
+
+def _context(model_dir: str) -> int:
+    """The model's context in tokens, from its config.json (very large when it says none)."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            n = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        n = None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 10**9

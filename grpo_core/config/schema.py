@@ -213,6 +213,10 @@ OPTIMIZER = _obj({
                      "description": "linear warm-up from 0, in optimizer updates"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
+    "fused": {"type": "boolean", "default": True,
+              "description": "one process: AdamW's fused kernel (faster; equal to the default "
+                             "kernel up to rounding). false: the default kernel, which sharded "
+                             "runs (ddp, fsdp, deepspeed) always use"},
 }, description="Phase 4: AdamW and its learning-rate schedule.")
 
 TRAIN = _obj({

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -101,11 +102,15 @@ def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
     long)."""
     text = render_prompt(tokenizer, row[data_cfg["prompt_field"]], data_cfg["chat_template"],
                          data_cfg["system_prompt"])
-    n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if n <= limit:
-        return row, False
+    if len(text) <= chars_bound(tokenizer, limit):
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n <= limit:
+            return row, False
+        size = f"{n} tokens"
+    else:  # over the limit for certain: never tokenized whole (memory grows with its length)
+        size = f"{len(text)} characters (more than {limit} tokens)"
     if data_cfg["long_prompts"] == "error":
-        raise UserError(f"data: row {i} has a prompt of {n} tokens, over the limit of "
+        raise UserError(f"data: row {i} has a prompt of {size}, over the limit of "
                         f"{limit} (data.max_prompt_tokens, or the model's context minus "
                         f"sampling.max_new_tokens); set data.long_prompts: drop")
     return ({**row, TRUNCATE: limit} if data_cfg["long_prompts"] == "truncate_left"
@@ -114,6 +119,34 @@ def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
 
 #: a row field set by ``fit_prompts``: keep only this many tokens from the prompt's end
 TRUNCATE = "__grpo_truncate_left"
+#: how many characters a normaliser (Unicode NFC and the like) may merge into one at most
+NORMALISER_SLACK = 4
+_longest: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def chars_bound(tokenizer, tokens: int) -> int:
+    """The most characters ``tokens`` tokens can cover: the vocabulary's longest token
+    (counted in its own characters, which for byte-level vocabularies are bytes, never fewer
+    than the text's characters), with room for normalisers. A longer text has more than
+    ``tokens`` tokens, so it is known to be too long without tokenizing it."""
+    try:
+        longest = _longest[tokenizer]
+    except (KeyError, TypeError):
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        try:
+            _longest[tokenizer] = longest
+        except TypeError:  # not weakly referable: computed each time
+            pass
+    return tokens * max(longest, 1) * NORMALISER_SLACK
+
+
+def prompt_ids(tokenizer, text: str, keep: int | None = None) -> list[int]:
+    """``text``'s token ids; with ``keep``, its last ``keep`` only, tokenizing no more of the
+    text's end than :func:`chars_bound` says can hold them."""
+    if keep is None:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    tail = text[-chars_bound(tokenizer, keep):]
+    return tokenizer(tail, add_special_tokens=False)["input_ids"][-keep:]
 
 
 def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None) -> str:
@@ -265,8 +298,7 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
     field = data_cfg["prompt_field"]
     prompts = [render_prompt(tokenizer, r[field], data_cfg["chat_template"],
                              data_cfg["system_prompt"]) for r in rows]
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    ids = [i[-r[TRUNCATE]:] if TRUNCATE in r else i for i, r in zip(ids, rows)]
+    ids = [prompt_ids(tokenizer, p, r.get(TRUNCATE)) for p, r in zip(prompts, rows)]
     columns = {arg: [r[f] for r in rows] for f, arg in column_map(data_cfg).items()}
     return Batch([r[field] for r in rows], prompts, ids, columns)
 

@@ -10,6 +10,7 @@ A split may be sliced as ``datasets`` writes it: ``train[:1000]``, ``train[100:2
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -84,6 +85,7 @@ def read_rows(path: str, split: str = "train", name: str | None = None,
         -> list[dict]:
     """The rows of a data set (the first ``limit`` only, when given)."""
     src = Source(path, split, name, data_files, key)
+    check_local(src)
     if os.path.isdir(path) and is_saved_dataset(path):
         ds = _saved_split(src)
         return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
@@ -108,6 +110,7 @@ def open_stream(src: Source, seed: int | None, buffer: int = 10_000) -> Any:
     """A ``datasets.IterableDataset`` over the split's rows (its slice applied; shuffled
     through a ``buffer``-row window when ``seed`` is given). ``set_epoch(e)`` gives epoch
     ``e``'s order; the same source, seed and epoch give the same rows in the same order."""
+    check_local(src)
     datasets = _datasets(src, "streaming it")
     base, lo, hi = parse_split(src.split)
     if any(b is not None and (b.endswith("%") or b.startswith("-")) for b in (lo, hi)):
@@ -131,6 +134,37 @@ def open_stream(src: Source, seed: int | None, buffer: int = 10_000) -> Any:
     ds = ds.skip(start) if start else ds
     ds = ds.take(int(hi) - start) if hi is not None else ds
     return ds.shuffle(seed=seed, buffer_size=buffer) if seed is not None else ds
+
+
+def check_local(src: Source) -> None:
+    """Refuse, before anything opens them, a local path that is neither a regular file nor a
+    directory (a FIFO or a device would block a reader or never end), and ``data_files``
+    patterns that match no file (``datasets`` says only "StopIteration")."""
+    if os.path.exists(src.path) and not (os.path.isfile(src.path) or os.path.isdir(src.path)):
+        raise UserError(f"{src.key}: {src.path} is not a regular file or a directory")
+    base = src.path if os.path.isdir(src.path) else "."
+    for pattern in _patterns(src.data_files):
+        if "://" in pattern or pattern.startswith("hf:"):
+            continue
+        full = pattern if os.path.isabs(pattern) else os.path.join(base, pattern)
+        matches = glob.glob(full, recursive=True)
+        if not matches:
+            raise UserError(f"data.data_files: {pattern!r} matches no file (looked in "
+                            f"{os.path.abspath(base)})")
+        odd = [f for f in matches if not (os.path.isfile(f) or os.path.isdir(f))]
+        if odd:
+            raise UserError(f"data.data_files: {odd[0]} is not a regular file")
+
+
+def _patterns(data_files: Any) -> list[str]:
+    """The path patterns of a ``data_files`` value (a string, a list, or {split: either})."""
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, dict):
+        return [p for v in data_files.values() for p in _patterns(v)]
+    if isinstance(data_files, list):
+        return [p for v in data_files for p in _patterns(v)]
+    return []
 
 
 def _own_file(src: Source) -> str | None:
@@ -234,11 +268,22 @@ def _jsonl(path: str, key: str) -> list[dict]:
         raise UserError(f"{path}:{n + 1}: not UTF-8 text") from exc
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{n}: invalid JSON line ({exc.msg})") from exc
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise UserError(f"{path}:{n}: {_number_problem(exc)}") from exc
     except RecursionError as exc:
         raise UserError(f"{path}:{n}: nested too deeply to be a dataset row") from exc
     except OSError as exc:
         raise UserError(f"{key}: cannot read {path} ({exc.strerror or exc})") from exc
     return rows
+
+
+def _number_problem(exc: ValueError) -> str:
+    """A JSON reader's ValueError in words: Python refuses integers of more than 4300
+    digits (converting them costs quadratic time)."""
+    if "digits" in str(exc):
+        return ("an integer too long to read (more than 4300 digits); write it as a string "
+                "if it is data")
+    return f"invalid JSON ({_one_line(exc)})"
 
 
 def _json(path: str, key: str):
@@ -249,6 +294,8 @@ def _json(path: str, key: str):
         raise UserError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg})") from exc
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise UserError(f"{path}: {_number_problem(exc)}") from exc
     except RecursionError as exc:
         raise UserError(f"{path}: nested too deeply to be a data set") from exc
     except OSError as exc:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from grpo_core.config.redact import redact
 from grpo_core.data.prompts import Batch
 from grpo_core.engine import dist
 from grpo_core.errors import UserError
@@ -37,7 +38,7 @@ class MetricsWriter:
         self.trackers = trackers
 
     def write(self, record: dict) -> None:
-        line = json.dumps({k: _clean(v) for k, v in record.items()})
+        line = redact(json.dumps({k: _clean(v) for k, v in record.items()}))
         try:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
@@ -88,6 +89,15 @@ def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
     return v
+
+
+def _finite(value):
+    """``value`` with every NaN or infinity, however nested, as None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def read(run_dir: str) -> list[dict]:
@@ -230,15 +240,15 @@ def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions
                    "dimensions": {n: float(v[i]) for n, v in dimensions.items()},
                    "extras": {n: str(v[i]) for n, v in extras.items()}}
             records.append(rec)
-            lines.append(json.dumps(rec))
+            lines.append(json.dumps(_finite(rec)))  # valid JSON: null, never a bare NaN
             text.append(f"--- step {step} group {p} reward {rec['reward']:.3f} "
                         f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
                         f"PROMPT: {batch.prompts[p]}\nCOMPLETION: {comp}\n")
     try:
         with open(os.path.join(run_dir, "samples.jsonl"), "a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write(redact("\n".join(lines)) + "\n")
         with open(os.path.join(run_dir, "samples.txt"), "a", encoding="utf-8") as f:
-            f.write("\n".join(text) + "\n")
+            f.write(redact("\n".join(text)) + "\n")
     except OSError as exc:
         raise UserError(f"cannot write samples to {run_dir}: {exc.strerror or exc}") from exc
     return records

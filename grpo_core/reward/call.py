@@ -69,9 +69,17 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     B = len(completions)
     try:
         out = call_bounded(fn, (prompts, completions), columns, timeout, "reward.timeout")
-        values = list(out)
     except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
         problem = f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:200]}"
+        return _fail(problem, B, group, policy)
+    if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
+        problem = (f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "
+                   f"numbers")  # list("1111") would score one character per completion
+        return _fail(problem, B, group, policy)
+    try:
+        values = list(out)
+    except (Exception, SystemExit) as exc:
+        problem = f"reward {name!r} returned {type(out).__name__} that cannot be read: {exc}"
         return _fail(problem, B, group, policy)
     if len(values) != B:
         problem = f"reward {name!r} returned {len(values)} scores for {B} completions"
@@ -95,8 +103,8 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
         dims, dim_problem = _per_item(out.dimensions, B, numeric=True)
         extras, extra_problem = _per_item(out.extras, B, numeric=False)
         side = dim_problem or extra_problem
-        if side and problem is None:
-            problem = f"reward {name!r}: {side}"
+        if side:
+            problem = f"{problem}; {side}" if problem else f"reward {name!r}: {side}"
         return Scored(rewards, dims, extras, problem)
     return Scored(rewards, problem=problem)
 
@@ -110,8 +118,19 @@ def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
             problem = problem or (f"{'dimension' if numeric else 'extra'} {str(key)[:40]!r} is "
                                   f"not a list of {B}; left out")
             continue
+        odd = [v for v in values if not _numeric(v)] if numeric else []
+        if odd:
+            problem = problem or (f"dimension {str(key)[:40]!r} holds {type(odd[0]).__name__} "
+                                  f"{str(odd[0])[:40]!r}, expected numbers; left out")
+            continue
         kept[str(key)] = [_number(v) for v in values] if numeric else list(values)
     return kept, problem
+
+
+def _numeric(v) -> bool:
+    """A number, or None (a missing score); not text that happens to parse as one."""
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+        hasattr(v, "__float__") and not isinstance(v, (str, bytes)))
 
 
 def _number(v) -> float:

@@ -69,7 +69,9 @@ class IsolatedReward(Reward):
             described = self.pool.map(["describe"], timeout=BUILD_TIMEOUT)[0]
         except RuntimeError as exc:  # the worker could not even build the reward
             self.pool.close()
-            raise PluginError(f"reward {name!r}: {str(exc).splitlines()[0]}") from exc
+            why = (self.pool.boot_error or str(exc)).splitlines()[0]
+            raise PluginError(f"reward {name!r} could not be built in its worker process: "
+                              f"{why}") from exc
         if isinstance(described, Exception):
             self.pool.close()
             raise PluginError(f"reward {name!r} could not be built in its worker process: "

@@ -40,7 +40,7 @@ BASELINE = "baseline.pt"  # the baseline's state, when it has any
 #: unless forced.
 MAY_CHANGE = ("train.steps", "train.max_nonfinite_steps", "output.", "eval.", "health.",
               "runtime.threads", "reward.timeout", "reward.failure", "reward.isolation",
-              "distributed.")
+              "distributed.", "optimizer.fused")
 #: What checkpoints written before the full config was stored are compared on.
 COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
                       ("train", "prompts_per_step"), ("train", "seed"))
@@ -78,10 +78,31 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict, torch_state: torch.Tensor) -> None:
-    random.setstate(_tuples(ast.literal_eval(state["python"])))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
+    random.setstate(_python_rng(state))
+    np.random.set_state(_numpy_rng(state))
     torch.set_rng_state(torch_state)
+
+
+def _python_rng(state: dict) -> tuple:
+    return _tuples(ast.literal_eval(state["python"]))
+
+
+def _numpy_rng(state: dict) -> tuple:
+    n = state["numpy"]
+    return (n[0], np.array(n[1], dtype=np.uint32), *n[2:])
+
+
+def rng_problem(state) -> str | None:
+    """Why a checkpoint's ``rng`` entry cannot be restored (None when it can), found by
+    restoring it into throwaway generators, so that a damaged entry is passed over like other
+    damage instead of failing the resume."""
+    try:
+        random.Random().setstate(_python_rng(state))
+        np.random.RandomState().set_state(_numpy_rng(state))
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, SyntaxError,
+            MemoryError, RecursionError, OverflowError) as exc:
+        return f"its rng entry is malformed ({type(exc).__name__})"
+    return None
 
 
 def _tuples(x):
@@ -203,6 +224,9 @@ def damage(path: str) -> str | None:
     for key in ("step", "data_position", "rng", "kl"):
         if key not in state:
             return f"state.json has no {key!r}"
+    problem = rng_problem(state["rng"])
+    if problem:
+        return f"state.json: {problem}"
     for name, want in (state.get("files") or {}).items():
         p = os.path.join(path, name)
         if not os.path.isfile(p):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 
 from torch.distributed.checkpoint.state_dict import (
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from grpo_core.config.file import unresolved
 from grpo_core.engine import dist, schedules
 from grpo_core.errors import UserError
+from grpo_core.interrupt import Stopped
 from grpo_core.rollout import NEUTRAL
 from grpo_core.store import checkpoint
 
@@ -37,11 +39,12 @@ def optimizer_state(model, optimizer) -> dict:
                                     options=StateDictOptions(full_state_dict=True))
 
 
-def save(run, step: int) -> None:
-    """Every ``output.checkpoint_every`` steps: weights, optimizer, plugin state, RNGs."""
+def save(run, step: int, now: bool = False) -> str | None:
+    """Every ``output.checkpoint_every`` steps, or ``now``: weights, optimizer, plugin state,
+    RNGs. Returns the checkpoint's directory when one was written."""
     every = run.cfg["output"]["checkpoint_every"]
-    if not every or (step + 1) % every:
-        return
+    if not now and (not every or (step + 1) % every):
+        return None
     root = os.path.join(run.dir, "checkpoints")
     written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
     meta = {"config": written, "config_hash": checkpoint.config_hash(written),
@@ -55,6 +58,29 @@ def save(run, step: int) -> None:
                         optimizer_state(run.policy, run.optimizer), run.scheduler, meta,
                         run.cfg["output"]["keep_last"], run.save_dtype, baseline)
     dist.barrier()
+    return os.path.join(root, f"{checkpoint.PREFIX}{step + 1:08d}")
+
+
+def stop_signal(run, signum: int) -> int:
+    """The signal every rank stops on at this step boundary (0: none): a signal any rank
+    received stops them all, at the same step."""
+    if not dist.active():
+        return signum
+    got = dist.sum_named({"signal": signum}, run.device)["signal"]
+    return signum or (int(signal.SIGTERM) if got else 0)
+
+
+def stopped(run, step: int, path: str, signum: int) -> Stopped:
+    """The error a run stopped by ``signum`` after ``step`` ends with, once its reward
+    workers and trackers are closed."""
+    run.reward.close()
+    if run.episodes is not None:
+        run.episodes.close()
+    if run.main:
+        run.metrics.close()
+    return Stopped(f"stopped by {signal.Signals(signum).name} after step {step + 1} of "
+                   f"{run.cfg['train']['steps']}; checkpoint saved in {path}; continue with "
+                   f"--resume", signum)
 
 
 def _save_sharded(run, root: str, step: int, meta: dict, baseline: dict) -> None:

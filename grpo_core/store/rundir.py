@@ -12,6 +12,7 @@ lock behind.
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -42,13 +43,45 @@ def _lock(path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UserError(f"output.dir: {path} is in use by another grpo process (PID {holder}); "
-                        f"wait for it to finish or choose another directory") from None
+        raise _in_use(path, fd) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     _held[path] = fd
+
+
+def _in_use(path: str, fd: int) -> UserError:
+    """The refusal naming the process that holds the lock open on ``fd`` (closed here)."""
+    holder = _holder(fd)
+    os.close(fd)
+    return UserError(f"output.dir: {path} is in use by another grpo process (PID {holder}); "
+                     f"wait for it to finish or choose another directory")
+
+
+def _holder(fd: int) -> str:
+    """The PID the lock's holder wrote (it writes it just after taking the lock: a moment's
+    wait covers a start that is that far behind)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text or time.monotonic() > deadline:
+            return text or "unknown"
+        time.sleep(0.01)
+
+
+def _refuse_if_in_use(path: str) -> None:
+    """Another grpo process that holds ``path``'s lock is what a directory that is filling up
+    as we look at it means: name it (its PID) instead of calling the directory foreign."""
+    if path in _held or not os.path.exists(os.path.join(path, LOCK)):
+        return
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise _in_use(path, fd) from None
+    os.close(fd)  # closing lets go of the lock again
 
 
 def problems(path: str) -> list[str]:
@@ -62,11 +95,13 @@ def problems(path: str) -> list[str]:
     return []
 
 
-def claim(path: str, resume: bool = False, overwrite: bool = False) -> str:
+def claim(path: str, resume: bool = False, overwrite: bool = False,
+          inputs: list[tuple[str, str]] = ()) -> str:
     """Make ``path`` this run's directory (locked); returns the run's id.
 
     Fresh: ``path`` absent or empty. ``resume``: an earlier run's directory, kept. ``overwrite``:
-    an earlier run's directory, emptied first. Anything else is refused with the reason.
+    an earlier run's directory, emptied first, unless one of the run's ``inputs`` (config key,
+    path: see :func:`input_paths`) lies inside it. Anything else is refused with the reason.
     """
     if not path or not path.strip():
         raise UserError("output.dir: empty; expected a directory path")
@@ -84,6 +119,7 @@ def claim(path: str, resume: bool = False, overwrite: bool = False) -> str:
     if marker is None and resume and _has_checkpoints(path):
         marker = {}  # a run directory from before markers: adopt it
     if others and marker is None:
+        _refuse_if_in_use(path)
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
         raise UserError(f"output.dir: {path} is not empty ({shown}) and is not a grpo run "
                         f"directory; choose a new or empty directory")
@@ -99,6 +135,12 @@ def claim(path: str, resume: bool = False, overwrite: bool = False) -> str:
         raise UserError(f"output.dir: {path} holds an earlier run (started "
                         f"{marker.get('started', '?')}); use --resume to continue it or "
                         f"--overwrite to replace it")
+    inside = [(key, p) for key, p in inputs if _within(p, path)]
+    if others and inside:
+        key, p = inside[0]
+        raise UserError(f"--overwrite: {key} ({p}) lies inside {path}, which --overwrite would "
+                        f"empty; nothing was deleted: copy it out or choose another "
+                        f"output.dir")
     for name in others:  # overwrite: ours to clear (the marker says so)
         target = os.path.join(path, name)
         if os.path.isdir(target) and not os.path.islink(target):
@@ -106,6 +148,35 @@ def claim(path: str, resume: bool = False, overwrite: bool = False) -> str:
         else:
             os.remove(target)
     return str(_write_marker(path)["run_id"])
+
+
+def input_paths(cfg: dict) -> list[tuple[str, str]]:
+    """(config key, path) of every existing file or directory a run reads: each string of the
+    config outside ``output`` that names one (the model and its tokenizer, data, eval data,
+    plugin options such as a reward model's directory), and the files a ``data.data_files``
+    glob matches. Relative paths are taken from the working directory, as the run takes them."""
+    found: list[tuple[str, str]] = []
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str) and value.strip() and len(value) < 4096:
+            pattern = where.startswith("data.data_files") and glob.has_magic(value)
+            matches = glob.glob(value) if pattern else [value]
+            found.extend((where, m) for m in matches if os.path.lexists(m))
+
+    walk({k: v for k, v in cfg.items() if k != "output"}, "")
+    return found
+
+
+def _within(inner: str, outer: str) -> bool:
+    """Whether ``inner`` is ``outer`` or lies below it, links followed."""
+    inner, outer = os.path.realpath(inner), os.path.realpath(outer)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
 def _write_marker(path: str) -> dict:

@@ -147,6 +147,11 @@ def _serve(conn: Connection, config: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_core.workers {server|worker} FD``: serve the pool on channel FD."""
     mode, fd = (sys.argv[1:] if argv is None else argv)[:2]
+    # Ctrl-C reaches the whole process group, a scheduler's SIGTERM often too: the trainer
+    # decides when to stop (grpo_core.interrupt: after the step, with a checkpoint), and it
+    # needs its workers until then. Its pool ends them by closing the channel, or kills them.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
     conn = Connection(int(fd))
     try:
         config = conn.recv()

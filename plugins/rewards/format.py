@@ -110,9 +110,15 @@ class LengthReward(Reward):
     max_value = 0.0  # no penalty
 
     def __init__(self, max_length: int = 512, buffer: int = 128, target: int | None = None):
-        if buffer > max_length:
-            raise ValueError(f"buffer ({buffer}) must not exceed max_length ({max_length})")
+        problems = self.check_options({"max_length": max_length, "buffer": buffer})
+        if problems:
+            raise ValueError(problems[0])
         self.max_length, self.buffer, self.target = max_length, buffer, target
+
+    @classmethod
+    def check_options(cls, options: dict) -> list[str]:
+        buffer, most = options.get("buffer", 128), options.get("max_length", 512)
+        return [f"buffer: {buffer} must not exceed max_length ({most})"] if buffer > most else []
 
     def score(self, n: int) -> float:
         if self.target:

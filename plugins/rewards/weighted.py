@@ -21,22 +21,13 @@ from grpo_core.scores import Scores
 
 class WeightedReward(Reward):
     def __init__(self, components: list[dict], normalize: str = "none", threads: int = 8):
-        self.parts = []
-        names = set()
-        for c in components:
-            dim = c.get("as") or c["name"]
-            if dim in names:
-                raise ValueError(f"two components are named {dim!r}; give one an 'as' name")
-            names.add(dim)
-            self.parts.append({"dim": dim, "fn": grpo_core.create("reward", c["name"],
-                                                                  c.get("options")),
-                               "weight": c["weight"], "requires": c["requires"],
-                               "threshold": c["pass_threshold"]})
-        for p in self.parts:
-            for r in p["requires"]:
-                if r not in names:
-                    raise ValueError(f"component {p['dim']!r} requires unknown dimension {r!r}; "
-                                     f"known: {sorted(names)}")
+        problems = self.check_options({"components": components})
+        if problems:
+            raise ValueError(problems[0])
+        self.parts = [{"dim": c.get("as") or c["name"],
+                       "fn": grpo_core.create("reward", c["name"], c.get("options")),
+                       "weight": c["weight"], "requires": c["requires"],
+                       "threshold": c["pass_threshold"]} for c in components]
         self.normalize, self.threads = normalize, threads
         # the best total is known when every component's best is and nothing is normalised;
         # a component with a negative weight is a penalty whose best is taken to be 0
@@ -44,6 +35,18 @@ class WeightedReward(Reward):
         known = normalize == "none" and None not in maxima
         self.max_value = sum(max(p["weight"] * m, 0.0) for p, m in zip(self.parts, maxima)) \
             if known else None
+
+    @classmethod
+    def check_options(cls, options: dict) -> list[str]:
+        """Dimension names used twice, and ``requires`` naming no dimension."""
+        components = options.get("components") or []
+        dims = [c.get("as") or c["name"] for c in components]
+        problems = [f"components[{i}]: two components are named {d!r}; give one an 'as' name"
+                    for i, d in enumerate(dims) if d in dims[:i]]
+        for i, c in enumerate(components):
+            problems += [f"components[{i}].requires: {r!r} is not a dimension; known: "
+                         f"{sorted(set(dims))}" for r in c.get("requires") or [] if r not in dims]
+        return problems
 
     @classmethod
     def columns_for(cls, options: dict) -> tuple[str, ...]:

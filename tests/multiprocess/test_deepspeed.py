@@ -17,7 +17,15 @@ import pytest
 import torch
 from helpers import ROOT, write_config
 from safetensors.torch import load_file
-from test_distributed import cfg_for, checkpoints, final, kill_after_checkpoints, one_process, rows
+from test_distributed import (
+    assert_same_training,
+    cfg_for,
+    checkpoints,
+    final,
+    kill_after_checkpoints,
+    one_process,
+    rows,
+)
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed "
                                         "(pip install -e '.[deepspeed]'; CI installs it)")
@@ -75,16 +83,13 @@ def test_zero_stages_match_one_process(tiny_model, addition_data, tmp_path, sing
     assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
     for a, b in zip(rows(out), rows(single), strict=True):  # the same completions
         assert a["reward"] == b["reward"] and a["eval/reward"] == b["eval/reward"]
+        # as in test_distributed (loss bound: test_strategies_match_one_process), with 10x
+        # room: DeepSpeed reduces gradients in buckets of its own order, and ZeRO-3 runs the
+        # LM head over whole logits, not the chunked head (log-probs differ in the last bits)
         assert abs(a["loss"] - b["loss"]) < 1e-5
-    # ZeRO-3 runs the LM head as a module over whole logits, not the chunked head: its
-    # log-probs differ in the last float bits, which Adam at lr 1e-2 grows to ~1e-4
-    tol = 5e-4 if stage == 3 else 1e-5
-    for name in ("final", "best"):
-        a = load_file(os.path.join(out, name, "model.safetensors"))
-        b = load_file(os.path.join(single, name, "model.safetensors"))
-        assert a.keys() == b.keys()
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=tol)
+    for name in ("final", "best"):  # the bound: test_distributed.assert_same_training
+        assert_same_training(load_file(os.path.join(out, name, "model.safetensors")),
+                             load_file(os.path.join(single, name, "model.safetensors")), steps=3)
     ranks, total = summary["per_rank"], sum(w.numel() for w in final(single).values())
     held = [r["parameters"] / total for r in ranks]
     if stage == 3:  # each rank holds about half of the weights

@@ -131,7 +131,8 @@ def test_model_logprobs_equal_one_forward_over_the_trajectory_in_float64(tiny_mo
         assert int(model_pos.sum()) == len(lps)
         torch.testing.assert_close(full[r][model_pos], torch.tensor(lps, dtype=torch.float64),
                                    rtol=0, atol=1e-12)
-    # the rollout keeps them in float32, like single-turn rollouts; 0 off the model's tokens
+    # the rollout keeps them in float32, like single-turn rollouts (rounding to float32 of
+    # values up to ~10: <= 5e-7); 0 off the model's tokens
     torch.testing.assert_close(ro.logprobs[ro.action_mask.bool()],
                                full[ro.action_mask.bool()].float(), rtol=0, atol=1e-6)
     assert bool((ro.logprobs[ro.action_mask == 0] == 0).all())

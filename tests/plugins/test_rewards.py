@@ -196,7 +196,7 @@ def test_weighted_group_normalisation():
 
 
 def test_weighted_rejects_unknown_gate():
-    with pytest.raises(grpo_core.PluginError, match="requires unknown dimension"):
+    with pytest.raises(grpo_core.PluginError, match="requires: .fmt. is not a dimension"):
         create("weighted", components=[{"name": "math", "requires": ["fmt"]}])
 
 

@@ -72,10 +72,14 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
     ro = rollout(base, tok)
     expected = completion_logprobs(base, ro, 1.0, 64)[0]
     ref = reference_logprobs(peft_model, ro, 1.0, 64, contextlib.nullcontext())
+    # the adapter disabled runs the base layers through peft's wrappers: the same float32
+    # arithmetic, at most a few ulps of log-probs up to ~10 apart (~1e-6)
     torch.testing.assert_close(ref, expected, rtol=0, atol=1e-6)
     adapted = completion_logprobs(peft_model, ro, 1.0, 64)[0]
     assert (adapted - expected).abs().max() > 1e-4  # the adapter itself does change pi
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(final, "merged"))
+    # merging adds B@A*scale into W once (float32 rounding of W, ~1e-7 relative); log-probs
+    # are sums over a 64-wide hidden state and a softmax: ~1e-6, with 10x room
     torch.testing.assert_close(completion_logprobs(merged, ro, 1.0, 64)[0], adapted,
                                rtol=1e-4, atol=1e-5)
 
@@ -97,7 +101,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
         on = getattr(model, "is_activation_checkpointing", None)
         assert (on if on is not None else model.is_gradient_checkpointing) == gc
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    for n in grads[0]:
+    for n in grads[0]:  # recomputation is the same float32 ops; only kernel choice for the
+        # recomputed shapes may differ (a few ulps: rtol 1e-5 is ~100 float32 ulps)
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-6)
 
 
@@ -110,6 +115,8 @@ def test_chunked_generation_matches_one_batch(tiny_model, cap):
     assert torch.equal(whole.completion_ids, parts.completion_ids)
     assert torch.equal(whole.completion_mask, parts.completion_mask)
     assert torch.equal(whole.group, parts.group)
+    # same tokens; batch size changes the matmul blocking, so float32 log-softmax differs by a
+    # few ulps of values up to ~10 in size: ~1e-6, with 10x room
     torch.testing.assert_close(whole.logprobs, parts.logprobs, rtol=0, atol=1e-5)
 
 

@@ -84,6 +84,9 @@ def run_path(monkeypatch, model, ro, threshold, temperature=1.0, **loss_kw):
 
 
 def assert_same(a, b):
+    """float64 runs of the same arithmetic in another order (a shared prompt's cache vs the
+    whole sequence): ~1e-15 relative per op; gradients, summed over positions and layers,
+    get 1e-10."""
     torch.testing.assert_close(a[0], b[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(a[1], b[1], rtol=1e-12, atol=1e-12)
     if a[2] is not None:
@@ -149,7 +152,7 @@ def test_reference_and_recompute_without_gradients(model64, monkeypatch):
             old, ent = logprobs.completion_logprobs(model64, ro, 1.0, 3, entropy=True)
         assert not ref.requires_grad and not old.requires_grad
         out.append((ref, old, ent))
-    for a, b in zip(*out):
+    for a, b in zip(*out):  # float64, bounds as in assert_same
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert (out[0][0] * ro.completion_mask == out[0][0]).all()  # padding stays 0
 
@@ -242,6 +245,8 @@ def test_generator_fast_paths_give_the_same_completions(tiny_model, monkeypatch)
     _, plain = rollout()
     assert torch.equal(fast.completion_ids, plain.completion_ids)
     assert torch.equal(fast.completion_mask, plain.completion_mask)
+    # the same arithmetic in another order (SDPA's prepared mask, the cache grown in place):
+    # float32 log-softmax of values up to ~10 differs by a few ulps, ~1e-6, with 10x room
     torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-5)
     assert not fast.logprobs.is_inference()  # usable in a training graph
     monkeypatch.undo()
