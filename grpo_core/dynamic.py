@@ -43,23 +43,23 @@ def sample_with_signal(run: Run, step: int) -> tuple[Sampled, Judged]:
     as many rounds as the batch needs (at most ``groups.max_rounds``), with the metrics
     ``groups/filtered`` (groups left out for want of signal), ``groups/generated`` and
     ``groups/rounds``, over all ranks."""
-    gc, P, G = run.cfg["groups"], run.prompts, first_group_size(run.cfg)
+    gc, P, G = run.config.groups, run.prompts, first_group_size(run.cfg)
     kept: list[tuple[Sampled, Judged, list[int]]] = []
     have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
-    while rounds < gc["max_rounds"]:
+    while rounds < gc.max_rounds:
         needs = [int(n[0]) for n in dist.gather_numbers([float(P - have)])]
         if not sum(needs):
             break
         rows = run.stream.take(sum(needs))
         start = sum(needs[:run.rank])
         s = generate(run, step, rows[start:start + needs[run.rank]],
-                     round_seed(run.cfg["train"]["seed"], step, rounds), start * G)
+                     round_seed(run.config.train.seed, step, rounds), start * G)
         rounds += 1
         if s is None:
             continue
         j = score(run, step, s)
         grid = to_grid(j.scored.rewards, j.rollout.group.cpu(), len(s.batch.prompts))[0]
-        signal = has_signal(grid, gc["min_std"])
+        signal = has_signal(grid, gc.min_std)
         idx = torch.nonzero(signal).squeeze(1).tolist()
         if idx:
             kept.append((s, j, idx))

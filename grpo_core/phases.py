@@ -62,9 +62,9 @@ class Sampled:
 
 def sample(run: Run, step: int) -> Sampled:
     P, G = run.prompts, first_group_size(run.cfg)
-    every = run.stream.take(run.cfg["train"]["prompts_per_step"])
+    every = run.stream.take(run.config.train.prompts_per_step)
     return generate(run, step, every[run.rank * P:(run.rank + 1) * P],
-                    step_seed(run.cfg["train"]["seed"], step), run.rank * P * G)
+                    step_seed(run.config.train.seed, step), run.rank * P * G)
 
 
 def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> Sampled | None:
@@ -83,7 +83,7 @@ def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> S
             ro, transcripts = run.episodes.sample(batch, rows, G, run.sampling, seed, offset)
             if run.episodes.problem:
                 _warn(run, step, f"{run.episodes.problem}; applied environment.failure: "
-                                 f"{run.cfg['environment']['failure']}")
+                                 f"{run.config.environment.failure}")
         greedy, t1 = None, time.time()
         if run.baseline.needs_greedy:  # on the same gathered weights (sharded: one gathering)
             greedy = run.generator.generate(batch.prompt_ids, 1,
@@ -113,15 +113,15 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
         scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
                                transcripts)
-        return with_overlong(scored, ro, run.cfg["reward"]["overlong"],
+        return with_overlong(scored, ro, run.config.reward.overlong,
                              completion_budget(run.cfg)[1])
 
     ro, scored, extra = s.rollout, judge(s.batch, s.rollout, s.transcripts), 0
     if scored.problem:
         _warn(run, step, f"{scored.problem}; applied reward.failure: "
-                         f"{run.cfg['reward']['failure']}")
+                         f"{run.config.reward.failure}")
     flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
-    n = run.cfg["groups"]["resample_zero_std_max"]
+    n = run.config.groups.resample_zero_std_max
     # dynamic sampling: more completions for groups with no signal; the weights are gathered
     # by every rank together, so all enter when any rank has a flat group
     if n and dist.all_sum(flat.any().double().reshape(1)).item():
@@ -129,9 +129,9 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
             if flat.any():
                 ro, scored, extra = resample(
                     run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
-                    step_seed(run.cfg["train"]["seed"], step), run.rank * 1_000_000)
+                    step_seed(run.config.train.seed, step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
-    if run.cfg["groups"]["adaptive_first"]:
+    if run.config.groups.adaptive_first:
         ro, scored, extra = _allocate(run, step, s.batch, ro, scored, judge)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     t1 = time.time()
@@ -147,10 +147,10 @@ def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
     into this rank's groups. Every rank enters the gathering, with work or not."""
     grid = to_grid(scored.rewards, ro.group.cpu(), len(batch.prompts))[0]
     everyone, first = dist.gather_grid(grid)
-    G, G0 = run.cfg["sampling"]["group_size"], first_group_size(run.cfg)
+    G, G0 = run.config.sampling.group_size, first_group_size(run.cfg)
     n = allocate(group_std(everyone), everyone.shape[0] * (G - G0))
     n = n[first:first + len(batch.prompts)]
-    extra, seed = 0, step_seed(run.cfg["train"]["seed"], step)
+    extra, seed = 0, step_seed(run.config.train.seed, step)
     with run.autocast, run.engine.gathered():
         for k, size in enumerate(sorted(set(n.tolist()) - {0})):
             ro, scored, added = resample(run.generator, judge, batch, ro, scored, n == size,
@@ -177,12 +177,12 @@ class Advantages:
 
 def _chunk(run: Run) -> int | None:
     """LM-head rows per chunk for the policy; None: its own head module (grpo_core.engine.zero)."""
-    return None if run.engine.head_module else run.cfg["runtime"]["logprob_chunk"]
+    return None if run.engine.head_module else run.config.runtime.logprob_chunk
 
 
 def advantages(run: Run, j: Judged) -> Advantages:
-    t0, ro, cfg = time.time(), j.rollout, run.cfg
-    temp, chunk = cfg["sampling"]["temperature"], _chunk(run)  # the reference computes as
+    t0, ro, config = time.time(), j.rollout, run.config
+    temp, chunk = config.sampling.temperature, _chunk(run)  # the reference computes as
     mask = ro.action_mask.float()  # the policy does: equal weights give equal log-probs
     ref_logp = None if run.reference is None else reference_logprobs(
         run.reference, ro, temp, chunk, run.autocast)
@@ -192,16 +192,16 @@ def advantages(run: Run, j: Judged) -> Advantages:
             old_logp = completion_logprobs(run.policy, ro, temp, chunk)[0]
         is_weights = torch.exp(old_logp - ro.logprobs).clamp(max=run.generator.tis_cap) * mask
     rewards = j.scored.rewards
-    if ref_logp is not None and cfg["kl"]["placement"] == "reward":
+    if ref_logp is not None and config.kl.placement == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
     group, critic = ro.group.cpu(), None
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
-    if cfg["groups"]["drop_zero_std"]:
+    if config.groups.drop_zero_std:
         keep &= ~j.flat[group]
     if j.filler is not None:  # dynamic sampling ran out of rounds: groups with no signal
         keep &= ~j.filler[group]
-    if cfg["objective"]["mask_truncated_completions"]:  # cut by the budget: no loss on them
+    if config.objective.mask_truncated_completions:  # cut by the budget: no loss on them
         keep &= ~ro.truncated.cpu()
     if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
         with run.autocast:
@@ -230,32 +230,32 @@ class Updated:
 
 
 def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
-    t0, ro, cfg = time.time(), j.rollout, run.cfg
-    oc = cfg["objective"]
+    t0, ro, config = time.time(), j.rollout, run.config
+    objective = config.objective
     loss_mask = ro.action_mask.float() * a.keep[:, None]  # no loss on environment tokens
     norm = Normaliser(float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
                       float(dist.all_sum(a.keep.sum().double()).clamp(min=1)),
-                      float(completion_budget(cfg)[1]))
-    kl_coef = run.kl.value if cfg["kl"]["placement"] == "loss" else 0.0
-    aggregation = oc["aggregation"] or run.objective.aggregation
+                      float(completion_budget(run.cfg)[1]))
+    kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
+    aggregation = objective.aggregation or run.objective.aggregation
     iterations: list[dict[str, float]] = []
     grad_norm, skipped = 0.0, 0
     run.policy.train()
-    batches = list(micro_batches(ro.group, run.prompts, cfg["train"]["micro_batch_groups"]))
-    for _ in range(cfg["train"]["inner_iterations"]):
+    batches = list(micro_batches(ro.group, run.prompts, config.train.micro_batch_groups))
+    for _ in range(config.train.inner_iterations):
         run.engine.zero_grad()
         total, stats = 0.0, {}
         for i, mb in enumerate(batches):
             sub = ro.rows(mb)
             with run.autocast:
-                logp, ent = completion_logprobs(run.policy, sub, cfg["sampling"]["temperature"],
+                logp, ent = completion_logprobs(run.policy, sub, config.sampling.temperature,
                                                 _chunk(run), entropy=True)
             term = run.objective(logp, a.old_logp[mb], a.advantages[mb], loss_mask[mb])
             loss, s = objective_loss(
                 term, loss_mask[mb], aggregation, norm, logp=logp,
                 ref_logp=None if a.ref_logp is None else a.ref_logp[mb], kl_coef=kl_coef,
-                kl_estimator=cfg["kl"]["estimator"], entropy=ent,
-                entropy_coef=oc["entropy_coef"],
+                kl_estimator=config.kl.estimator, entropy=ent,
+                entropy_coef=objective.entropy_coef,
                 is_weights=None if a.is_weights is None else a.is_weights[mb])
             run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
@@ -273,7 +273,7 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
                 stats.update(run.baseline.fit(ro, a.returns, a.values, loss_mask, batches))
     run.generator.sync_weights(run.policy)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
-    if run.nonfinite_run >= cfg["train"]["max_nonfinite_steps"]:
+    if run.nonfinite_run >= config.train.max_nonfinite_steps:
         raise TrainingError(f"non-finite loss or gradient in {run.nonfinite_run} steps in a row "
                             f"(step {step}); lower optimizer.lr or check the reward")
     summed = dist.sum_named({f"{n}|{k}": v for n, it in enumerate(iterations)
@@ -282,7 +282,7 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     # the controller reads the KL of the policy that sampled: the first iteration's
     first = iterations[0]
     run.kl.update(first.get("kl", 0.0) / max(first["tokens"], 1.0),
-                  cfg["train"]["prompts_per_step"] * cfg["sampling"]["group_size"])
+                  config.train.prompts_per_step * config.sampling.group_size)
     return Updated(iterations, grad_norm, skipped, time.time() - t0)
 
 
@@ -290,11 +290,11 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
             started: float) -> dict:
     """Phase 5: the step's metrics record (written by rank 0), validation when due, health
     warnings, samples."""
-    cfg, ro = run.cfg, j.rollout
+    config, ro = run.config, j.rollout
     record = {"step": step, **rollout_metrics(
         j.scored.rewards, to_grid(j.scored.rewards, ro.group.cpu(), run.prompts)[0], j.flat, ro,
         j.scored.dimensions, j.extra_completions,
-        cfg["health"]["solved_reward"] if cfg["health"]["solved_reward"] is not None
+        config.health.solved_reward if config.health.solved_reward is not None
         else run.reward.max_value, run.device)}
     record.update({
         **update_metrics(u.iterations), "kl_coef": run.kl.value,
@@ -306,8 +306,8 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
     if s.transcripts is not None:
         record.update(episode_metrics(s.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
-        ec = cfg["eval"]
-        if (step + 1) % ec["every_n_steps"] == 0 or step + 1 == cfg["train"]["steps"]:
+        ec = config.eval
+        if (step + 1) % ec.every_n_steps == 0 or step + 1 == config.train.steps:
             _validate(run, step, record)
     if run.health:
         record["health"] = run.health.observe(record)
@@ -317,7 +317,7 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
     run.steps_run += 1
     if run.main:
         run.metrics.write(record)
-        if cfg["output"]["samples_every"] and step % cfg["output"]["samples_every"] == 0:
+        if config.output.samples_every and step % config.output.samples_every == 0:
             run.metrics.log_samples(write_samples(
                 run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
                 _per_completion(a.advantages, ro), run.tokenizer), step)
@@ -336,28 +336,28 @@ def _memory(run: Run) -> dict:
     """Peak memory so far and its share of what the device has (health.memory_limit_mb, or
     the device's own)."""
     peak = dist.all_max(torch.tensor(peak_memory_mb(run.device)))
-    limit = run.cfg["health"]["memory_limit_mb"] or run.memory_limit
+    limit = run.config.health.memory_limit_mb or run.memory_limit
     return {"peak_memory_mb": peak, "memory_frac": peak / limit if limit else math.nan}
 
 
 def _validate(run: Run, step: int, record: dict) -> None:
     """Validation on held-out problems (rank 0, on weights every rank helped gather) into the
     same record; keeps the best model."""
-    ec, sc = run.cfg["eval"], run.cfg["sampling"]
+    ec = run.config.eval
     better = 0.0
     with run.engine.gathered():
         if run.main:
             with torch.no_grad(), run.autocast:
                 report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
-                                     run.cfg["data"], run.reward, n=ec["n"],
-                                     temperature=ec["temperature"],
-                                     max_new_tokens=sc["max_new_tokens"],
-                                     pass_threshold=ec["pass_threshold"],
-                                     correct_dimension=ec["correct_dimension"],
+                                     run.cfg["data"], run.reward, n=ec.n,
+                                     temperature=ec.temperature,
+                                     max_new_tokens=run.config.sampling.max_new_tokens,
+                                     pass_threshold=ec.pass_threshold,
+                                     correct_dimension=ec.correct_dimension,
                                      episodes=run.episodes, settings=run.sampling)
             record.update({f"eval/{k}": v for k, v in report.items()
                            if isinstance(v, float) and k != "temperature"})
-            value = record.get(f"eval/{ec['keep_best']}") if ec["keep_best"] else None
+            value = record.get(f"eval/{ec.keep_best}") if ec.keep_best else None
             if value is not None and (run.best is None or value > run.best):
                 run.best, better = value, 1.0
     if dist.all_sum(torch.tensor([better])).item():  # every rank takes part in gathering
@@ -366,5 +366,5 @@ def _validate(run: Run, step: int, record: dict) -> None:
             best = os.path.join(run.dir, "best")
             save_model(run.policy, run.tokenizer, best, run.save_dtype, whole)
             with open(os.path.join(best, "best.json"), "w", encoding="utf-8") as f:
-                json.dump({"step": step, ec["keep_best"]: run.best}, f)
+                json.dump({"step": step, ec.keep_best: run.best}, f)
     dist.barrier()

@@ -17,6 +17,7 @@ import torch
 import grpo_core
 from grpo_core.config.file import unresolved
 from grpo_core.config.redact import redact
+from grpo_core.config.view import Config, view
 from grpo_core.data.prompts import (
     PromptStream,
     StreamedPrompts,
@@ -63,7 +64,8 @@ from grpo_core.store.models import (
 class Run:
     """Everything the phases of a step read, and the little they carry from step to step."""
 
-    cfg: dict
+    cfg: dict  # the validated config document: sections handed on whole, plugins' options
+    config: Config  # the same, typed: what the spine reads
     run_id: str  # this run's id (rundir marker); checkpoints carry it
     save_dtype: torch.dtype  # what checkpoints and the final model are written in
     rank: int
@@ -103,11 +105,11 @@ class Run:
     @property
     def prompts(self) -> int:
         """Prompts this rank handles per step."""
-        return self.cfg["train"]["prompts_per_step"] // self.world
+        return self.config.train.prompts_per_step // self.world
 
     @property
     def dir(self) -> str:
-        return self.cfg["output"]["dir"]
+        return self.config.output.dir
 
 
 def _plugin(kind: str, section: dict) -> Any:
@@ -206,7 +208,8 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     oc_ = cfg["optimizer"]
     opt = _optimizer(params, oc_, how)
     sched = schedules.build(opt, oc_, tc["steps"] * tc["inner_iterations"])
-    run = Run(cfg, run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world, device,
+    run = Run(cfg, view(cfg), run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world,
+              device,
               tokenizer, policy, reference,
               build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
               generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,

@@ -27,9 +27,9 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
     SIGTERM stops it after the current step with a checkpoint (grpo_core.interrupt)."""
     run = start(cfg, resume, force, overwrite)
     with StopRequests() as stops:
-        for step in range(run.start_step, cfg["train"]["steps"]):
+        for step in range(run.start_step, run.config.train.steps):
             t0 = time.time()
-            if cfg["groups"]["dynamic_sampling"]:  # 1-2, until the batch has signal (DAPO)
+            if run.config.groups.dynamic_sampling:  # 1-2, until the batch has signal (DAPO)
                 sampled, judged = dynamic.sample_with_signal(run, step)
             else:
                 sampled = phases.sample(run, step)  # 1. G completions per prompt
@@ -37,7 +37,7 @@ def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
             targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
             updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
             phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
-            last = step + 1 == cfg["train"]["steps"]
+            last = step + 1 == run.config.train.steps
             signum = 0 if last else persist.stop_signal(run, stops.signum)
             # 6. a checkpoint every output.checkpoint_every steps, and on a signal
             saved = persist.save(run, step, now=bool(signum))

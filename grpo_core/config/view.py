@@ -75,6 +75,7 @@ class RewardSection:
     timeout: float | None
     isolation: str
     memory_mb: int | None
+    overlong: dict | None
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class GroupsSection:
 
     drop_zero_std: bool
     resample_zero_std_max: int
+    adaptive_first: int | None
+    dynamic_sampling: bool
+    min_std: float
+    max_rounds: int
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class ObjectiveSection:
     options: dict
     aggregation: None | str
     entropy_coef: float
+    mask_truncated_completions: bool
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class OptimizerSection:
     scheduler_options: dict
     warmup_steps: int
     max_grad_norm: float | None
+    fused: bool
 
 
 @dataclass(frozen=True)
