@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from grpo_core.config.file import read_file
 from grpo_core.errors import ConfigError, UserError
+from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
 
 PRESETS = {
     "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
@@ -127,7 +128,9 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     # ZeRO-3 runs the head as a module: the micro-batch's completion logits all at once
     chunk = mb * new_tokens if strategy == "zero3" else min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
-    out["activations"] = activations(shape, mb * seq, gradient_checkpointing, ab)
+    out["activations"] = activations(shape, trained_tokens(mb, group_size, prompt_tokens,
+                                                           new_tokens, gradient_checkpointing),
+                                     gradient_checkpointing, ab)
     generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
     gathering = P * wb * (1 - 1 / w_s) if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
     out["vllm"] = float(engine_bytes)
@@ -142,6 +145,17 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
     out["ppo_total"] = out["total"] + critic
     return out
+
+
+def trained_tokens(completions: int, group_size: int, prompt_tokens: int, new_tokens: int,
+                   checkpointing: bool) -> int:
+    """Tokens one micro-batch's forward runs through the decoder: each prompt once when the
+    trainer shares prompts (grpo_core.loss.logprobs.share_prompts: enough prompt tokens saved, no
+    checkpointing), else every completion with its own prompt."""
+    groups = max(1, completions // group_size)
+    if not checkpointing and (completions - groups) * prompt_tokens >= SHARE_MIN_SAVED_TOKENS:
+        return groups * prompt_tokens + completions * new_tokens
+    return completions * (prompt_tokens + new_tokens)
 
 
 def activations(shape: Shape, tokens: int, checkpointing: bool, nbytes: int) -> float:

@@ -254,29 +254,17 @@ class HealthMonitor:
         # growth is judged against a baseline: a first half that is not the run's first steps
         # (KL starts at 0 and rises as the policy moves) and is itself measurable
         baseline = len(self.records) >= 2 * w and early >= t["kl_baseline"]
+        advice = pitfalls.kl_runaway_advice(self, r)
         if kl and kl[-1] > t["kl_high"]:
-            yield "kl_high", ADVICE["kl_high"].format(value=kl[-1], advice=self._kl_advice(r)), \
-                kl[-1]
+            yield "kl_high", ADVICE["kl_high"].format(value=kl[-1], advice=advice), kl[-1]
         elif baseline and late > t["kl_floor"] and late > t["kl_growth"] * early:
             yield "kl_growth", ADVICE["kl_growth"].format(
                 value=late / early, early=early, late=late, window=w,
-                advice=self._kl_advice(r)), late / early
+                advice=advice), late / early
         elif len(long) >= OSCILLATION_STEPS and min(long) > 1e-3 and \
                 _alternates(long, t["oscillation"]) and max(long) > 3 * min(long):
             yield "kl_oscillation", ADVICE["kl_oscillation"].format(lo=min(long), hi=max(long)), \
                 max(long) / min(long)
-
-    def _kl_advice(self, r: dict) -> str:
-        """What to change when KL runs away: a larger coefficient, unless it is large already
-        (then the learning rate is what moves the policy too far)."""
-        coef, lr = r.get("kl_coef") or 0.0, self.settings.get("lr")
-        now = f" from {lr:g} (e.g. to {pitfalls.suggest(lr, 0.3)})" if lr else ""
-        if coef >= self.t["kl_coef_large"]:
-            return (f"the KL coefficient is already {coef:g}, so lower optimizer.lr{now} rather "
-                    f"than raising it")
-        name = self.settings.get("kl_option", "the KL coefficient")
-        return (f"raise {name} from {coef:g} (e.g. to {pitfalls.suggest(max(coef, 0.01), 3)}) "
-                f"or lower optimizer.lr{now}")
 
     def _dynamics(self, full: bool, converged: bool):
         t = self.t

@@ -163,6 +163,19 @@ def kl_dominates(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
             f"{suggest(coef, 1 / min(ratio, 100))})"), ratio
 
 
+def kl_runaway_advice(m: HealthMonitor, r: dict) -> str:
+    """What to change when KL runs away: a larger coefficient, unless it is large already
+    (then the learning rate is what moves the policy too far)."""
+    coef, lr = r.get("kl_coef") or 0.0, m.settings.get("lr")
+    now = f" from {lr:g} (e.g. to {suggest(lr, 0.3)})" if lr else ""
+    if coef >= m.t["kl_coef_large"]:
+        return (f"the KL coefficient is already {coef:g}, so lower optimizer.lr{now} rather "
+                f"than raising it")
+    name = m.settings.get("kl_option", "the KL coefficient")
+    return (f"raise {name} from {coef:g} (e.g. to {suggest(max(coef, 0.01), 3)}) "
+            f"or lower optimizer.lr{now}")
+
+
 def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     """One update that changed the policy's entropy by ``entropy_jump`` times or more (up or
     down), after which the reward fell below ``collapse`` of what it was, or the entropy

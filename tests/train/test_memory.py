@@ -74,6 +74,17 @@ def test_the_plan_by_hand():
     assert gc["activations"] == 16 * (2 * 4 + 2 * 72) * 4  # layer inputs + one layer twice
 
 
+def test_shared_prompts_run_once():
+    s = Shape(hidden=4, layers=2, heads=2, kv_heads=1, intermediate=8, vocab=10, tied=True)
+    # 8 completions of one 200-token prompt: (8 - 1) x 200 >= 128 tokens saved, so the
+    # trainer runs the prompt once: 200 + 8 x 10 tokens, not 8 x 210
+    e = plan(s, 8, 1, 200, 10, dtype="float32")
+    assert e["activations"] == (200 + 80) * 2 * 72 * 4
+    gc = plan(s, 8, 1, 200, 10, dtype="float32", gradient_checkpointing=True)
+    assert gc["activations"] == 8 * 210 * (2 * 4 + 2 * 72) * 4  # no sharing when checkpointing
+    assert plan(s, 8, 1, 16, 10, dtype="float32")["activations"] == 8 * 26 * 2 * 72 * 4
+
+
 @pytest.mark.parametrize("switches", [[], ["--gradient-checkpointing"], ["--lora-rank", "8"],
                                       ["--gradient-checkpointing", "--lora-rank", "8"]],
                          ids=["full", "checkpointing", "lora", "lora+checkpointing"])
