@@ -115,7 +115,11 @@ def _as_point(x):
 
 
 def same(p, g, tol: float = 0.0) -> bool:
-    """Structural comparison of parsed answers, numbers and expressions by value."""
+    """Structural comparison of parsed answers, numbers and expressions by value.
+
+    Equations first (``x = 3`` against ``3``), then subsets of the line (compared as merged
+    intervals when both sides read as one), then lists and tuples, then the other kinds of
+    node (:data:`_KINDS`); plain expressions by value."""
     if isinstance(p, Equation) or isinstance(g, Equation):
         return _equations(p, g, tol)
     if setlike(p) or setlike(g):
@@ -123,34 +127,60 @@ def same(p, g, tol: float = 0.0) -> bool:
             return spans_equal(to_spans(p), to_spans(g), tol)
         except FAILURES:
             pass  # not both subsets of the line: compare as written
+    if isinstance(p, Seq) or isinstance(g, Seq):
+        return _sequences(p, g, tol)
+    for kind, compare in _KINDS:
+        if isinstance(p, kind) or isinstance(g, kind):
+            return compare(p, g, tol)
+    if not isinstance(p, sp.Basic) or not isinstance(g, sp.Basic):
+        return False
+    return expressions_equal(p, g, tol)
+
+
+def _sequences(p, g, tol: float) -> bool:
+    """At least one side is a :class:`Seq` (a list, set, tuple, interval or ratio)."""
     if isinstance(p, Seq) and p.open == "" and p.joiner != "and" and not isinstance(g, Seq):
         # "15\frac{39}{40}, or \frac{639}{40}": one value written twice is that value; a
         # hedge ("5 or 6") is not, since not every item equals the gold
         return len(p.items) <= 4 and all(same(x, g, tol) for x in p.items)
-    if isinstance(p, Seq) or isinstance(g, Seq):
-        if isinstance(p, Seq) and isinstance(g, Seq) and "(" in (p.open, g.open):
-            p, g = _as_point(p), _as_point(g)
-        vector = _vector(p, g, tol)
-        if vector is not None:
-            return vector
-        return _seq_equal(_as_seq(p), _as_seq(g), tol)
-    if isinstance(p, Union) or isinstance(g, Union):
-        if not (isinstance(p, Union) and isinstance(g, Union)):
-            return False
-        return _unordered(list(p.parts), list(g.parts), tol)
-    if isinstance(p, Text) or isinstance(g, Text):
-        return isinstance(p, Text) and isinstance(g, Text) and p.value == g.value
-    if isinstance(p, Inequality) or isinstance(g, Inequality):
-        return isinstance(p, Inequality) and isinstance(g, Inequality) and \
-            p.ops == g.ops and all(same(a, b, tol) for a, b in zip(p.sides, g.sides)) and \
-            len(p.sides) == len(g.sides)
-    if isinstance(p, sp.MatrixBase) or isinstance(g, sp.MatrixBase):
-        return (isinstance(p, sp.MatrixBase) and isinstance(g, sp.MatrixBase)
-                and p.shape == g.shape
-                and all(expressions_equal(a, b, tol) for a, b in zip(p, g)))
-    if not isinstance(p, sp.Basic) or not isinstance(g, sp.Basic):
+    if isinstance(p, Seq) and isinstance(g, Seq) and "(" in (p.open, g.open):
+        p, g = _as_point(p), _as_point(g)
+    vector = _vector(p, g, tol)
+    if vector is not None:
+        return vector
+    return _seq_equal(_as_seq(p), _as_seq(g), tol)
+
+
+def _unions(p, g, tol: float) -> bool:
+    """Unions of sets match only unions, part for part in any order."""
+    if not (isinstance(p, Union) and isinstance(g, Union)):
         return False
-    return expressions_equal(p, g, tol)
+    return _unordered(list(p.parts), list(g.parts), tol)
+
+
+def _texts(p, g, tol: float) -> bool:
+    """Word answers match only the same word (case-folded when parsed)."""
+    return isinstance(p, Text) and isinstance(g, Text) and p.value == g.value
+
+
+def _inequalities(p, g, tol: float) -> bool:
+    """Inequalities (not read as sets) match side for side with the same operators."""
+    return isinstance(p, Inequality) and isinstance(g, Inequality) and \
+        p.ops == g.ops and all(same(a, b, tol) for a, b in zip(p.sides, g.sides)) and \
+        len(p.sides) == len(g.sides)
+
+
+def _matrices(p, g, tol: float) -> bool:
+    """Matrices match matrices of the same shape, entry for entry by value."""
+    return (isinstance(p, sp.MatrixBase) and isinstance(g, sp.MatrixBase)
+            and p.shape == g.shape
+            and all(expressions_equal(a, b, tol) for a, b in zip(p, g)))
+
+
+#: the kinds of node :func:`same` compares on their own terms, tried in order: when either
+#: side is one, its comparison decides
+_KINDS = ((Union, _unions), (Text, _texts), (Inequality, _inequalities),
+          (sp.MatrixBase, _matrices))
 
 
 def _equations(p, g, tol: float) -> bool:

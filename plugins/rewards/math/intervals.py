@@ -186,40 +186,61 @@ def to_spans(node, var=None) -> tuple[Span, ...]:
     if isinstance(node, Union):
         return _merge(tuple(s for part in node.parts for s in to_spans(part, var)))
     if isinstance(node, Inequality):
-        syms = set().union(*(getattr(s, "free_symbols", set()) for s in node.sides))
-        if len(syms) != 1 or not all(isinstance(s, sp.Basic) for s in node.sides):
-            raise NotASet("not an inequality in one variable")
-        (v,) = syms
-        out = _whole()
-        for a, op, b in zip(node.sides, node.ops, node.sides[1:]):
-            out = _intersect(out, _solve(a, op, b, v))
-        return out
+        return _inequality_spans(node)
     if isinstance(node, Equation) and isinstance(node.lhs, sp.Symbol) and _const(node.rhs):
         return (Span(node.rhs, node.rhs, True, True),)  # x = 3 inside a list of solutions
     if isinstance(node, Seq):
-        if node.open in "([" and node.close in ")]" and node.open and len(node.items) == 2 \
-                and all(_const(x) for x in node.items):
-            lo, hi = (_infinity(x) for x in node.items)
-            if _val(lo) > _val(hi):
-                raise NotASet("empty interval")
-            return (Span(lo, hi, node.open == "[" and not _is_inf(lo),
-                         node.close == "]" and not _is_inf(hi)),)
-        if node.open in ("", "{"):
-            parts = [to_spans(x, var) for x in node.items]
-            if node.joiner == "and" and any(isinstance(x, Inequality) for x in node.items):
-                out = _whole()
-                for p in parts:
-                    out = _intersect(out, p)
-                if not out:
-                    raise NotASet("empty intersection")
-                return out
-            return _merge(tuple(s for p in parts for s in p))
-        raise NotASet("a tuple")
+        return _seq_spans(node, var)
     if _const(node):
         if _is_inf(node):
             raise NotASet("infinity is not a point")
         return (Span(node, node, True, True),)
     raise NotASet(type(node).__name__)
+
+
+def _inequality_spans(node: Inequality) -> tuple[Span, ...]:
+    """A chain ``a op b op c`` in one variable: the intersection of its links' solutions."""
+    syms = set().union(*(getattr(s, "free_symbols", set()) for s in node.sides))
+    if len(syms) != 1 or not all(isinstance(s, sp.Basic) for s in node.sides):
+        raise NotASet("not an inequality in one variable")
+    (v,) = syms
+    out = _whole()
+    for a, op, b in zip(node.sides, node.ops, node.sides[1:]):
+        out = _intersect(out, _solve(a, op, b, v))
+    return out
+
+
+def _seq_spans(node: Seq, var) -> tuple[Span, ...]:
+    """An interval ``(a, b]``, or a list or set of pieces; a tuple is not a set."""
+    if node.open in "([" and node.close in ")]" and node.open and len(node.items) == 2 \
+            and all(_const(x) for x in node.items):
+        return _interval(node)
+    if node.open in ("", "{"):
+        return _pieces(node, var)
+    raise NotASet("a tuple")
+
+
+def _interval(node: Seq) -> tuple[Span, ...]:
+    """``(a, b)``, ``[a, b)``, ...: an infinite end is always open; ``a > b`` is refused."""
+    lo, hi = (_infinity(x) for x in node.items)
+    if _val(lo) > _val(hi):
+        raise NotASet("empty interval")
+    return (Span(lo, hi, node.open == "[" and not _is_inf(lo),
+                 node.close == "]" and not _is_inf(hi)),)
+
+
+def _pieces(node: Seq, var) -> tuple[Span, ...]:
+    """A list or set of subsets: their union, or, for inequalities joined by "and", their
+    (nonempty) intersection."""
+    parts = [to_spans(x, var) for x in node.items]
+    if node.joiner == "and" and any(isinstance(x, Inequality) for x in node.items):
+        out = _whole()
+        for p in parts:
+            out = _intersect(out, p)
+        if not out:
+            raise NotASet("empty intersection")
+        return out
+    return _merge(tuple(s for p in parts for s in p))
 
 
 def spans_equal(a: tuple[Span, ...], b: tuple[Span, ...], tol: float = 0.0) -> bool:

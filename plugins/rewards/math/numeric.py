@@ -82,60 +82,106 @@ def _root(q: Fraction, n: int) -> Fraction | None:
 
 
 def exact(e, point: dict | None = None) -> Fraction | None:
-    """The exact rational value of ``e``, or None when it is not (or not cheaply) rational."""
-    if isinstance(e, sp.Rational):
-        return Fraction(int(e.p), int(e.q))
-    if isinstance(e, sp.Symbol):
-        if point is not None and e in point:
-            return point[e]
-        return None
-    if isinstance(e, sp.Add):
-        total = Fraction(0)
-        for a in e.args:
-            v = exact(a, point)
-            if v is None:
-                return None
-            total += v
-        return total
-    if isinstance(e, sp.Mul):
-        prod = Fraction(1)
-        for a in e.args:
-            v = exact(a, point)
-            if v is None:
-                return None
-            prod *= v
-        return prod
-    if isinstance(e, sp.Pow):
-        b = exact(e.args[0], point)
-        x = exact(e.args[1], point)
-        if b is None or x is None:
-            return None
-        if b == 0 and x < 0:
-            raise Undefined("division by zero")
-        if x.denominator != 1:
-            r = _root(b, x.denominator) if x.denominator <= 64 else None
-            if r is None:
-                return None
-            b, x = r, Fraction(x.numerator)
-        bits = max(b.numerator.bit_length(), b.denominator.bit_length())
-        if bits * abs(x.numerator) > MAX_BITS:
-            return None
-        return b ** int(x)
-    if isinstance(e, sp.Abs):
-        v = exact(e.args[0], point)
-        return None if v is None else abs(v)
-    if isinstance(e, sp.factorial):
-        v = exact(e.args[0], point)
-        if v is None or v.denominator != 1 or not 0 <= v <= 1000:
-            return None
-        return Fraction(math.factorial(int(v)))
-    if isinstance(e, sp.binomial):
-        n, k = exact(e.args[0], point), exact(e.args[1], point)
-        if n is None or k is None or n.denominator != 1 or k.denominator != 1 or \
-                not 0 <= n <= 10_000:
-            return None
-        return Fraction(math.comb(int(n), int(k)) if k >= 0 else 0)
+    """The exact rational value of ``e``, or None when it is not (or not cheaply) rational.
+
+    Dispatches on the node's type (:data:`_EXACT`); a node type with no handler has no
+    cheap exact value, so the caller falls back to the approximate path."""
+    return _handler(_EXACT, _EXACT_CACHE, type(e), _no_exact)(e, point)
+
+
+def _handler(table: tuple, cache: dict, kind: type, default):
+    """The handler of the first class in ``table`` that ``kind`` subclasses (so the table
+    keeps the order of an ``isinstance`` chain), memoised per concrete type in ``cache``."""
+    fn = cache.get(kind)
+    if fn is None:
+        fn = next((f for cls, f in table if issubclass(kind, cls)), default)
+        cache[kind] = fn
+    return fn
+
+
+def _no_exact(e, point) -> None:
+    """A node with no exact rational value here (pi, sin, log, ...)."""
     return None
+
+
+def _exact_rational(e, point) -> Fraction:
+    return Fraction(int(e.p), int(e.q))
+
+
+def _exact_symbol(e, point) -> Fraction | None:
+    """A variable's value at ``point``; None when unbound."""
+    if point is not None and e in point:
+        return point[e]
+    return None
+
+
+def _exact_sum(e, point) -> Fraction | None:
+    total = Fraction(0)
+    for a in e.args:
+        v = exact(a, point)
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def _exact_product(e, point) -> Fraction | None:
+    prod = Fraction(1)
+    for a in e.args:
+        v = exact(a, point)
+        if v is None:
+            return None
+        prod *= v
+    return prod
+
+
+def _exact_power(e, point) -> Fraction | None:
+    """``b^x`` for rational ``b``, ``x``: exact roots (denominator of ``x`` up to 64) and
+    results up to :data:`MAX_BITS` only; anything bigger is left to the approximate path."""
+    b = exact(e.args[0], point)
+    x = exact(e.args[1], point)
+    if b is None or x is None:
+        return None
+    if b == 0 and x < 0:
+        raise Undefined("division by zero")
+    if x.denominator != 1:
+        r = _root(b, x.denominator) if x.denominator <= 64 else None
+        if r is None:
+            return None
+        b, x = r, Fraction(x.numerator)
+    bits = max(b.numerator.bit_length(), b.denominator.bit_length())
+    if bits * abs(x.numerator) > MAX_BITS:
+        return None
+    return b ** int(x)
+
+
+def _exact_abs(e, point) -> Fraction | None:
+    v = exact(e.args[0], point)
+    return None if v is None else abs(v)
+
+
+def _exact_factorial(e, point) -> Fraction | None:
+    """``n!`` for an integer 0 <= n <= 1000 (bounded work)."""
+    v = exact(e.args[0], point)
+    if v is None or v.denominator != 1 or not 0 <= v <= 1000:
+        return None
+    return Fraction(math.factorial(int(v)))
+
+
+def _exact_binomial(e, point) -> Fraction | None:
+    """``C(n, k)`` for integers with 0 <= n <= 10000; a negative ``k`` gives 0."""
+    n, k = exact(e.args[0], point), exact(e.args[1], point)
+    if n is None or k is None or n.denominator != 1 or k.denominator != 1 or \
+            not 0 <= n <= 10_000:
+        return None
+    return Fraction(math.comb(int(n), int(k)) if k >= 0 else 0)
+
+
+#: node class -> exact evaluator, in the order the classes are tried
+_EXACT = ((sp.Rational, _exact_rational), (sp.Symbol, _exact_symbol), (sp.Add, _exact_sum),
+          (sp.Mul, _exact_product), (sp.Pow, _exact_power), (sp.Abs, _exact_abs),
+          (sp.factorial, _exact_factorial), (sp.binomial, _exact_binomial))
+_EXACT_CACHE: dict = {}
 
 
 # -- approximate ----------------------------------------------------------------------------
@@ -155,67 +201,137 @@ def approx(e, ctx, point: dict, scale: list):
 
 
 def _approx(e, ctx, point, scale):
-    if isinstance(e, sp.Rational):
-        return ctx.mpf(int(e.p)) / int(e.q)
-    if isinstance(e, sp.Symbol):
-        if e not in point:
-            raise Unsupported(f"unbound symbol {e}")
-        q = point[e]
-        return ctx.mpf(q.numerator) / q.denominator
-    if e is sp.pi:
-        return +ctx.pi
-    if e is sp.E:
-        return +ctx.e
-    if e is sp.oo:
-        return ctx.inf
-    if e is sp.S.NegativeInfinity:
-        return -ctx.inf
-    args = [approx(a, ctx, point, scale) for a in e.args]
-    if isinstance(e, sp.Add):
-        return ctx.fsum(args)
-    if isinstance(e, sp.Mul):
-        out = ctx.mpf(1)
-        for a in args:
-            out *= a
-        return out
-    if isinstance(e, sp.Pow):
-        b, x = args
-        if b == 0:
-            if ctx.re(x) < 0:
-                raise Undefined("division by zero")
-            return ctx.mpf(0) if x != 0 else ctx.mpf(1)
-        if ctx.isfinite(b) and ctx.isfinite(x) and abs(x) * abs(ctx.log(abs(b))) > MAX_ARG:
-            raise Unsupported("power too large")
-        q = e.args[1]
-        if isinstance(q, sp.Rational) and q.q % 2 == 1 and ctx.im(b) == 0 and b < 0:
-            return -((-b) ** x) if q.p % 2 else (-b) ** x  # real odd roots: cbrt(-8) = -2
-        return ctx.power(b, x)
-    if isinstance(e, sp.Abs):
-        return abs(args[0])
-    if isinstance(e, sp.exp):
-        if ctx.re(args[0]) > MAX_ARG:
-            raise Unsupported("exp too large")
-        return ctx.exp(args[0])
-    if isinstance(e, sp.log):
-        if args[0] == 0:
-            raise Undefined("log 0")
-        out = ctx.log(args[0])
-        return out / ctx.log(args[1]) if len(args) > 1 else out
-    for f, name in _FUNCS.items():
-        if isinstance(e, f):
-            if abs(args[0]) > MAX_ARG:
-                raise Unsupported("argument too large")
-            try:
-                return getattr(ctx, name)(args[0])
-            except ZeroDivisionError as exc:
-                raise Undefined(name) from exc
-    if isinstance(e, sp.factorial):
-        if ctx.isint(args[0]) and args[0] < 0:
-            raise Undefined("factorial of a negative integer")
-        return ctx.factorial(args[0])
-    if isinstance(e, sp.binomial):
-        return ctx.binomial(*args)
+    """Dispatch on the node's type (:data:`_APPROX`); leaves first, then operators, whose
+    handlers evaluate their arguments through :func:`approx` before combining them."""
+    return _handler(_APPROX, _APPROX_CACHE, type(e), _approx_unsupported)(e, ctx, point, scale)
+
+
+def _args(e, ctx, point, scale) -> list:
+    """The values of ``e``'s arguments, each through :func:`approx` (which tracks scale)."""
+    return [approx(a, ctx, point, scale) for a in e.args]
+
+
+def _approx_rational(e, ctx, point, scale):
+    return ctx.mpf(int(e.p)) / int(e.q)
+
+
+def _approx_symbol(e, ctx, point, scale):
+    """A variable's value at ``point``; an unbound one cannot be evaluated."""
+    if e not in point:
+        raise Unsupported(f"unbound symbol {e}")
+    q = point[e]
+    return ctx.mpf(q.numerator) / q.denominator
+
+
+def _approx_pi(e, ctx, point, scale):
+    return +ctx.pi
+
+
+def _approx_e(e, ctx, point, scale):
+    return +ctx.e
+
+
+def _approx_inf(e, ctx, point, scale):
+    return ctx.inf
+
+
+def _approx_neg_inf(e, ctx, point, scale):
+    return -ctx.inf
+
+
+def _approx_sum(e, ctx, point, scale):
+    return ctx.fsum(_args(e, ctx, point, scale))
+
+
+def _approx_product(e, ctx, point, scale):
+    out = ctx.mpf(1)
+    for a in _args(e, ctx, point, scale):
+        out *= a
+    return out
+
+
+def _approx_power(e, ctx, point, scale):
+    """``b^x``: ``0^x`` by hand, huge powers refused, and a real odd root of a negative
+    base kept real (``cbrt(-8) = -2``, not mpmath's principal complex root)."""
+    b, x = _args(e, ctx, point, scale)
+    if b == 0:
+        if ctx.re(x) < 0:
+            raise Undefined("division by zero")
+        return ctx.mpf(0) if x != 0 else ctx.mpf(1)
+    if ctx.isfinite(b) and ctx.isfinite(x) and abs(x) * abs(ctx.log(abs(b))) > MAX_ARG:
+        raise Unsupported("power too large")
+    q = e.args[1]
+    if isinstance(q, sp.Rational) and q.q % 2 == 1 and ctx.im(b) == 0 and b < 0:
+        return -((-b) ** x) if q.p % 2 else (-b) ** x  # real odd roots: cbrt(-8) = -2
+    return ctx.power(b, x)
+
+
+def _approx_abs(e, ctx, point, scale):
+    return abs(_args(e, ctx, point, scale)[0])
+
+
+def _approx_exp(e, ctx, point, scale):
+    """``e^x``, refused past :data:`MAX_ARG` (the value would be astronomically large)."""
+    args = _args(e, ctx, point, scale)
+    if ctx.re(args[0]) > MAX_ARG:
+        raise Unsupported("exp too large")
+    return ctx.exp(args[0])
+
+
+def _approx_log(e, ctx, point, scale):
+    """``log x`` or ``log(x, base)``; ``log 0`` has no value."""
+    args = _args(e, ctx, point, scale)
+    if args[0] == 0:
+        raise Undefined("log 0")
+    out = ctx.log(args[0])
+    return out / ctx.log(args[1]) if len(args) > 1 else out
+
+
+def _trig(name: str):
+    """The evaluator of the mpmath function ``name`` (sin, atan, cosh, ...): arguments past
+    :data:`MAX_ARG` are refused, a pole (``cot 0``) has no value."""
+
+    def evaluate(e, ctx, point, scale):
+        args = _args(e, ctx, point, scale)
+        if abs(args[0]) > MAX_ARG:
+            raise Unsupported("argument too large")
+        try:
+            return getattr(ctx, name)(args[0])
+        except ZeroDivisionError as exc:
+            raise Undefined(name) from exc
+
+    return evaluate
+
+
+def _approx_factorial(e, ctx, point, scale):
+    """``x!`` as the gamma function; a pole at the negative integers."""
+    args = _args(e, ctx, point, scale)
+    if ctx.isint(args[0]) and args[0] < 0:
+        raise Undefined("factorial of a negative integer")
+    return ctx.factorial(args[0])
+
+
+def _approx_binomial(e, ctx, point, scale):
+    return ctx.binomial(*_args(e, ctx, point, scale))
+
+
+def _approx_unsupported(e, ctx, point, scale):
+    """Any other node: its arguments are still evaluated first (their errors win), then it
+    is refused."""
+    _args(e, ctx, point, scale)
     raise Unsupported(f"cannot evaluate {type(e).__name__}")
+
+
+#: node class -> approximate evaluator, in the order the classes are tried: the leaves
+#: (rationals, variables, the constants pi, e, +-oo), then the operators and functions
+_APPROX = ((sp.Rational, _approx_rational), (sp.Symbol, _approx_symbol),
+           (type(sp.pi), _approx_pi), (type(sp.E), _approx_e), (type(sp.oo), _approx_inf),
+           (type(sp.S.NegativeInfinity), _approx_neg_inf), (sp.Add, _approx_sum),
+           (sp.Mul, _approx_product), (sp.Pow, _approx_power), (sp.Abs, _approx_abs),
+           (sp.exp, _approx_exp), (sp.log, _approx_log),
+           *((f, _trig(name)) for f, name in _FUNCS.items()),
+           (sp.factorial, _approx_factorial), (sp.binomial, _approx_binomial))
+_APPROX_CACHE: dict = {}
 
 
 def _digits(e) -> int:

@@ -276,58 +276,85 @@ class Parser:
         return power(node, exp) if exp is not None else node
 
     def atom(self):
+        """One factor: a number, a bracketed or braced group, ``|...|``, ``\\frac``,
+        ``\\binom``, ``\\sqrt``, a matrix, a function, a constant, a name or a word."""
         self.enter()
         kind, value = self.take()
         try:
             if kind == "num":
                 return number(value)
-            if value in ("(", "[", "\\{"):
-                return self.bracket(value)
-            if value == "{":
-                node = self.relation_list()
-                self.expect("}")
-                return node
-            if value == "|":
-                self.bars += 1
-                node = self.expr()
-                self.expect("|")
-                self.bars -= 1
-                return sp.Abs(as_expr(node), evaluate=False)
-            if value == "\\frac" or value == "\\binom":
-                a, b = self.group_or_atom(), self.group_or_atom()
-                if value == "\\binom":
-                    return sp.binomial(as_expr(a), as_expr(b), evaluate=False)
-                return _lift(_div, a, b)  # \frac{-1 \pm \sqrt5}{2}: both values
-            if value == "\\sqrt":
-                index = None
-                if self.accept("["):
-                    index = as_expr(self.expr())
-                    self.expect("]")
-                arg = as_expr(self.group_or_atom())
-                if index is None or isinstance(index, sp.Integer) and index > 0:
-                    return power(arg, sp.Rational(1, int(index or 2)))
-                return power(arg, sp.Pow(index, -1, evaluate=False))
-            if value == "\\begin":
-                return self.matrix()
-            if kind == "cmd" and value[1:] in _FUNCS or kind == "word" and value in _FUNCS:
-                return self.function(value.lstrip("\\"))
-            if kind == "cmd" and value[1:] in _CONSTS:
-                return _CONSTS[value[1:]]
+            opener = self._OPENERS.get(value)
+            if opener is not None:
+                return opener(self, value)
             if kind == "word":
-                if value in ("oo", "inf", "infinity", "infty", "pi"):
-                    return _CONSTS[value]
-                if value in _JOINERS:
-                    raise ParseError(f"unexpected {value!r}")
-                if len(value) == 1:
-                    return sp.E if value == "e" else sp.Symbol(value)
-                if value.lower() in ("sqrt",):
-                    return power(as_expr(self.atom()), sp.Rational(1, 2))
-                return Text(value.lower(), value)  # a word answer ("Monday", "odd")
-            if kind == "cmd" and _greek(value):
-                return sp.Symbol(value[1:])  # \alpha, \theta
+                return self._word(value)
+            if kind == "cmd":
+                return self._command(value)
             raise ParseError(f"unexpected {value!r}")
         finally:
             self.depth -= 1
+
+    def _braces(self, value):
+        """``{...}``: a group that may hold a whole list of relations."""
+        node = self.relation_list()
+        self.expect("}")
+        return node
+
+    def _bars(self, value):
+        """``|x|``; while it is open, a bar closes it rather than starting a new one."""
+        self.bars += 1
+        node = self.expr()
+        self.expect("|")
+        self.bars -= 1
+        return sp.Abs(as_expr(node), evaluate=False)
+
+    def _fraction(self, value):
+        """``\\frac{a}{b}`` (both values of ``\\frac{-1 \\pm \\sqrt5}{2}``) or
+        ``\\binom{n}{k}``."""
+        a, b = self.group_or_atom(), self.group_or_atom()
+        if value == "\\binom":
+            return sp.binomial(as_expr(a), as_expr(b), evaluate=False)
+        return _lift(_div, a, b)  # \frac{-1 \pm \sqrt5}{2}: both values
+
+    def _sqrt(self, value):
+        """``\\sqrt x`` or ``\\sqrt[n]{x}``: a power ``1/n``, kept symbolic when ``n`` is
+        not a positive integer."""
+        index = None
+        if self.accept("["):
+            index = as_expr(self.expr())
+            self.expect("]")
+        arg = as_expr(self.group_or_atom())
+        if index is None or isinstance(index, sp.Integer) and index > 0:
+            return power(arg, sp.Rational(1, int(index or 2)))
+        return power(arg, sp.Pow(index, -1, evaluate=False))
+
+    def _begin(self, value):
+        return self.matrix()
+
+    def _word(self, value: str):
+        """A bare word: a function (``sin x``), a constant (``pi``, ``oo``), a one-letter
+        variable (``e`` is Euler's number), ``sqrt``, or else a word answer (``Monday``)."""
+        if value in _FUNCS:
+            return self.function(value.lstrip("\\"))
+        if value in ("oo", "inf", "infinity", "infty", "pi"):
+            return _CONSTS[value]
+        if value in _JOINERS:
+            raise ParseError(f"unexpected {value!r}")
+        if len(value) == 1:
+            return sp.E if value == "e" else sp.Symbol(value)
+        if value.lower() in ("sqrt",):
+            return power(as_expr(self.atom()), sp.Rational(1, 2))
+        return Text(value.lower(), value)  # a word answer ("Monday", "odd")
+
+    def _command(self, value: str):
+        """A command: a function (``\\sin``), a constant (``\\pi``) or a Greek letter."""
+        if value[1:] in _FUNCS:
+            return self.function(value.lstrip("\\"))
+        if value[1:] in _CONSTS:
+            return _CONSTS[value[1:]]
+        if _greek(value):
+            return sp.Symbol(value[1:])  # \alpha, \theta
+        raise ParseError(f"unexpected {value!r}")
 
     def bracket(self, opener):
         closer_ok = {"(": (")", "]"), "[": ("]", ")"), "\\{": ("\\}",)}[opener]
@@ -347,6 +374,16 @@ class Parser:
         return Seq(tuple(items), opener.lstrip("\\"), close.lstrip("\\"))
 
     def matrix(self):
+        """``\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}`` (any of :data:`_MATRICES`),
+        at most :data:`MAX_ITEMS` entries, every row the same length."""
+        env = self._matrix_env()
+        rows = self._matrix_rows()
+        if not rows or len({len(r) for r in rows}) != 1:
+            raise ParseError(f"ragged {env}")
+        return sp.ImmutableMatrix(rows)
+
+    def _matrix_env(self) -> str:
+        """The environment's name, after ``\\begin``; an array's column spec is skipped."""
         self.expect("{")
         env = self.take()[1]
         self.expect("}")
@@ -356,16 +393,12 @@ class Parser:
             for _ in range(40):
                 if self.take()[1] in ("}", None):
                     break
+        return env
+
+    def _matrix_rows(self) -> list:
+        """The entries up to and including ``\\end{...}``, split into rows at ``\\\\``."""
         rows, row = [], []
-        while True:
-            if self.peek()[1] == "\\end":
-                self.take()
-                self.expect("{")
-                self.take()
-                self.expect("}")
-                break
-            if self.peek()[1] is None:
-                raise ParseError("unterminated matrix")
+        while not self._matrix_end():
             row.append(as_expr(self.expr()))
             sep = self.accept("&", "\\\\")
             if sep == "\\\\":
@@ -377,9 +410,23 @@ class Parser:
                 raise ParseError("matrix too large")
         if row:
             rows.append(row)
-        if not rows or len({len(r) for r in rows}) != 1:
-            raise ParseError(f"ragged {env}")
-        return sp.ImmutableMatrix(rows)
+        return rows
+
+    def _matrix_end(self) -> bool:
+        """Consume ``\\end{...}`` when it is next; fail at the end of the input."""
+        if self.peek()[1] == "\\end":
+            self.take()
+            self.expect("{")
+            self.take()
+            self.expect("}")
+            return True
+        if self.peek()[1] is None:
+            raise ParseError("unterminated matrix")
+        return False
+
+    _OPENERS = {"(": bracket, "[": bracket, "\\{": bracket, "{": _braces, "|": _bars,
+                "\\frac": _fraction, "\\binom": _fraction, "\\sqrt": _sqrt,
+                "\\begin": _begin}
 
 
 def parse(text: str, max_length: int = 2000):
