@@ -1,7 +1,9 @@
 """grpo-core: critic-free RL for language models, every part a plugin chosen by name.
 
-Public API: :func:`create` builds a plugin by kind and name; :class:`Scores` is what a
-reward may return; :data:`PLUGIN_API_VERSION` is the plugin contract's version.
+Public API: :func:`train` runs training from Python (a config, plain reward functions, an
+in-memory data set); :func:`create` builds a plugin by kind and name; :class:`Scores` is
+what a reward may return; :func:`from_trl` reads a flat TRL-style config;
+:data:`PLUGIN_API_VERSION` is the plugin contract's version.
 """
 
 from __future__ import annotations
@@ -14,9 +16,23 @@ from grpo_core.hookspecs import Reward
 from grpo_core.registry import PLUGIN_API_VERSION, registry
 from grpo_core.scores import Scores
 
-__all__ = ["create", "Scores", "PLUGIN_API_VERSION", "UserError", "ConfigError", "PluginError",
-           "registry"]
+__all__ = ["train", "from_trl", "create", "Scores", "PLUGIN_API_VERSION", "UserError",
+           "ConfigError", "PluginError", "registry"]
 __version__ = "0.1.0"
+
+
+def train(config: Any, rewards: Any = None, dataset: Any = None, **options: Any) -> dict:
+    """Run training as ``grpo train`` does; see :func:`grpo_core.api.train`."""
+    from grpo_core.api import train as run
+
+    return run(config, rewards, dataset, **options)
+
+
+def from_trl(flat: dict) -> dict:
+    """A config from TRL's flat ``GRPOConfig`` names; see :func:`grpo_core.trl_names.from_trl`."""
+    from grpo_core.trl_names import from_trl as convert
+
+    return convert(flat)
 
 
 class FunctionReward(Reward):

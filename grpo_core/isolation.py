@@ -6,13 +6,16 @@ trainer waiting). With ``reward.isolation: process`` (the default) the reward is
 called in a worker process of its own (grpo_core.workers); past the budget the worker is
 killed and replaced, and the call fails under ``reward.failure`` like any other. Rewards that
 declare ``inline`` (a reward model holding a model on the device) run in the trainer's
-process, as do plugins added at run time rather than installed (a worker could not find them).
+process, as do plugin modules added at run time (``registry().add``). Plain functions
+(grpo_core.functions) are pickled for the worker; one that cannot be runs inline.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from grpo_core import functions
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
@@ -29,10 +32,15 @@ def build_reward(reward_cfg: dict) -> Reward:
     info = registry().get("reward", reward_cfg["name"])
     inline = isinstance(info.factory, type) and issubclass(info.factory, Reward) and \
         info.factory.inline
-    if reward_cfg["isolation"] == "inline" or inline or not info.installed:
+    payload, why = functions.shipped(reward_cfg)
+    if why and reward_cfg["isolation"] == "process" and not inline:
+        print(f"notice: the reward runs in the trainer's process, not a worker process "
+              f"({why}); reward.timeout can abandon a call there but not stop it",
+              file=sys.stderr)
+    if reward_cfg["isolation"] == "inline" or inline or why:
         return grpo_core.create("reward", reward_cfg["name"], reward_cfg["options"])
     return IsolatedReward(reward_cfg["name"], reward_cfg["options"], reward_cfg["timeout"],
-                          reward_cfg["memory_mb"])
+                          reward_cfg["memory_mb"], payload)
 
 
 def preload() -> None:
@@ -40,10 +48,12 @@ def preload() -> None:
     registry()
 
 
-def build(name: str, options: dict) -> Reward:
-    """Worker setup: the reward, built the way the trainer would build it."""
+def build(name: str, options: dict, shipped: bytes | None = None) -> Reward:
+    """Worker setup: the reward, built the way the trainer would build it, with the plugins
+    the trainer's process added at run time (``shipped``: see grpo_core.functions)."""
     import grpo_core
 
+    functions.receive(shipped)
     return grpo_core.create("reward", name, options)
 
 
@@ -59,10 +69,10 @@ class IsolatedReward(Reward):
     """A reward that lives in a worker process; calls past ``timeout`` seconds kill it."""
 
     def __init__(self, name: str, options: dict, timeout: float | None,
-                 memory_mb: int | None = None):
+                 memory_mb: int | None = None, shipped: bytes | None = None):
         self.name, self.timeout = name, timeout
         self.pool = WorkerPool("grpo_core.isolation:call", setup="grpo_core.isolation:build",
-                               setup_args=(name, options), size=1, memory_mb=memory_mb,
+                               setup_args=(name, options, shipped), size=1, memory_mb=memory_mb,
                                preload=("grpo_core.isolation:preload",))
         try:
             described = self.pool.map(["describe"], timeout=BUILD_TIMEOUT)[0]

@@ -14,7 +14,7 @@ from grpo_core import rundir, schedules, tracking
 from grpo_core.data import check_fields, column_map, column_problems
 from grpo_core.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Environment, Reward
+from grpo_core.hookspecs import Environment
 from grpo_core.registry import registry
 from grpo_core.sources import Source, looks_like_hub_id, open_stream, read_rows
 
@@ -46,10 +46,10 @@ def check(cfg: dict) -> None:
 
 def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
     """The dataset columns the configured reward declares it reads."""
+    from grpo_core.functions import declared_columns
+
     factory = registry().get("reward", reward_cfg["name"]).factory
-    if isinstance(factory, type) and issubclass(factory, Reward):
-        return tuple(factory.columns_for(reward_cfg["options"]))
-    return ()
+    return declared_columns(factory, reward_cfg["options"])
 
 
 def environment_columns(cfg: dict) -> tuple[str, ...]:

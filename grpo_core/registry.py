@@ -113,9 +113,21 @@ class Registry:
         if kind not in hookspecs.KINDS:
             raise PluginError(f"unknown plugin kind {kind!r}; expected one of "
                               f"{list(hookspecs.KINDS)}")
-        info = self.plugins.get((kind, name))
+        info = self.find(kind, name)
         if info is None:
             raise PluginError(unknown_name_message(kind, name, self.names(kind)))
+        return info
+
+    def find(self, kind: str, name: str) -> PluginInfo | None:
+        """Plugin ``name`` of ``kind``, or None; a reward named by a function reference
+        (``module:function``, ``file.py:function``) is imported and registered on first use
+        (a PluginError says why one cannot be)."""
+        info = self.plugins.get((kind, name))
+        if info is None and kind == "reward" and isinstance(name, str):
+            from grpo_core import functions
+
+            if functions.is_reference(name):
+                return functions.resolve(name)
         return info
 
     def names(self, kind: str) -> list[str]:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import grpo_core
+from grpo_core.functions import declared_columns
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
 from grpo_core.scores import Scores
@@ -50,8 +51,7 @@ class WeightedReward(Reward):
         found: list[str] = []
         for c in options["components"]:
             factory = registry().get("reward", c["name"]).factory
-            if isinstance(factory, type) and issubclass(factory, Reward):
-                found += factory.columns_for(c.get("options") or {})
+            found += declared_columns(factory, c.get("options") or {})
         return tuple(dict.fromkeys(found))
 
     def close(self) -> None:

@@ -1,0 +1,104 @@
+"""A TRL user's names: unknown keys that are TRL's (or verl's) say where ours live, a flat
+TRL-style mapping loads, and `1e-3` in a YAML file is a number."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import ROOT
+
+from grpo_core import config, trl_names
+from grpo_core.cli.main import main
+from grpo_core.configfile import parse_yaml, read_file
+from grpo_core.errors import ConfigError
+
+PROMPTS = os.path.join(ROOT, "tests", "data", "prompts.jsonl")
+BASE = f"""model: {{name_or_path: m}}
+data: {{path: {PROMPTS}, columns: [answer]}}
+reward: {{name: math}}
+"""
+
+CASES = [
+    ("num_generations: 8\n", "(top level)",
+     "num_generations: unknown key 'num_generations': did you mean sampling.group_size "
+     "(TRL's name)?"),
+    ("sampling: {num_generations: 8}\n", "sampling", "sampling.group_size (TRL's name)"),
+    ("beta: 0.04\n", "", "beta: unknown key 'beta': did you mean kl.options.coef (TRL's name"),
+    ("optimizer: {learning_rate: 1.0e-6}\n", "",
+     "optimizer.learning_rate: unknown key 'learning_rate': did you mean optimizer.lr "
+     "(TRL's name)?"),
+    ("lr_scheduler_type: cosine\n", "", "did you mean optimizer.lr_schedule (TRL's name)?"),
+    ("loss_type: dr_grpo\n", "", "objective.aggregation (TRL's name; grpo: "
+                                 "seq_mean_token_mean"),
+    ("objective: {name: grpo, options: {epsilon_high: 0.28}}\n", "",
+     "objective.options.epsilon_high: unknown key 'epsilon_high': did you mean "
+     "objective.options.clip_high (TRL's name)?"),
+    ("warmup_ratio: 0.1\n", "", "did you mean optimizer.warmup_steps (TRL's name; a count"),
+    ("kl_loss_coef: 0.001\n", "", "did you mean kl.options.coef (verl's name"),
+    ("lr: 0.001\n", "", "lr: unknown key 'lr': did you mean optimizer.lr?"),
+]
+
+
+@pytest.mark.parametrize("extra,_where,expected", CASES, ids=[c[0].split(":")[0] for c in CASES])
+def test_trl_names_point_at_ours(tmp_path, capsys, extra, _where, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE + extra)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert all(line.startswith("error: ") for line in err.strip().splitlines())
+
+
+def test_unknown_key_without_a_meaning_keeps_the_plain_line():
+    with pytest.raises(ConfigError) as info:
+        config.validate({**parse_yaml(BASE), "num_generations": 4, "trainer": {}})
+    assert info.value.problems == [
+        "num_generations: unknown key 'num_generations': did you mean sampling.group_size "
+        "(TRL's name)?",
+        "(top level): unknown key(s) ['trainer']; expected keys from "
+        + str(sorted(config.CORE_SCHEMA["properties"]))]
+
+
+def test_every_mapped_path_exists_in_the_schema():
+    for name, (path, _) in {**trl_names.TRL, **trl_names.VERL}.items():
+        node = config.CORE_SCHEMA
+        for part in path.split("."):
+            if part == "options" or "properties" not in node:
+                break  # a plugin's options: checked by the plugin's own schema
+            assert part in node["properties"], (name, path)
+            node = node["properties"][part]
+
+
+def test_flat_trl_mapping_loads():
+    flat = {"model_name_or_path": "m", "dataset_name": PROMPTS, "num_generations": 4,
+            "learning_rate": 1e-5, "beta": 0.0, "epsilon_high": 0.28, "max_steps": 3,
+            "use_vllm": False, "reward": {"name": "math"}}
+    cfg = config.validate(trl_names.from_trl(flat))
+    assert cfg["sampling"]["group_size"] == 4 and cfg["optimizer"]["lr"] == 1e-5
+    assert cfg["kl"]["name"] == "fixed" and cfg["kl"]["options"]["coef"] == 0.0
+    assert cfg["objective"]["options"]["clip_high"] == 0.28 and cfg["train"]["steps"] == 3
+    assert cfg["generator"]["name"] == "hf" and cfg["data"]["path"] == PROMPTS
+
+
+def test_flat_trl_mapping_refuses_names_that_need_a_decision():
+    with pytest.raises(ConfigError) as info:
+        trl_names.from_trl({"loss_type": "dapo", "per_device_train_batch_size": 8})
+    assert info.value.problems[0].startswith("loss_type: set objective.aggregation instead")
+    assert len(info.value.problems) == 2
+
+
+def test_yaml_file_reads_exponents_without_a_dot_as_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE + "optimizer: {lr: 1e-3, weight_decay: 5E-2}\n"
+                           "train: {steps: 3}\nsampling: {stop: ['1e5']}\n")
+    cfg = config.validate(read_file(str(path)))
+    assert cfg["optimizer"]["lr"] == 0.001 and cfg["optimizer"]["weight_decay"] == 0.05
+    assert cfg["sampling"]["stop"] == ["1e5"]  # quoted: still a string
+    assert parse_yaml("a: 1e\nb: e5\nc: 1_000\n") == {"a": "1e", "b": "e5", "c": 1000}
+
+
+def test_yaml_exponent_reading_leaves_pyyaml_itself_alone():
+    import yaml
+
+    assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}
