@@ -11,9 +11,10 @@ Two ways in, both giving a reward plugin selectable by name (alone, or as a comp
   ``path/to/file.py:function`` (relative to the working directory). Every process resolves
   it by itself, the worker included.
 
-The function is called as ``fn(prompts, completions, **columns)`` and returns one float (or
-None: no reward) per completion. Attributes ``columns`` (dataset fields it reads) and
-``max_value`` (its best score), when the function has them, are its declarations.
+The function is called with keywords, ``fn(prompts=..., completions=..., **columns)`` (as
+TRL calls its reward functions), and returns one float (or None: no reward) per completion.
+Attributes ``columns`` (dataset fields it reads) and ``max_value`` (its best score), when
+the function has them, are its declarations.
 """
 
 from __future__ import annotations
@@ -44,15 +45,24 @@ class FunctionFactory:
         self.fn = fn
 
     def __call__(self) -> Reward:
-        from grpo_core import FunctionReward
-
-        reward = FunctionReward(self.fn)
-        reward.max_value = getattr(self.fn, "max_value", None)
-        return reward
+        return KeywordReward(self.fn)
 
     def columns_for(self, options: dict) -> tuple[str, ...]:
         """The dataset fields the function declares it reads (its ``columns`` attribute)."""
         return tuple(getattr(self.fn, "columns", ()))
+
+
+class KeywordReward(Reward):
+    """A plain function as a reward, called with keywords as TRL calls its reward functions:
+    ``fn(prompts=..., completions=..., **columns)``, so ``def f(completions, **kwargs)``
+    works as well as ``def f(prompts, completions, answer, **kwargs)``."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.max_value = getattr(fn, "max_value", None)
+
+    def __call__(self, prompts, completions, **columns):
+        return self.fn(prompts=prompts, completions=completions, **columns)
 
 
 def declared_columns(factory: Any, options: dict) -> tuple[str, ...]:

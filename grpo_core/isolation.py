@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from grpo_core import functions
+from grpo_core import faults, functions
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
@@ -48,21 +48,27 @@ def preload() -> None:
     registry()
 
 
-def build(name: str, options: dict, shipped: bytes | None = None) -> Reward:
-    """Worker setup: the reward, built the way the trainer would build it, with the plugins
-    the trainer's process added at run time (``shipped``: see grpo_core.functions)."""
+def build(name: str, options: dict, shipped: bytes | None = None) -> tuple[str, Reward]:
+    """Worker setup: the reward's name and the reward, built the way the trainer would build
+    it, with the plugins the trainer's process added at run time (``shipped``: see
+    grpo_core.functions)."""
     import grpo_core
 
     functions.receive(shipped)
-    return grpo_core.create("reward", name, options)
+    return name, grpo_core.create("reward", name, options)
 
 
-def call(reward: Reward, payload: Any) -> Any:
-    """Worker target: ``"describe"`` -> the reward's declarations; else score a batch."""
+def call(state: tuple[str, Reward], payload: Any) -> Any:
+    """Worker target: ``"describe"`` -> the reward's declarations; else score a batch (a
+    failure comes back as a grpo_core.faults.Fault, described here where the frames are)."""
+    name, reward = state
     if payload == "describe":
         return {"max_value": reward.max_value}
     prompts, completions, columns = payload
-    return reward(prompts, completions, **columns)
+    try:
+        return reward(prompts, completions, **columns)
+    except Exception as exc:
+        return faults.describe(exc, ("reward", name))
 
 
 class IsolatedReward(Reward):
@@ -93,6 +99,8 @@ class IsolatedReward(Reward):
                                f"worker process was killed and replaced")
         if isinstance(out, (WorkerCrashed, WorkerError)):
             raise RuntimeError(_why(out))
+        if isinstance(out, faults.Fault):
+            raise faults.PluginFailed(out)
         return out
 
     def close(self) -> None:

@@ -100,13 +100,28 @@ VERL: dict[str, tuple[str, str]] = {
 }
 
 
+#: TRL settings with no counterpart here, and what to do instead
+MISSING: dict[str, str] = {
+    "steps_per_generation": "one optimizer update per rollout, or train.inner_iterations "
+                            "passes over it",
+    "mask_truncated_completions": "a reward can score a truncated completion (the "
+                                  "completion_tokens column) or return None for it",
+    "top_entropy_quantile": "every completion token is in the loss",
+    "chat_template_kwargs": "data.chat_template and data.system_prompt",
+    "generation_kwargs": "sampling's own keys",
+    "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",
+}
+
+
 def hint(key: str) -> str | None:
     """What an unknown ``key`` probably meant when it is another trainer's name for one of
-    ours; None otherwise."""
+    ours (or one we do not have); None otherwise."""
     for table, whose in ((TRL, "TRL"), (VERL, "verl")):
         if key in table:
             path, note = table[key]
             return f"did you mean {path} ({whose}'s name{'; ' + note if note else ''})?"
+    if key in MISSING:
+        return f"a TRL setting grpo-core does not have: {MISSING[key]} (docs/trl.md)"
     return None
 
 

@@ -55,7 +55,8 @@ def test_functions_without_a_reward_section_are_summed(tiny_model, tmp_path):
     def one(prompts, completions, **columns):
         return [1.0] * len(completions)
 
-    def half(prompts, completions, **columns):
+    def half(completions, **kwargs):  # TRL's style: keywords, prompts among the rest
+        assert "prompts" in kwargs and "answer" in kwargs
         return [0.5] * len(completions)
 
     ds = datasets.Dataset.from_list(addition_rows(0)[0][:8])

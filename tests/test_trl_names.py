@@ -102,3 +102,22 @@ def test_yaml_exponent_reading_leaves_pyyaml_itself_alone():
     import yaml
 
     assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}
+
+
+def test_a_trl_setting_we_lack_says_what_to_do_instead():
+    with pytest.raises(ConfigError) as info:
+        config.validate({**parse_yaml(BASE), "steps_per_generation": 4})
+    assert info.value.problems == [
+        "steps_per_generation: unknown key 'steps_per_generation': a TRL setting grpo-core does "
+        "not have: one optimizer update per rollout, or train.inner_iterations passes over it "
+        "(docs/trl.md)"]
+
+
+def test_the_migration_page_lists_every_name():
+    with open(os.path.join(ROOT, "docs", "trl.md"), encoding="utf-8") as f:
+        page = f.read()
+    for table in (trl_names.TRL, trl_names.VERL):
+        for name, (path, _) in table.items():
+            assert f"| `{name}` | `{path}` |" in page, name
+    for name in trl_names.MISSING:
+        assert f"| `{name}` |" in page, name
