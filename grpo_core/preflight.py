@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 
 import torch
 
@@ -70,7 +71,25 @@ def _model(model_cfg: dict, chat_template: str) -> list[str]:
     if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
         return [f"model.name_or_path: {path} is not a model directory (nor a hub id like "
                 f"org/name)"]
-    return []
+    return _offline_hub(path, "model", "model.name_or_path")
+
+
+def _offline_hub(repo: str, kind: str, key: str) -> list[str]:
+    """With HF_HUB_OFFLINE set, a hub id must be in the local cache: say so now, rather than
+    after the trainer's download retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return []
+    from huggingface_hub import try_to_load_from_cache
+
+    probe = "config.json" if kind == "model" else "README.md"
+    try:
+        cached = try_to_load_from_cache(repo, probe, repo_type=kind)
+    except ValueError:  # not a valid repository id
+        cached = None
+    if isinstance(cached, str):
+        return []
+    return [f"{key}: {repo} is a hub id that is not in the local Hugging Face cache, and "
+            f"HF_HUB_OFFLINE is set; download it first or give a local directory"]
 
 
 def _template(path: str) -> list[str]:
@@ -130,10 +149,16 @@ def _runtime(cfg: dict) -> list[str]:
 def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list[str]:
     """The data set can be read and its first rows have the fields (a local file, a
     directory, a saved dataset; streamed the way the run will read it)."""
-    if not os.path.exists(path):
-        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
     dc = cfg["data"]  # the training set's source keeps its configuration and data_files
     name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
+    if not os.path.exists(path):
+        if not looks_like_hub_id(path):
+            return [f"{key}: file not found: {path}"]
+        if files:  # a builder (json, csv, ...) reading data_files: nothing on the hub
+            return []
+        print(f"note: {key}: {path} is read from the Hugging Face Hub when training starts; "
+              f"its columns are checked then, not here", file=sys.stderr)
+        return _offline_hub(path, "dataset", key)
     try:
         if key == "data.path" and dc["streaming"]:
             stream = open_stream(Source(path, split, name, files, key), None)
@@ -141,6 +166,38 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
         else:
             rows = read_rows(path, split, name, files, limit=SAMPLE_ROWS, key=key)
         check_fields(rows, fields, path)
+        if key == "data.path":
+            _long_prompts(cfg, rows)
     except UserError as exc:
         return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
     return []
+
+
+def _long_prompts(cfg: dict, rows: list[dict]) -> None:
+    """Count the sampled prompts longer than the run's prompt limit, as training will (a local
+    model's tokenizer and context length; a hub model is not fetched for this): a warning
+    for ``data.long_prompts`` drop or truncate_left, a UserError for error."""
+    from grpo_core.data import fit_prompt
+    from grpo_core.episodes import completion_budget
+    from grpo_core.models import load_tokenizer
+
+    model, dc = cfg["model"]["name_or_path"], cfg["data"]
+    try:
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            context = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return  # not a local model directory (reported elsewhere) or no context length
+    budget_key, budget = completion_budget(cfg)
+    if dc["max_prompt_tokens"] is None and not isinstance(context, int):
+        return
+    limit = dc["max_prompt_tokens"] or context - budget
+    if limit < 1:
+        return  # the trainer says budget_key leaves no room
+    tokenizer = load_tokenizer(cfg["model"])
+    long = sum(fit_prompt(row, i, tokenizer, dc, limit)[1] for i, row in enumerate(rows))
+    if long:
+        why = "data.max_prompt_tokens" if dc["max_prompt_tokens"] else \
+            f"the model's context {context} minus {budget_key} {budget}"
+        print(f"warning: data.path: {long} of the first {len(rows)} prompts are longer than "
+              f"{limit} tokens ({why}); data.long_prompts: {dc['long_prompts']}",
+              file=sys.stderr)
