@@ -255,9 +255,10 @@ OUTPUT = _obj({
                 "description": "experiment trackers beside metrics.jsonl, e.g. [{name: "
                                "tensorboard}, {name: wandb, options: {project: p}}] (null: "
                                "tensorboard and wandb_project below)"},
-    "metric_names": {"enum": ["native", "trl"], "default": "native",
+    "metric_names": {"enum": ["native", "trl", "trl_train"], "default": "native",
                      "description": "names trackers get: ours, or TRL's (docs/training.md); "
-                                    "metrics.jsonl keeps ours"},
+                                    "trl_train: TRL's under train/, as its W&B and "
+                                    "TensorBoard runs show them; metrics.jsonl keeps ours"},
     "tensorboard": {"enum": ["auto", "off"], "default": "auto",
                     "description": "with loggers null: auto logs to <dir>/tensorboard when "
                                    "installed"},

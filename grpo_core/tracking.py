@@ -31,12 +31,15 @@ TRL_NAMES = {
 
 
 def metric_name(name: str, naming: str) -> str:
-    """The name a tracker gets for our metric ``name`` (``naming``: native or trl)."""
-    if naming != "trl":
+    """The name a tracker gets for our metric ``name`` (``naming``: native, trl, or trl_train:
+    TRL's under ``train/``, the prefix transformers' trackers give a training run's logs)."""
+    if naming == "native":
         return name
     if name.startswith("reward/"):
-        return f"rewards/{name[len('reward/'):]}/mean"
-    return TRL_NAMES.get(name, name)
+        trl = f"rewards/{name[len('reward/'):]}/mean"
+    else:
+        trl = TRL_NAMES.get(name, name)
+    return f"train/{trl}" if naming == "trl_train" else trl
 
 
 def logger_refs(output_cfg: dict) -> list[tuple[str, dict]]:

@@ -121,3 +121,14 @@ def test_the_migration_page_lists_every_name():
             assert f"| `{name}` | `{path}` |" in page, name
     for name in trl_names.MISSING:
         assert f"| `{name}` |" in page, name
+
+
+def test_trl_metric_names_with_the_train_prefix():
+    from grpo_core.tracking import metric_name
+
+    assert metric_name("lr", "trl_train") == "train/learning_rate"
+    assert metric_name("reward/format", "trl_train") == "train/rewards/format/mean"
+    assert metric_name("reward", "trl_train") == "train/reward"
+    assert metric_name("lr", "trl") == "learning_rate" and metric_name("lr", "native") == "lr"
+    cfg = config.validate({**parse_yaml(BASE), "output": {"metric_names": "trl_train"}})
+    assert cfg["output"]["metric_names"] == "trl_train"
