@@ -175,6 +175,10 @@ OPTIMIZER = _obj({
                                          "min_lr_rate; warmup_stable_decay: num_decay_steps)"},
     "warmup_steps": {"type": "integer", "minimum": 0, "default": 0,
                      "description": "linear warm-up from 0, in optimizer updates"},
+    "warmup_ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1, "default": None,
+                     "description": "warm-up as a fraction of the run's optimizer updates "
+                                    "(TRL's warmup_ratio), rounded up; instead of "
+                                    "warmup_steps"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
 }, description="Phase 4: AdamW and its learning-rate schedule.")

@@ -50,8 +50,7 @@ TRL: dict[str, tuple[str, str]] = {
     "lr_scheduler_type": ("optimizer.lr_schedule", ""),
     "lr_scheduler_kwargs": ("optimizer.scheduler_options", ""),
     "warmup_steps": ("optimizer.warmup_steps", ""),
-    "warmup_ratio": ("optimizer.warmup_steps", "a count of updates: ratio x train.steps x "
-                                               "train.inner_iterations"),
+    "warmup_ratio": ("optimizer.warmup_ratio", ""),
     "weight_decay": ("optimizer.weight_decay", ""),
     "adam_beta1": ("optimizer.betas", "[beta1, beta2]"),
     "adam_beta2": ("optimizer.betas", "[beta1, beta2]"),

@@ -34,7 +34,7 @@ CASES = [
     ("objective: {name: grpo, options: {epsilon_high: 0.28}}\n", "",
      "objective.options.epsilon_high: unknown key 'epsilon_high': did you mean "
      "objective.options.clip_high (TRL's name)?"),
-    ("warmup_ratio: 0.1\n", "", "did you mean optimizer.warmup_steps (TRL's name; a count"),
+    ("warmup_ratio: 0.1\n", "", "warmup_ratio: unknown key 'warmup_ratio': did you mean optimizer.warmup_ratio?"),
     ("kl_loss_coef: 0.001\n", "", "did you mean kl.options.coef (verl's name"),
     ("lr: 0.001\n", "", "lr: unknown key 'lr': did you mean optimizer.lr?"),
 ]
@@ -132,3 +132,23 @@ def test_trl_metric_names_with_the_train_prefix():
     assert metric_name("lr", "trl") == "learning_rate" and metric_name("lr", "native") == "lr"
     cfg = config.validate({**parse_yaml(BASE), "output": {"metric_names": "trl_train"}})
     assert cfg["output"]["metric_names"] == "trl_train"
+
+
+def test_warmup_ratio_is_a_share_of_the_updates():
+    import torch
+
+    from grpo_core.schedules import build, problems
+
+    cfg = config.validate({**parse_yaml(BASE), "optimizer": {"warmup_ratio": 0.25,
+                                                             "lr_schedule": "linear"}})
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = build(opt, cfg["optimizer"], 10)  # ceil(2.5) = 3 warm-up updates
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    both = {**cfg["optimizer"], "warmup_steps": 2}
+    assert problems(both, 10) == ["optimizer.warmup_ratio: 0.25 set beside "
+                                  "optimizer.warmup_steps 2; keep one"]
