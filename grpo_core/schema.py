@@ -97,6 +97,10 @@ DATA = _obj({
                                "argument} to rename ({solution: answer})"},
     "chat_template": {"enum": ["auto", "always", "never"], "default": "auto",
                       "description": "auto: when the tokenizer has one"},
+    "chat_template_kwargs": {"type": "object", "default": {},
+                             "description": "arguments for the chat template, such as "
+                                            "{enable_thinking: false} (TRL's "
+                                            "chat_template_kwargs)"},
     "system_prompt": {"type": ["string", "null"], "default": None,
                       "description": "system message put before each prompt"},
     "shuffle": {"type": "boolean", "default": True,

@@ -24,6 +24,7 @@ TRL: dict[str, tuple[str, str]] = {
     "generation_batch_size": ("sampling.generation_batch_size", "counts completions"),
     "max_prompt_length": ("data.max_prompt_tokens", "with data.long_prompts: truncate_left"),
     "shuffle_dataset": ("data.shuffle", ""),
+    "chat_template_kwargs": ("data.chat_template_kwargs", ""),
     "beta": ("kl.options.coef", "with kl.name: fixed; 0 loads no reference model"),
     "epsilon": ("objective.options.clip_low", ""),
     "epsilon_high": ("objective.options.clip_high", ""),
@@ -106,7 +107,6 @@ MISSING: dict[str, str] = {
     "mask_truncated_completions": "a reward can score a truncated completion (the "
                                   "completion_tokens column) or return None for it",
     "top_entropy_quantile": "every completion token is in the loss",
-    "chat_template_kwargs": "data.chat_template and data.system_prompt",
     "generation_kwargs": "sampling's own keys",
     "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",
 }

@@ -152,3 +152,18 @@ def test_warmup_ratio_is_a_share_of_the_updates():
     both = {**cfg["optimizer"], "warmup_steps": 2}
     assert problems(both, 10) == ["optimizer.warmup_ratio: 0.25 set beside "
                                   "optimizer.warmup_steps 2; keep one"]
+
+
+def test_chat_template_kwargs_reach_the_template(tiny_model):
+    from grpo_core.data import make_batch
+    from grpo_core.models import load_tokenizer
+
+    cfg = config.validate({**parse_yaml(BASE), "model": {"name_or_path": tiny_model}})
+    tokenizer = load_tokenizer(cfg["model"])
+    tokenizer.chat_template = ("{% if enable_thinking is defined and not enable_thinking %}"
+                               "/no_think {% endif %}{{ messages[-1]['content'] }}")
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    plain = make_batch(rows, cfg["data"], tokenizer)
+    off = make_batch(rows, {**cfg["data"], "chat_template_kwargs": {"enable_thinking": False}},
+                     tokenizer)
+    assert plain.prompts == ["1+1="] and off.prompts == ["/no_think 1+1="]
