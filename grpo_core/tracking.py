@@ -17,7 +17,8 @@ from grpo_core.hookspecs import Logger
 from grpo_core.registry import registry
 
 #: our metric names -> TRL's GRPOTrainer (and transformers Trainer) names, where one exists;
-#: ``reward/<dimension>`` becomes ``rewards/<dimension>/mean``; other names are kept
+#: ``reward/<dimension>`` becomes ``rewards/<dimension>/mean`` and ``reward_std/<dimension>``
+#: ``rewards/<dimension>/std``; other names are kept
 TRL_NAMES = {
     "zero_std_frac": "frac_reward_zero_std",
     "completion_len": "completions/mean_length",
@@ -35,8 +36,9 @@ def metric_name(name: str, naming: str) -> str:
     TRL's under ``train/``, the prefix transformers' trackers give a training run's logs)."""
     if naming == "native":
         return name
-    if name.startswith("reward/"):
-        trl = f"rewards/{name[len('reward/'):]}/mean"
+    if name.startswith(("reward/", "reward_std/")):
+        kind, dim = name.split("/", 1)
+        trl = f"rewards/{dim}/{'mean' if kind == 'reward' else 'std'}"
     else:
         trl = TRL_NAMES.get(name, name)
     return f"train/{trl}" if naming == "trl_train" else trl

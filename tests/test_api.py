@@ -46,7 +46,8 @@ def test_plain_function_inside_weighted_runs_in_the_worker_process(tiny_model, t
     assert os.path.isfile(tmp_path / "run" / "final" / "model.safetensors")
     scored_in = {int(p) for p in pids.read_text().split()}
     assert scored_in and os.getpid() not in scored_in  # reward.isolation: process, the default
-    assert "reward/starts_with_digit" in metric_keys(tmp_path / "run")
+    assert {"reward/starts_with_digit", "reward_std/starts_with_digit"} <= \
+        metric_keys(tmp_path / "run")
 
 
 def test_functions_without_a_reward_section_are_summed(tiny_model, tmp_path):

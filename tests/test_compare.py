@@ -101,9 +101,12 @@ def test_a_changed_shared_setting_keeps_the_earlier_runs(tiny_model, addition_da
     p = run_grpo(*args, "--set", "optimizer.lr=5e-3", cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("the earlier run there had another config; kept in") == 2
-    (kept,) = os.listdir(out / "earlier")
-    assert (out / "earlier" / kept / "grpo-seed0" / "metrics.jsonl").read_text() == first
-    assert (out / "earlier" / kept / "rloo-seed0.yaml").exists()
+    kept = sorted(p.relative_to(out / "earlier").parts[1] for p in (out / "earlier").glob("*/*")
+                  if p.is_dir())
+    assert kept == ["grpo-seed0", "rloo-seed0"]  # each under its own config's digest
+    (grpo,) = (out / "earlier").glob("*/grpo-seed0")
+    assert (grpo / "metrics.jsonl").read_text() == first
+    assert (grpo.parent / "grpo-seed0.yaml").exists()
     md = (out / "compare.md").read_text()
     assert "All variants ran at one learning rate, optimizer.lr = 0.005, not tuned" in md
     assert "[min-max of seeds]" in md and "95% CI" not in md  # one seed: no interval

@@ -129,6 +129,7 @@ def test_trl_metric_names_with_the_train_prefix():
     assert metric_name("lr", "trl_train") == "train/learning_rate"
     assert metric_name("reward/format", "trl_train") == "train/rewards/format/mean"
     assert metric_name("reward", "trl_train") == "train/reward"
+    assert metric_name("reward_std/format", "trl") == "rewards/format/std"
     assert metric_name("lr", "trl") == "learning_rate" and metric_name("lr", "native") == "lr"
     cfg = config.validate({**parse_yaml(BASE), "output": {"metric_names": "trl_train"}})
     assert cfg["output"]["metric_names"] == "trl_train"
