@@ -31,7 +31,7 @@ from typing import Any
 
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
-from grpo_core.registry import PluginInfo, registry
+from grpo_core.registry import RESOLVERS, PluginInfo, registry
 
 #: how a function plugin shows in messages and in ``grpo plugins``
 DISTRIBUTION = "python function"
@@ -114,6 +114,14 @@ def resolve(name: str) -> PluginInfo:
                       f"function at {where(fn)}", f"{DISTRIBUTION} {target}")
     registry().plugins[("reward", name)] = info
     return info
+
+
+def _resolve_reference(name: str) -> PluginInfo | None:
+    """The registry's resolver for reward names: a reference, or None."""
+    return resolve(name) if is_reference(name) else None
+
+
+RESOLVERS["reward"] = _resolve_reference
 
 
 def _import(module: str, name: str) -> Any:

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from grpo_core import faults, functions
+from grpo_core.building import create
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
@@ -27,8 +28,6 @@ BUILD_TIMEOUT = 600.0
 
 def build_reward(reward_cfg: dict) -> Reward:
     """The configured reward, where its time limit can be enforced (see the module doc)."""
-    import grpo_core
-
     info = registry().get("reward", reward_cfg["name"])
     inline = isinstance(info.factory, type) and issubclass(info.factory, Reward) and \
         info.factory.inline
@@ -38,7 +37,7 @@ def build_reward(reward_cfg: dict) -> Reward:
               f"({why}); reward.timeout can abandon a call there but not stop it",
               file=sys.stderr)
     if reward_cfg["isolation"] == "inline" or inline or why:
-        return grpo_core.create("reward", reward_cfg["name"], reward_cfg["options"])
+        return create("reward", reward_cfg["name"], reward_cfg["options"])
     return IsolatedReward(reward_cfg["name"], reward_cfg["options"], reward_cfg["timeout"],
                           reward_cfg["memory_mb"], payload)
 
@@ -52,10 +51,8 @@ def build(name: str, options: dict, shipped: bytes | None = None) -> tuple[str, 
     """Worker setup: the reward's name and the reward, built the way the trainer would build
     it, with the plugins the trainer's process added at run time (``shipped``: see
     grpo_core.functions)."""
-    import grpo_core
-
     functions.receive(shipped)
-    return name, grpo_core.create("reward", name, options)
+    return name, create("reward", name, options)
 
 
 def call(state: tuple[str, Reward], payload: Any) -> Any:

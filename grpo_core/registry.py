@@ -23,6 +23,11 @@ BUILTIN_DISTRIBUTION = "grpo-core"
 ALLOW_ENV = "GRPO_CORE_PLUGINS"
 
 
+#: kind -> a function that finds (and registers) a plugin by a name nothing registered, or
+#: returns None; a PluginError says why a name cannot be resolved
+RESOLVERS: dict[str, Callable[[str], PluginInfo | None]] = {}
+
+
 @dataclass(frozen=True)
 class PluginInfo:
     kind: str
@@ -119,15 +124,11 @@ class Registry:
         return info
 
     def find(self, kind: str, name: str) -> PluginInfo | None:
-        """Plugin ``name`` of ``kind``, or None; a reward named by a function reference
-        (``module:function``, ``file.py:function``) is imported and registered on first use
-        (a PluginError says why one cannot be)."""
+        """Plugin ``name`` of ``kind``, or None; a name no plugin registered goes to the
+        kind's resolver, if any (grpo_core.functions: a reward's ``module:function``)."""
         info = self.plugins.get((kind, name))
-        if info is None and kind == "reward" and isinstance(name, str):
-            from grpo_core import functions
-
-            if functions.is_reference(name):
-                return functions.resolve(name)
+        if info is None and kind in RESOLVERS and isinstance(name, str):
+            return RESOLVERS[kind](name)
         return info
 
     def names(self, kind: str) -> list[str]:

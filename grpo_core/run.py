@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-import grpo_core
 from grpo_core import dist, parallel, persist, rundir, schedules, tracking
+from grpo_core.building import create
 from grpo_core.configfile import unresolved
 from grpo_core.data import (
     PromptStream,
@@ -101,7 +101,7 @@ class Run:
 
 
 def _plugin(kind: str, section: dict) -> Any:
-    return grpo_core.create(kind, section["name"], section["options"])
+    return create(kind, section["name"], section["options"])
 
 
 def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list[dict]:

@@ -98,16 +98,13 @@ DATA = _obj({
     "chat_template": {"enum": ["auto", "always", "never"], "default": "auto",
                       "description": "auto: when the tokenizer has one"},
     "chat_template_kwargs": {"type": "object", "default": {},
-                             "description": "arguments for the chat template, such as "
-                                            "{enable_thinking: false} (TRL's "
-                                            "chat_template_kwargs)"},
+                             "description": "chat template arguments: {enable_thinking: false}"},
     "system_prompt": {"type": ["string", "null"], "default": None,
                       "description": "system message put before each prompt"},
     "shuffle": {"type": "boolean", "default": True,
                 "description": "epoch-wise shuffled order, fixed by train.seed"},
     "max_prompt_tokens": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                          "description": "longest prompt (null: the model's context minus "
-                                         "sampling.max_new_tokens)"},
+                          "description": "longest prompt (null: context - max_new_tokens)"},
     "long_prompts": {"enum": ["drop", "truncate_left", "error"], "default": "drop",
                      "description": "what a longer prompt gets, checked before training"},
 }, required=("path",), description="The prompts, and the fields rewards read.")
@@ -180,9 +177,7 @@ OPTIMIZER = _obj({
     "warmup_steps": {"type": "integer", "minimum": 0, "default": 0,
                      "description": "linear warm-up from 0, in optimizer updates"},
     "warmup_ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1, "default": None,
-                     "description": "warm-up as a fraction of the run's optimizer updates "
-                                    "(TRL's warmup_ratio), rounded up; instead of "
-                                    "warmup_steps"},
+                     "description": "warm-up as a share of all updates, instead of steps"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
 }, description="Phase 4: AdamW and its learning-rate schedule.")
@@ -264,9 +259,8 @@ OUTPUT = _obj({
                                "tensorboard}, {name: wandb, options: {project: p}}] (null: "
                                "tensorboard and wandb_project below)"},
     "metric_names": {"enum": ["native", "trl", "trl_train"], "default": "native",
-                     "description": "names trackers get: ours, or TRL's (docs/training.md); "
-                                    "trl_train: TRL's under train/, as its W&B and "
-                                    "TensorBoard runs show them; metrics.jsonl keeps ours"},
+                     "description": "names trackers get: ours, TRL's, or TRL's under train/ "
+                                    "(docs/training.md); metrics.jsonl keeps ours"},
     "tensorboard": {"enum": ["auto", "off"], "default": "auto",
                     "description": "with loggers null: auto logs to <dir>/tensorboard when "
                                    "installed"},

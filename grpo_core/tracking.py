@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import grpo_core
+from grpo_core.building import create
 from grpo_core.configfile import unresolved
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Logger
@@ -102,7 +102,7 @@ class Trackers:
         written = unresolved(cfg)  # trackers get ${env:NAME}, never a value
         loggers = []
         for where, ref in logger_refs(cfg["output"]):
-            lg = grpo_core.create("logger", ref["name"], ref.get("options"))
+            lg = create("logger", ref["name"], ref.get("options"))
             try:
                 lg.start(cfg["output"]["dir"], run_id, written, start_step)
             except UserError:
