@@ -151,25 +151,26 @@ def _from_file(path: str, name: str) -> Any:
     return module
 
 
-def shipped(reward_cfg: dict) -> tuple[bytes | None, str | None]:
+def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
     """What the configured reward's worker process needs that it cannot find by itself: the
-    functions registered here that the reward uses (itself, or as a component), pickled. The
-    reason (second) is set when the reward must run in the trainer's process instead: a
-    function that cannot be pickled, or a plugin module added at run time (never sent)."""
+    functions registered here that the reward uses (itself, or as a component), pickled.
+    Second: whether the reward must run in the trainer's process instead (a plugin module
+    added at run time, as before; or a function that cannot be pickled, which the third, a
+    notice, then explains)."""
     fns = []
     for name in _names(reward_cfg):
         info = registry().plugins.get(("reward", name))
         if info is None or info.installed or is_reference(name):
             continue
         if not isinstance(info.factory, FunctionFactory):
-            return None, f"reward plugin {name!r} was added at run time"
+            return None, True, None
         fns.append(info)
     if not fns:
-        return None, None
+        return None, False, None
     try:
-        return _dumps(fns), None
+        return _dumps(fns), False, None
     except Exception as exc:  # what pickle raises for a lock, a socket, a generator ...
-        return None, f"function {fns[0].name!r} cannot be pickled: {type(exc).__name__}"
+        return None, True, f"function {fns[0].name!r} cannot be pickled: {type(exc).__name__}"
 
 
 def _names(value: Any) -> list[str]:

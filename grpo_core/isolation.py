@@ -31,12 +31,12 @@ def build_reward(reward_cfg: dict) -> Reward:
     info = registry().get("reward", reward_cfg["name"])
     inline = isinstance(info.factory, type) and issubclass(info.factory, Reward) and \
         info.factory.inline
-    payload, why = functions.shipped(reward_cfg)
+    payload, stays, why = functions.shipped(reward_cfg)
     if why and reward_cfg["isolation"] == "process" and not inline:
         print(f"notice: the reward runs in the trainer's process, not a worker process "
               f"({why}); reward.timeout can abandon a call there but not stop it",
               file=sys.stderr)
-    if reward_cfg["isolation"] == "inline" or inline or why:
+    if reward_cfg["isolation"] == "inline" or inline or stays:
         return create("reward", reward_cfg["name"], reward_cfg["options"])
     return IsolatedReward(reward_cfg["name"], reward_cfg["options"], reward_cfg["timeout"],
                           reward_cfg["memory_mb"], payload)

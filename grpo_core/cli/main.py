@@ -253,11 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     except UserError as exc:
-        fault = getattr(exc, "fault", None)  # a plugin raised: its frames, or all with --debug
-        if fault is not None:
-            print(fault.full if debug else fault.trace, file=sys.stderr, end="")
-        elif debug:
-            traceback.print_exc()
+        if debug:  # a plugin that raised: every frame, the worker process's too
+            fault = getattr(exc, "fault", None)
+            print(fault.full if fault else traceback.format_exc(), file=sys.stderr, end="")
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
