@@ -23,6 +23,11 @@ BUILTIN_DISTRIBUTION = "grpo-core"
 ALLOW_ENV = "GRPO_CORE_PLUGINS"
 
 
+#: kind -> a function that finds (and registers) a plugin by a name nothing registered, or
+#: returns None; a PluginError says why a name cannot be resolved
+RESOLVERS: dict[str, Callable[[str], PluginInfo | None]] = {}
+
+
 @dataclass(frozen=True)
 class PluginInfo:
     kind: str
@@ -113,9 +118,17 @@ class Registry:
         if kind not in hookspecs.KINDS:
             raise PluginError(f"unknown plugin kind {kind!r}; expected one of "
                               f"{list(hookspecs.KINDS)}")
-        info = self.plugins.get((kind, name))
+        info = self.find(kind, name)
         if info is None:
             raise PluginError(unknown_name_message(kind, name, self.names(kind)))
+        return info
+
+    def find(self, kind: str, name: str) -> PluginInfo | None:
+        """Plugin ``name`` of ``kind``, or None; a name no plugin registered goes to the
+        kind's resolver, if any (grpo_core.reward.functions: a reward's ``module:function``)."""
+        info = self.plugins.get((kind, name))
+        if info is None and kind in RESOLVERS and isinstance(name, str):
+            return RESOLVERS[kind](name)
         return info
 
     def names(self, kind: str) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-import grpo_core
+from grpo_core.building import create
 from grpo_core.config.file import unresolved
 from grpo_core.config.redact import redact
 from grpo_core.config.view import Config, view
@@ -113,7 +113,7 @@ class Run:
 
 
 def _plugin(kind: str, section: dict) -> Any:
-    return grpo_core.create(kind, section["name"], section["options"])
+    return create(kind, section["name"], section["options"])
 
 
 def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list[dict]:

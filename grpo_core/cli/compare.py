@@ -6,12 +6,15 @@ A variant is one value of each ``--vary KEY=A,B`` axis (and of ``--baselines``).
 KEY=A,B`` values are candidates, chosen per variant on the tuning seeds (1000, 1001, ...) by
 ``--criterion``; the evaluation seeds (0, 1, ...) then run at the chosen value. Each run is a
 ``grpo train`` subprocess in ``OUT/<variant>-seed<k>``; one that finished with the same config
-is reused and a partial one restarted, so an interrupted study resumes where it stopped.
+is reused and a partial one restarted, so an interrupted study resumes where it stopped. A
+finished run whose config differs (a shared setting changed) is never deleted: it moves to
+``OUT/earlier/<config digest>/`` and comes back when that config runs again.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import os
@@ -202,18 +205,26 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
     is written keeps ``${env:NAME}`` references, never their values."""
     written = unresolved(cfg)
     marker, path = os.path.join(run_dir, DONE), run_dir + ".yaml"
-    if os.path.exists(marker):
-        with open(marker, encoding="utf-8") as f:
-            done = json.load(f)
-        if json.dumps(done["config"], sort_keys=True) == json.dumps(written, sort_keys=True):
-            print(f"{tag}: finished earlier, reused", file=sys.stderr, flush=True)
-            return {"config": cfg, "records": read(run_dir), "seconds": done["seconds"],
-                    "reused": True}
+    done = _finished(run_dir)
+    if done is not None and _same(done["config"], written):
+        print(f"{tag}: finished earlier, reused", file=sys.stderr, flush=True)
+        return {"config": cfg, "records": read(run_dir), "seconds": done["seconds"],
+                "reused": True}
+    if done is not None:  # another config's finished run: kept, never deleted
+        kept = _set_aside(run_dir, done["config"])
+        print(f"{tag}: the earlier run there had another config; kept in {kept}",
+              file=sys.stderr, flush=True)
     if os.path.isdir(run_dir):
         if not os.path.exists(path):
             raise UserError(f"{run_dir} exists and is not a compare run: move it or choose "
                             f"another --out")
-        shutil.rmtree(run_dir)  # partial, or another config: start again
+        shutil.rmtree(run_dir)  # an unfinished run: start again
+    earlier = _aside(run_dir, written)
+    if _finished(earlier) is not None:  # this config ran before, then was set aside
+        for suffix in ("", ".yaml", ".log"):
+            if os.path.exists(earlier + suffix):
+                os.replace(earlier + suffix, run_dir + suffix)
+        return execute(cfg, run_dir, tag)
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(written, f, sort_keys=False)
     t0 = time.time()
@@ -229,6 +240,36 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
         json.dump({"config": written, "seconds": seconds}, f)
     os.replace(marker + ".tmp", marker)
     return {"config": cfg, "records": read(run_dir), "seconds": seconds, "reused": False}
+
+
+def _finished(run_dir: str) -> dict | None:
+    """The finished-run marker of ``run_dir`` (its config and wall time), if there is one."""
+    marker = os.path.join(run_dir, DONE)
+    if not os.path.exists(marker):
+        return None
+    with open(marker, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _aside(run_dir: str, written: dict) -> str:
+    """Where a finished run of config ``written`` is kept once another config needs its
+    directory: ``<out>/earlier/<digest of the config>/<run name>``."""
+    digest = hashlib.sha256(json.dumps(written, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(os.path.dirname(run_dir), "earlier", digest, os.path.basename(run_dir))
+
+
+def _set_aside(run_dir: str, written: dict) -> str:
+    """Move a finished run (directory, config, log) to its :func:`_aside` place."""
+    kept = _aside(run_dir, written)
+    os.makedirs(os.path.dirname(kept), exist_ok=True)
+    for suffix in ("", ".yaml", ".log"):
+        if os.path.exists(run_dir + suffix):
+            os.replace(run_dir + suffix, kept + suffix)
+    return kept
 
 
 class Study:

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
 import grpo_core
 from grpo_core import config as config_mod
-from grpo_core.data.prompts import check_fields, column_map
+from grpo_core.data.prompts import check_fields, column_map, fit_prompts
 from grpo_core.data.sources import read_rows
-from grpo_core.env.episodes import EpisodeRunner
+from grpo_core.env.episodes import EpisodeRunner, completion_budget
 from grpo_core.errors import UserError
 from grpo_core.observe.evaluate import evaluate, write
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
-from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
+from grpo_core.store.models import (
+    context_length,
+    load_model,
+    load_tokenizer,
+    pick_device,
+    resolve_sampling,
+)
 
 
 def evaluate_cli(args) -> int:
@@ -53,6 +60,7 @@ def evaluate_cli(args) -> int:
     rows = read_rows(path, args.split, dc["name"] if same else None,
                      dc["data_files"] if same else None, key="--data" if args.data else "data.path")
     check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
+    rows, long = _fit(rows, cfg, tokenizer, model)
     rows = rows[:args.max_problems] if args.max_problems else rows
     with torch.no_grad():
         report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
@@ -63,8 +71,25 @@ def evaluate_cli(args) -> int:
     if episodes is not None:
         episodes.close()
     report["model"] = cfg["model"]["name_or_path"]
+    report["long_prompts"] = long
     out = args.out or os.path.join(cfg["output"]["dir"], "eval")
     write(out, report, records)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}/report.json and {out}/completions.jsonl")
     return 0
+
+
+def _fit(rows: list[dict], cfg: dict, tokenizer, model) -> tuple[list[dict], int]:
+    """``data.long_prompts`` applied as training applies it (the same prompt limit), so a
+    model is evaluated on the prompts it could have trained on; says how many were long."""
+    budget_key, budget = completion_budget(cfg)
+    dc = cfg["data"]
+    limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
+    if limit < 1:
+        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
+                        f"context")
+    kept, long = fit_prompts(rows, tokenizer, dc, limit)
+    if long:
+        print(f"warning: {long} of {len(rows)} prompts are longer than {limit} tokens; "
+              f"data.long_prompts: {dc['long_prompts']}", file=sys.stderr)
+    return kept, long

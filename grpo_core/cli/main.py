@@ -130,6 +130,8 @@ def cmd_plan_memory(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo", description="critic-free RL for language models")
+    p.add_argument("--debug", action="store_true",
+                   help="full tracebacks for every error (anywhere on the command line)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp):
@@ -253,12 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     install_redaction()  # before anything can hold sys.stderr: secrets never printed
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["gpu-check"]:  # its own options (grpo_core.cli.gpu_check.parse)
         from grpo_core.cli.gpu_check import main as gpu_check
 
         return gpu_check(argv[1:])
-    args = build_parser().parse_args(argv)
+    debug = "--debug" in argv  # accepted anywhere on the line: `grpo train c.yaml --debug`
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     if args.command == "plugins":
         rest = args.kind_or_name
         args.kind, args.name = (rest + [None, None])[:2] if args.action == "check" else (
@@ -280,15 +283,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     except UserError as exc:
+        if debug:  # a plugin that raised: every frame, the worker process's too
+            fault = getattr(exc, "fault", None)
+            print(fault.full if fault else traceback.format_exc(), file=sys.stderr, end="")
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception:
+    except Exception as exc:
+        return _crashed(exc, debug)
+
+
+def _crashed(exc: Exception, debug: bool) -> int:
+    """An unexpected exception: a third-party plugin's bug is named as such, with its own
+    frames (all of them with ``--debug``); anything else is ours to fix."""
+    from grpo_core.faults import describe
+
+    fault = describe(exc)
+    if not fault.third_party:
         traceback.print_exc()
         print("internal error: please report it with the traceback above", file=sys.stderr)
         return 1
+    print(fault.full if debug else fault.trace, file=sys.stderr, end="")
+    print(f"error: {fault.plugin} (from {fault.distribution}) raised "
+          f"{fault.within(fault.plugin)}; a bug in that plugin, not in grpo-core"
+          f"{'' if debug else ' (--debug: the whole traceback)'}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

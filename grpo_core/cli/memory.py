@@ -246,6 +246,14 @@ def device_memory_gib(given: float | None) -> float:
     return DEFAULT_DEVICE_GIB
 
 
+def count(n: float) -> str:
+    """A parameter count people read: 7.62 B, 494 M, 19.3 k (never 0.00 B)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
 def plan_cli(args) -> int:
     s = _settings(args)
     shape = load_shape(s["model"])
@@ -257,7 +265,7 @@ def plan_cli(args) -> int:
               f"device, {'freed during the update (sleep)' if s['vllm_sleep'] else 'kept'}")
     names = [s["strategy"]] if s["strategy"] else (
         [n for n in STRATEGIES if n != "none"] if s["gpus"] > 1 else ["none"])
-    print(f"model: {s['model']} ({shape.params() / 1e9:.2f} B parameters), dtype {s['dtype']}, "
+    print(f"model: {s['model']} ({count(shape.params())} parameters), dtype {s['dtype']}, "
           f"{s['prompts']} prompts x G={s['group_size']} on {s['gpus']} device(s), "
           f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
           + (f", LoRA r={s['lora_rank']}" if s["lora_rank"] else "")

@@ -214,6 +214,17 @@ PAIR_METRICS = {"auc": "area under the reward curve per step",
                 "final": "final reward", "eval": "held-out accuracy (eval/accuracy, last)"}
 
 
+#: seeds below which a percentile bootstrap interval of a mean is the range of the seeds'
+#: values (with 3, each end is drawn alone in 1/27 > 2.5% of the resamples)
+MIN_CI_SEEDS = 4
+
+
+def _interval(n: int) -> str:
+    """What the bracketed interval is, for ``n`` seeds a side: a 95% bootstrap interval, or
+    (too few seeds for one) the lowest to highest seed."""
+    return "95% CI" if n >= MIN_CI_SEEDS else "min-max of seeds"
+
+
 def _ci(s: dict) -> str:
     return "n/a" if not s["n"] else f"{s['mean']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
 
@@ -243,6 +254,18 @@ def _clean(x):
     return x
 
 
+def _shared_lr(args, results: dict) -> list[str]:
+    """A warning when every variant ran at one learning rate nobody tuned for it: the ranking
+    may then say which variant suits that rate rather than which is better."""
+    rates = {r["config"]["optimizer"]["lr"] for v in results.values() for r in v["runs"]}
+    tuned = any(item.split("=", 1)[0].strip() == "optimizer.lr" for item in args.tune)
+    if len(results) < 2 or len(rates) != 1 or tuned:
+        return []
+    return [f"All variants ran at one learning rate, optimizer.lr = {rates.pop():g}, not tuned "
+            f"per variant: a variant that suits this rate can rank first because of it. "
+            f"`--tune optimizer.lr=A,B,C` chooses a rate per variant on tuning seeds.", ""]
+
+
 def _tuning(args, tuned: dict, tune_seeds: list[int]) -> list[str]:
     """The tuning table: every candidate's criterion per tuning seed, the chosen one marked."""
     lines = ["## Tuning", "",
@@ -267,10 +290,11 @@ def _results(args, results: dict, budget: float, metrics: list[str],
     """One row per variant: figures with intervals, thresholds, compute; into ``data`` too.
     The held-out accuracy column is there when the runs validated (``eval`` config)."""
     t = args.threshold
-    held_out = " held-out accuracy [95% CI] |" if "eval" in metrics else ""
+    ci = _interval(min(len(v["runs"]) for v in results.values()))
+    held_out = f" held-out accuracy [{ci}] |" if "eval" in metrics else ""
     lines = ["## Results on the evaluation seeds", "",
-             f"| variant | settings | final reward [95% CI] | AUC per step [95% CI] | AUC to "
-             f"{budget:,.0f} tokens [95% CI] |{held_out} steps to {t} | tokens to {t} | seconds "
+             f"| variant | settings | final reward [{ci}] | AUC per step [{ci}] | AUC to "
+             f"{budget:,.0f} tokens [{ci}] |{held_out} steps to {t} | tokens to {t} | seconds "
              f"to {t} | tokens per run | wall s per run |",
              "|---|---|---|---|---|" + "---|" * (5 + bool(held_out))]
     for name, v in results.items():
@@ -299,8 +323,11 @@ def _pairs(args, results: dict, metrics: list[str], data: dict) -> list[str]:
     n_pairs = len(results) * (len(results) - 1) // 2
     sizes = [len(v["runs"]) for v in results.values()]
     floor = stats.permutation_floor(min(sizes), min(sizes))
+    ci = _interval(min(sizes))
+    interval = "95% bootstrap interval" if ci == "95% CI" else \
+        "bootstrap range (too few seeds for a 95% interval)"
     lines = ["", "## Pairwise tests", "",
-             f"Difference of means (row's first minus second) with its 95% bootstrap interval; "
+             f"Difference of means (row's first minus second) with its {interval}; "
              f"two-sided exact permutation and Welch p-values; Holm's adjustment of the "
              f"{args.test} p over the {n_pairs} pair(s) of each metric; verdict at 0.05 on the "
              f"adjusted p. With {min(sizes)} seeds a side the smallest possible permutation p "
@@ -312,7 +339,7 @@ def _pairs(args, results: dict, metrics: list[str], data: dict) -> list[str]:
         title = PAIR_METRICS[metric]
         groups = {n: [r["figures"][metric] for r in v["runs"]] for n, v in results.items()}
         rows = data["pairwise"][metric] = stats.pairwise(groups, args.test)
-        lines += ["", f"### {title}", "", "| pair | difference [95% CI] | p permutation | "
+        lines += ["", f"### {title}", "", f"| pair | difference [{ci}] | p permutation | "
                   "p Welch | p Holm | verdict |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['a']} vs {r['b']} | {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
                   f"| {_p(r['p_permutation'])} | {_p(r['p_welch'])} | {_p(r['p_holm'])} | "
@@ -340,7 +367,8 @@ def build_report(args, results: dict, tuned: dict, tune_seeds: list[int],
             f"{args.window}-step mean reward; {len(runs)} evaluation runs, "
             f"{sum(r['reused'] for r in runs)} of them reused from an earlier invocation; "
             f"wall time of this invocation {wall:.0f} s.")
-    lines = ["# grpo compare", "", head, "", *(_tuning(args, tuned, tune_seeds) if tuned else [])]
+    lines = ["# grpo compare", "", head, "", *_shared_lr(args, results),
+             *(_tuning(args, tuned, tune_seeds) if tuned else [])]
     metrics = [m for m in PAIR_METRICS if m != "eval"
                or all(not math.isnan(r["figures"]["eval"]) for r in runs)]
     lines += _results(args, results, budget, metrics, data)
@@ -360,5 +388,6 @@ def build_report(args, results: dict, tuned: dict, tune_seeds: list[int],
               "- Intervals: percentile bootstrap over seeds (every resample enumerated up to 10"
               " seeds per mean; 20,000 drawn beyond). With few seeds they cannot reach past the"
               " lowest and highest seed and are too narrow; read overlapping intervals as no "
-              "evidence of a difference."]
+              f"evidence of a difference. Below {MIN_CI_SEEDS} seeds they are the lowest to "
+              "highest seed's value, and labelled so."]
     return "\n".join(lines) + "\n", _clean(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "description")
@@ -22,6 +23,11 @@ def table(rows: list[dict]) -> str:
 
 # --- conformance checks -----------------------------------------------------------------------
 
+def _declared(reward, options: dict) -> tuple[str, ...]:
+    """The dataset columns a reward declares for ``options`` (the sample batch has them)."""
+    return tuple(type(reward).columns_for(options)) if isinstance(reward, Reward) else ()
+
+
 def _sample_call(kind: str, plugin, options: dict):
     """One call on a sample batch of the plugin's kind; returns a comparable result."""
     import torch
@@ -29,8 +35,9 @@ def _sample_call(kind: str, plugin, options: dict):
     if kind == "reward":
         prompts = ["What is 2+3?", "Name a colour."] * 2
         completions = ["The answer is \\boxed{5}.", "blue", "<think>x</think>", "5"]
-        columns = {"answer": ["5", "blue", "5", "5"], "completion_tokens": [8, 1, 5, 1],
-                   "group_ids": [0, 0, 1, 1]}
+        answers = ["5", "blue", "5", "5"]
+        columns = {"answer": answers, **{c: answers for c in _declared(plugin, options)},
+                   "completion_tokens": [8, 1, 5, 1], "group_ids": [0, 0, 1, 1]}
         return list(plugin(prompts, completions, **columns)), (prompts, columns)
     if kind == "baseline":
         rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [2.0, 2.0, 2.0, 2.0],
@@ -198,7 +205,8 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
     if kind == "reward":
         for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
             try:
-                out = list(plugin(["p"], [text], answer=["1"], completion_tokens=[len(text)],
+                columns = {"answer": ["1"], **{c: ["1"] for c in _declared(plugin, options)}}
+                out = list(plugin(["p"], [text], **columns, completion_tokens=[len(text)],
                                   group_ids=[0]))
                 ok = len(out) == 1 and isinstance(out[0], (int, float))
                 record(f"handles an {label}" if label[0] == "e" else f"handles a {label}", ok,
@@ -225,10 +233,13 @@ SKELETON = {
 class {cls}(Reward):
     """TODO: say what this reward measures and why."""
 
-    max_value = 1.0  # the best score, if there is one (None otherwise)
-
     def __init__(self, scale: float = 1.0):
         self.scale = scale
+        self.max_value = scale  # the best score, if there is one (None otherwise)
+
+    @classmethod
+    def columns_for(cls, options: dict) -> tuple[str, ...]:
+        return ()  # the dataset fields __call__ reads; grpo validate checks the data has them
 
     def __call__(self, prompts, completions, **columns):
         # one float per completion; columns holds dataset fields and completion_tokens

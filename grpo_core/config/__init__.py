@@ -17,9 +17,10 @@ from typing import Any
 
 import jsonschema
 
+from grpo_core.config import trl_names
 from grpo_core.config.file import Resolved, apply_overrides, read_file, resolve_env
 from grpo_core.config.schema import CORE_SCHEMA
-from grpo_core.errors import ConfigError
+from grpo_core.errors import ConfigError, PluginError
 from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
 
@@ -141,10 +142,6 @@ def _format(err: jsonschema.ValidationError, prefix: str) -> str:
     if v == "required":
         missing = err.message.split("'")[1]
         return f"{_path(where if where != '(top level)' else '', [missing])}: missing, required"
-    if v == "additionalProperties":
-        allowed = sorted(err.schema.get("properties", {}))
-        extra = sorted(set(err.instance) - set(allowed))
-        return f"{where}: unknown key(s) {extra}; expected keys from {allowed}"
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
                "exclusiveMaximum": "<"}[v]
@@ -159,7 +156,41 @@ def _validate_node(schema: dict, value: Any, prefix: str, problems: list[str]) -
     for err in sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
         if err.validator in ("anyOf", "oneOf", "allOf") and err.context:
             err = min(err.context, key=lambda e: len(e.absolute_path) * -1)
-        problems.append(_format(err, prefix))
+        if err.validator == "additionalProperties":
+            problems += _unknown_keys(err, prefix)
+        else:
+            problems.append(_format(err, prefix))
+
+
+def _placed() -> dict[str, str]:
+    """Each key of a core section that only one section has -> its path (``lr`` ->
+    ``optimizer.lr``), for a key written at the top level."""
+    seen: dict[str, list[str]] = {}
+    for section, sub in CORE_SCHEMA["properties"].items():
+        for key in sub.get("properties", {}):
+            seen.setdefault(key, []).append(f"{section}.{key}")
+    return {key: paths[0] for key, paths in seen.items() if len(paths) == 1}
+
+
+def _unknown_keys(err: jsonschema.ValidationError, prefix: str) -> list[str]:
+    """One line per unknown key that is another trainer's name or a near spelling (saying
+    what it probably meant), and one line for the rest."""
+    where = _path(prefix, err.absolute_path)
+    allowed = sorted(err.schema.get("properties", {}))
+    extra = sorted(set(err.instance) - set(allowed), key=str)
+    lines, rest = [], []
+    for key in extra:
+        place = _placed().get(key)
+        meant = f"did you mean {place}?" if place and not prefix and not err.absolute_path \
+            else trl_names.hint(str(key))
+        if meant:
+            lines.append(f"{_path(prefix, [*err.absolute_path, key])}: unknown key {key!r}: "
+                         f"{meant}")
+        else:
+            rest.append(key)
+    if rest:
+        lines.append(f"{where}: unknown key(s) {rest}; expected keys from {allowed}")
+    return lines
 
 
 def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) -> Any:
@@ -167,7 +198,11 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
     kind = schema.get("x-plugin")
     if kind and isinstance(value, dict) and isinstance(value.get("name"), str):
         reg = registry()
-        info = reg.plugins.get((kind, value["name"]))
+        try:
+            info = reg.find(kind, value["name"])
+        except PluginError as exc:
+            problems.append(f"{_path(prefix, ['name'])}: {exc}")
+            return value
         if info is None:
             problems.append(f"{_path(prefix, ['name'])}: "
                             + unknown_name_message(kind, value["name"], reg.names(kind)))

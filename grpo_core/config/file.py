@@ -50,6 +50,14 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# YAML 1.1 reads `1e-3` (no dot) as a string, YAML 1.2 and every --set value as a number:
+# files read it as a number too, so `lr: 1e-3` means what it says
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def _expanded_size(root: yaml.Node) -> int:
     """Number of values the document holds once aliases are expanded (refuses cycles and
     nesting past MAX_DEPTH), without expanding them."""

@@ -18,7 +18,7 @@ from grpo_core.engine import dist, schedules
 from grpo_core.env.episodes import completion_budget
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Baseline, Environment, Reward
+from grpo_core.hookspecs import Baseline, Environment
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.registry import registry
@@ -54,10 +54,10 @@ def check(cfg: dict) -> None:
 
 def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
     """The dataset columns the configured reward declares it reads."""
+    from grpo_core.reward.functions import declared_columns
+
     factory = registry().get("reward", reward_cfg["name"]).factory
-    if isinstance(factory, type) and issubclass(factory, Reward):
-        return tuple(factory.columns_for(reward_cfg["options"]))
-    return ()
+    return declared_columns(factory, reward_cfg["options"])
 
 
 def _critic(cfg: dict) -> list[str]:
@@ -95,7 +95,25 @@ def _model(model_cfg: dict, chat_template: str) -> list[str]:
     if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
         return [f"model.name_or_path: {path} is not a model directory (nor a hub id like "
                 f"org/name)"]
-    return []
+    return _offline_hub(path, "model", "model.name_or_path")
+
+
+def _offline_hub(repo: str, kind: str, key: str) -> list[str]:
+    """With HF_HUB_OFFLINE set, a hub id must be in the local cache: say so now, rather than
+    after the trainer's download retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return []
+    from huggingface_hub import try_to_load_from_cache
+
+    probe = "config.json" if kind == "model" else "README.md"
+    try:
+        cached = try_to_load_from_cache(repo, probe, repo_type=kind)
+    except ValueError:  # not a valid repository id
+        cached = None
+    if isinstance(cached, str):
+        return []
+    return [f"{key}: {repo} is a hub id that is not in the local Hugging Face cache, and "
+            f"HF_HUB_OFFLINE is set; download it first or give a local directory"]
 
 
 def _template(path: str) -> list[str]:
@@ -158,6 +176,14 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
     directory, a saved dataset; streamed the way the run will read it)."""
     dc = cfg["data"]  # the training set's source keeps its configuration and data_files
     name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
+    if not os.path.exists(path):
+        if not looks_like_hub_id(path):
+            return [f"{key}: file not found: {path}"]
+        if files:  # a builder (json, csv, ...) reading data_files: nothing on the hub
+            return []
+        print(f"note: {key}: {path} is read from the Hugging Face Hub when training starts; "
+              f"its columns are checked then, not here", file=sys.stderr)
+        return _offline_hub(path, "dataset", key)
     try:
         check_local(Source(path, split, name, files, key))
     except UserError as exc:

@@ -99,13 +99,14 @@ DATA = _obj({
                                "argument} to rename ({solution: answer})"},
     "chat_template": {"enum": ["auto", "always", "never"], "default": "auto",
                       "description": "auto: when the tokenizer has one"},
+    "chat_template_kwargs": {"type": "object", "default": {},
+                             "description": "chat template arguments: {enable_thinking: false}"},
     "system_prompt": {"type": ["string", "null"], "default": None,
                       "description": "system message put before each prompt"},
     "shuffle": {"type": "boolean", "default": True,
                 "description": "epoch-wise shuffled order, fixed by train.seed"},
     "max_prompt_tokens": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                          "description": "longest prompt (null: the model's context minus "
-                                         "sampling.max_new_tokens)"},
+                          "description": "longest prompt (null: context - max_new_tokens)"},
     "long_prompts": {"enum": ["drop", "truncate_left", "error"], "default": "drop",
                      "description": "what a longer prompt gets, checked before training"},
 }, required=("path",), description="The prompts, and the fields rewards read.")
@@ -211,6 +212,8 @@ OPTIMIZER = _obj({
                                          "min_lr_rate; warmup_stable_decay: num_decay_steps)"},
     "warmup_steps": {"type": "integer", "minimum": 0, "default": 0,
                      "description": "linear warm-up from 0, in optimizer updates"},
+    "warmup_ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1, "default": None,
+                     "description": "warm-up as a share of all updates, instead of steps"},
     "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
                       "description": "clip the gradient norm (null: no clipping)"},
     "fused": {"type": "boolean", "default": True,
@@ -295,9 +298,9 @@ OUTPUT = _obj({
                 "description": "experiment trackers beside metrics.jsonl, e.g. [{name: "
                                "tensorboard}, {name: wandb, options: {project: p}}] (null: "
                                "tensorboard and wandb_project below)"},
-    "metric_names": {"enum": ["native", "trl"], "default": "native",
-                     "description": "names trackers get: ours, or TRL's (docs/training.md); "
-                                    "metrics.jsonl keeps ours"},
+    "metric_names": {"enum": ["native", "trl", "trl_train"], "default": "native",
+                     "description": "names trackers get: ours, TRL's, or TRL's under train/ "
+                                    "(docs/training.md); metrics.jsonl keeps ours"},
     "tensorboard": {"enum": ["auto", "off"], "default": "auto",
                     "description": "with loggers null: auto logs to <dir>/tensorboard when "
                                    "installed"},

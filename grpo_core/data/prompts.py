@@ -101,7 +101,7 @@ def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
     """One row of :func:`fit_prompts`: (the row as kept or None when dropped, whether it was
     long)."""
     text = render_prompt(tokenizer, row[data_cfg["prompt_field"]], data_cfg["chat_template"],
-                         data_cfg["system_prompt"])
+                         data_cfg["system_prompt"], data_cfg.get("chat_template_kwargs"))
     if len(text) <= chars_bound(tokenizer, limit):
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if n <= limit:
@@ -149,8 +149,10 @@ def prompt_ids(tokenizer, text: str, keep: int | None = None) -> list[int]:
     return tokenizer(tail, add_special_tokens=False)["input_ids"][-keep:]
 
 
-def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None) -> str:
-    """The text the model sees: the chat template when it has one (and mode allows)."""
+def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None,
+                  template_kwargs: dict | None = None) -> str:
+    """The text the model sees: the chat template when it has one (and mode allows), given
+    ``template_kwargs`` (``data.chat_template_kwargs``: ``enable_thinking`` and the like)."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, list):  # already a conversation
         messages = prompt
@@ -164,7 +166,8 @@ def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = No
         raise UserError("data.chat_template: 'always' but the tokenizer has no chat template")
     if system and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system}] + messages
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         **(template_kwargs or {}))
 
 
 class PromptStream:
@@ -297,7 +300,8 @@ def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
     """Render and tokenize dataset rows (``data`` config section) into a :class:`Batch`."""
     field = data_cfg["prompt_field"]
     prompts = [render_prompt(tokenizer, r[field], data_cfg["chat_template"],
-                             data_cfg["system_prompt"]) for r in rows]
+                             data_cfg["system_prompt"], data_cfg.get("chat_template_kwargs"))
+               for r in rows]
     ids = [prompt_ids(tokenizer, p, r.get(TRUNCATE)) for p, r in zip(prompts, rows)]
     columns = {arg: [r[f] for r in rows] for f, arg in column_map(data_cfg).items()}
     return Batch([r[field] for r in rows], prompts, ids, columns)

@@ -9,6 +9,8 @@ position and a forced resume can give it a new peak learning rate (:func:`set_pe
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from grpo_core.config.schema import SCHEDULES  # noqa: F401  (the names offered)
@@ -29,7 +31,7 @@ def build(optimizer: torch.optim.Optimizer, opt_cfg: dict,
                         f"(found {sorted(options)})")
     try:
         sched = get_scheduler("constant_with_warmup" if name == "constant" else name, optimizer,
-                              num_warmup_steps=opt_cfg["warmup_steps"],
+                              num_warmup_steps=warmup(opt_cfg, total),
                               num_training_steps=total, scheduler_specific_kwargs=options)
     except (TypeError, ValueError) as exc:
         reason = " ".join(str(exc).split())
@@ -38,6 +40,17 @@ def build(optimizer: torch.optim.Optimizer, opt_cfg: dict,
     if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
         raise UserError(f"optimizer.lr_schedule: {name} is not a per-update schedule")
     return sched
+
+
+def warmup(opt_cfg: dict, total: int) -> int:
+    """Warm-up updates: ``warmup_steps``, or ``warmup_ratio`` of the ``total`` updates."""
+    ratio = opt_cfg.get("warmup_ratio")
+    if ratio is None:
+        return opt_cfg["warmup_steps"]
+    if opt_cfg["warmup_steps"]:
+        raise UserError(f"optimizer.warmup_ratio: {ratio} set beside optimizer.warmup_steps "
+                        f"{opt_cfg['warmup_steps']}; keep one")
+    return math.ceil(ratio * total)
 
 
 def problems(opt_cfg: dict, total: int) -> list[str]:

@@ -173,6 +173,7 @@ def rollout_metrics(rewards: torch.Tensor, grid: torch.Tensor, flat: torch.Tenso
         v = torch.tensor([float(x) for x in values])
         v = v[torch.isfinite(v)]
         record[f"reward/{name}"] = float(v.mean()) if v.numel() else math.nan
+        record[f"reward_std/{name}"] = float(v.std(unbiased=False)) if v.numel() else math.nan
     return record
 
 

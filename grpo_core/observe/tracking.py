@@ -10,14 +10,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import grpo_core
+from grpo_core.building import create
 from grpo_core.config.file import unresolved
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Logger
 from grpo_core.registry import registry
 
 #: our metric names -> TRL's GRPOTrainer (and transformers Trainer) names, where one exists;
-#: ``reward/<dimension>`` becomes ``rewards/<dimension>/mean``; other names are kept
+#: ``reward/<dimension>`` becomes ``rewards/<dimension>/mean`` and ``reward_std/<dimension>``
+#: ``rewards/<dimension>/std``; other names are kept
 TRL_NAMES = {
     "zero_std_frac": "frac_reward_zero_std",
     "completion_len": "completions/mean_length",
@@ -31,12 +32,16 @@ TRL_NAMES = {
 
 
 def metric_name(name: str, naming: str) -> str:
-    """The name a tracker gets for our metric ``name`` (``naming``: native or trl)."""
-    if naming != "trl":
+    """The name a tracker gets for our metric ``name`` (``naming``: native, trl, or trl_train:
+    TRL's under ``train/``, the prefix transformers' trackers give a training run's logs)."""
+    if naming == "native":
         return name
-    if name.startswith("reward/"):
-        return f"rewards/{name[len('reward/'):]}/mean"
-    return TRL_NAMES.get(name, name)
+    if name.startswith(("reward/", "reward_std/")):
+        kind, dim = name.split("/", 1)
+        trl = f"rewards/{dim}/{'mean' if kind == 'reward' else 'std'}"
+    else:
+        trl = TRL_NAMES.get(name, name)
+    return f"train/{trl}" if naming == "trl_train" else trl
 
 
 def logger_refs(output_cfg: dict) -> list[tuple[str, dict]]:
@@ -97,7 +102,7 @@ class Trackers:
         written = unresolved(cfg)  # trackers get ${env:NAME}, never a value
         loggers = []
         for where, ref in logger_refs(cfg["output"]):
-            lg = grpo_core.create("logger", ref["name"], ref.get("options"))
+            lg = create("logger", ref["name"], ref.get("options"))
             try:
                 lg.start(cfg["output"]["dir"], run_id, written, start_step)
             except UserError:

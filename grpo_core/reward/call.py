@@ -18,6 +18,7 @@ import torch
 
 from grpo_core.data.prompts import Batch, reward_inputs
 from grpo_core.errors import UserError
+from grpo_core.faults import Fault, describe
 from grpo_core.hookspecs import Reward
 from grpo_core.reward.isolation import IsolatedReward
 from grpo_core.rollout import Rollout
@@ -27,7 +28,12 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 class RewardFailure(UserError):
-    """A reward plugin misbehaved under the ``raise`` policy."""
+    """A reward plugin misbehaved under the ``raise`` policy; ``fault`` says where, when it
+    raised (the CLI shows its traceback)."""
+
+    def __init__(self, message: str, fault: Fault | None = None):
+        super().__init__(message)
+        self.fault = fault
 
 
 @dataclass
@@ -70,8 +76,9 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     try:
         out = call_bounded(fn, (prompts, completions), columns, timeout, "reward.timeout")
     except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
-        problem = f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:200]}"
-        return _fail(problem, B, group, policy)
+        fault = describe(exc, ("reward", name))
+        return _fail(f"reward {name!r} raised {fault.within(f'reward {name!r}')}", B, group,
+                     policy, fault)
     if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
         problem = (f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "
                    f"numbers")  # list("1111") would score one character per completion
@@ -185,16 +192,17 @@ def with_overlong(scored: Scored, ro: Rollout, overlong: dict | None, budget: in
                   scored.extras, scored.problem)
 
 
-def _fail(problem: str, B: int, group: torch.Tensor, policy: str) -> Scored:
+def _fail(problem: str, B: int, group: torch.Tensor, policy: str,
+          fault: Fault | None = None) -> Scored:
     """Every completion failed (the call raised or gave the wrong length)."""
-    return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy),
+    return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy, fault),
                   problem=problem)
 
 
 def _apply(problem: str, rewards: torch.Tensor, bad: torch.Tensor, group: torch.Tensor,
-           policy: str) -> torch.Tensor:
+           policy: str, fault: Fault | None = None) -> torch.Tensor:
     if policy == "raise":
-        raise RewardFailure(problem + " (reward.failure: raise)")
+        raise RewardFailure(problem + " (reward.failure: raise)", fault)
     rewards = rewards.clone()
     rewards[bad] = 0.0
     if policy == "drop_group":

@@ -6,16 +6,21 @@ trainer waiting). With ``reward.isolation: process`` (the default) the reward is
 called in a worker process of its own (grpo_core.workers); past the budget the worker is
 killed and replaced, and the call fails under ``reward.failure`` like any other. Rewards that
 declare ``inline`` (a reward model holding a model on the device) run in the trainer's
-process, as do plugins added at run time rather than installed (a worker could not find them).
+process, as do plugin modules added at run time (``registry().add``). Plain functions
+(grpo_core.reward.functions) are pickled for the worker; one that cannot be runs inline.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from grpo_core import faults
+from grpo_core.building import create
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
+from grpo_core.reward import functions
 from grpo_core.workers import WorkerCrashed, WorkerError, WorkerPool, WorkerTimeout
 
 #: seconds a worker may take to build the reward (a model may load) before it is given up
@@ -24,15 +29,18 @@ BUILD_TIMEOUT = 600.0
 
 def build_reward(reward_cfg: dict) -> Reward:
     """The configured reward, where its time limit can be enforced (see the module doc)."""
-    import grpo_core
-
     info = registry().get("reward", reward_cfg["name"])
     inline = isinstance(info.factory, type) and issubclass(info.factory, Reward) and \
         info.factory.inline
-    if reward_cfg["isolation"] == "inline" or inline or not info.installed:
-        return grpo_core.create("reward", reward_cfg["name"], reward_cfg["options"])
+    payload, stays, why = functions.shipped(reward_cfg)
+    if why and reward_cfg["isolation"] == "process" and not inline:
+        print(f"notice: the reward runs in the trainer's process, not a worker process "
+              f"({why}); reward.timeout can abandon a call there but not stop it",
+              file=sys.stderr)
+    if reward_cfg["isolation"] == "inline" or inline or stays:
+        return create("reward", reward_cfg["name"], reward_cfg["options"])
     return IsolatedReward(reward_cfg["name"], reward_cfg["options"], reward_cfg["timeout"],
-                          reward_cfg["memory_mb"])
+                          reward_cfg["memory_mb"], payload)
 
 
 def preload() -> None:
@@ -40,30 +48,36 @@ def preload() -> None:
     registry()
 
 
-def build(name: str, options: dict) -> Reward:
-    """Worker setup: the reward, built the way the trainer would build it."""
-    import grpo_core
+def build(name: str, options: dict, shipped: bytes | None = None) -> tuple[str, Reward]:
+    """Worker setup: the reward's name and the reward, built the way the trainer would build
+    it, with the plugins the trainer's process added at run time (``shipped``: see
+    grpo_core.reward.functions)."""
+    functions.receive(shipped)
+    return name, create("reward", name, options)
 
-    return grpo_core.create("reward", name, options)
 
-
-def call(reward: Reward, payload: Any) -> Any:
-    """Worker target: ``"describe"`` -> the reward's declarations; else score a batch."""
+def call(state: tuple[str, Reward], payload: Any) -> Any:
+    """Worker target: ``"describe"`` -> the reward's declarations; else score a batch (a
+    failure comes back as a grpo_core.faults.Fault, described here where the frames are)."""
+    name, reward = state
     if payload == "describe":
         return {"max_value": reward.max_value}
     prompts, completions, columns = payload
-    return reward(prompts, completions, **columns)
+    try:
+        return reward(prompts, completions, **columns)
+    except Exception as exc:
+        return faults.describe(exc, ("reward", name))
 
 
 class IsolatedReward(Reward):
     """A reward that lives in a worker process; calls past ``timeout`` seconds kill it."""
 
     def __init__(self, name: str, options: dict, timeout: float | None,
-                 memory_mb: int | None = None):
+                 memory_mb: int | None = None, shipped: bytes | None = None):
         self.name, self.timeout = name, timeout
         self.pool = WorkerPool("grpo_core.reward.isolation:call",
                                setup="grpo_core.reward.isolation:build",
-                               setup_args=(name, options), size=1, memory_mb=memory_mb,
+                               setup_args=(name, options, shipped), size=1, memory_mb=memory_mb,
                                preload=("grpo_core.reward.isolation:preload",))
         try:
             described = self.pool.map(["describe"], timeout=BUILD_TIMEOUT)[0]
@@ -86,6 +100,8 @@ class IsolatedReward(Reward):
                                f"worker process was killed and replaced")
         if isinstance(out, (WorkerCrashed, WorkerError)):
             raise RuntimeError(_why(out))
+        if isinstance(out, faults.Fault):
+            raise faults.PluginFailed(out)
         return out
 
     def close(self) -> None:

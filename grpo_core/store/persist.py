@@ -137,6 +137,26 @@ def resume(run, target: str | bool, force: bool) -> None:
         run.baseline.load_state_dict(baseline)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
     run.start_step = state["step"]
+    if run.main:
+        print(f"resumed from {path}: {run.start_step} steps done; the next is step "
+              f"{run.start_step} in metrics.jsonl (which counts from 0)", file=sys.stderr)
+        _schedule_notice(run, (state.get("config") or {}).get("train", {}).get("steps"))
+
+
+def _schedule_notice(run, steps_then: int | None) -> None:
+    """Say so when a changed ``train.steps`` re-spreads a schedule over the new length: the
+    learning rate then moves from where the checkpoint left it."""
+    steps_now, schedule = run.cfg["train"]["steps"], run.cfg["optimizer"]["lr_schedule"]
+    if steps_then in (None, steps_now) or schedule in ("constant", "constant_with_warmup",
+                                                       "inverse_sqrt"):
+        return
+    sched = run.scheduler
+    was = run.optimizer.param_groups[0]["lr"]
+    now = sched.base_lrs[0] * sched.lr_lambdas[0](sched.last_epoch)
+    print(f"notice: train.steps changed from {steps_then} to {steps_now} on resume: the "
+          f"{schedule} schedule now spans {steps_now} steps, so the learning rate goes from "
+          f"{was:.3g} (where the checkpoint left it) to {now:.3g} at step {run.start_step}",
+          file=sys.stderr)
 
 
 def _load(path: str, run) -> None:

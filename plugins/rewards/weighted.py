@@ -16,6 +16,7 @@ import torch
 import grpo_core
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
+from grpo_core.reward.functions import declared_columns
 from grpo_core.scores import Scores
 
 
@@ -53,8 +54,7 @@ class WeightedReward(Reward):
         found: list[str] = []
         for c in options["components"]:
             factory = registry().get("reward", c["name"]).factory
-            if isinstance(factory, type) and issubclass(factory, Reward):
-                found += factory.columns_for(c.get("options") or {})
+            found += declared_columns(factory, c.get("options") or {})
         return tuple(dict.fromkeys(found))
 
     def close(self) -> None:

@@ -91,6 +91,30 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
     assert sorted(os.listdir(tmp_path / "plots")) == ["entropy.png", "reward.png"]
 
 
+def test_a_changed_shared_setting_keeps_the_earlier_runs(tiny_model, addition_data, tmp_path):
+    cfg = tiny(tmp_path, tiny_model, addition_data)
+    out = tmp_path / "cmp"
+    args = ["compare", cfg, "--baselines", "grpo,rloo", "--seeds", "1", "--steps", "2",
+            "--out", str(out)]
+    assert run_grpo(*args, cwd=ROOT, timeout=900).returncode == 0
+    first = (out / "grpo-seed0" / "metrics.jsonl").read_text()
+    p = run_grpo(*args, "--set", "optimizer.lr=5e-3", cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("the earlier run there had another config; kept in") == 2
+    kept = sorted(p.relative_to(out / "earlier").parts[1] for p in (out / "earlier").glob("*/*")
+                  if p.is_dir())
+    assert kept == ["grpo-seed0", "rloo-seed0"]  # each under its own config's digest
+    (grpo,) = (out / "earlier").glob("*/grpo-seed0")
+    assert (grpo / "metrics.jsonl").read_text() == first
+    assert (grpo.parent / "grpo-seed0.yaml").exists()
+    md = (out / "compare.md").read_text()
+    assert "All variants ran at one learning rate, optimizer.lr = 0.005, not tuned" in md
+    assert "[min-max of seeds]" in md and "95% CI" not in md  # one seed: no interval
+    back = run_grpo(*args, cwd=ROOT, timeout=900)  # the first config again: its runs return
+    assert back.stderr.count("finished earlier, reused") == 2, back.stderr
+    assert (out / "grpo-seed0" / "metrics.jsonl").read_text() == first
+
+
 @pytest.mark.slow  # eleven tiny runs, each a process: about a minute on 2 free cores
 def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_data, tmp_path):
     """The issue's acceptance test: --vary on a config key, --tune with 2 values on 1 tuning

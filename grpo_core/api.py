@@ -1,0 +1,124 @@
+"""Training from Python: ``grpo_core.train(config, rewards=..., dataset=...)``.
+
+The same run ``grpo train`` makes (the config validated, then checked against its files, data
+and machine before a model loads), for callers who hold their pieces in memory: plain reward
+functions (grpo_core.reward.functions) and a data set as a list of rows or a ``datasets.Dataset``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from grpo_core.config.file import apply_overrides, read_file
+from grpo_core.errors import UserError
+from grpo_core.reward import functions
+
+Rewards = Callable[..., Any] | Iterable[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
+
+
+def train(config: Mapping | str | os.PathLike | Any, rewards: Rewards | None = None,
+          dataset: Iterable[Mapping] | None = None, *, overrides: list[str] | None = None,
+          resume: str | bool | None = None, overwrite: bool = False,
+          force: bool = False) -> dict:
+    """Validate, preflight and run a training run; returns its summary (as ``grpo train``
+    prints it).
+
+    ``config``: a mapping, a YAML or JSON file's path, or a dataclass instance of the same
+    shape. ``rewards``: plain functions ``fn(prompts, completions, **columns)`` registered
+    as reward plugins under their names (a mapping names them): usable by name in the
+    config, also inside ``weighted``; a config without a ``reward`` section gets their sum
+    (one ``weighted`` component each, as TRL adds its reward functions). ``dataset``: the
+    prompts, rows of ``data.prompt_field`` plus the fields rewards read; without
+    ``data.columns`` every other field common to all rows is passed to the rewards.
+    ``overrides`` are ``--set`` strings; ``resume``, ``overwrite`` and ``force`` as in
+    ``grpo train``."""
+    from grpo_core import config as configs
+    from grpo_core import trainer
+    from grpo_core.config import preflight
+
+    raw = _as_mapping(config)
+    named = _named(rewards)
+    for name, fn in named.items():
+        functions.register(name, fn)
+    if "reward" not in raw and named:
+        raw["reward"] = _sum_of(list(named))
+    if dataset is not None:
+        raw["data"] = _in_memory(raw.get("data") or {}, dataset)
+    cfg = configs.validate(apply_overrides(configs.migrate(raw), overrides or [],
+                                           configs.moved_path))
+    preflight.check(cfg)
+    return trainer.train(cfg, resume=resume, force=force, overwrite=overwrite)
+
+
+def _as_mapping(config: Any) -> dict:
+    """The config as a fresh dict, whatever form it came in."""
+    if isinstance(config, (str, os.PathLike)):
+        return read_file(os.fspath(config))
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    raise UserError(f"config: expected a mapping, a file path or a dataclass, found "
+                    f"{type(config).__name__}")
+
+
+def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
+    """Reward functions by name: a mapping's keys, else each function's ``__name__``."""
+    if rewards is None:
+        return {}
+    if isinstance(rewards, Mapping):
+        return dict(rewards)
+    fns = [rewards] if callable(rewards) else list(rewards)
+    named: dict[str, Callable[..., Any]] = {}
+    for fn in fns:
+        name = getattr(fn, "__name__", None)
+        if not name or name == "<lambda>":
+            raise UserError("rewards: a function without a name (a lambda); pass "
+                            "rewards={'name': fn}")
+        if name in named:
+            raise UserError(f"rewards: two functions are named {name!r}; pass "
+                            f"rewards={{'a': f, 'b': g}}")
+        named[name] = fn
+    return named
+
+
+def _sum_of(names: list[str]) -> dict:
+    """One reward, or the unweighted sum of several (as TRL sums its reward functions)."""
+    if len(names) == 1:
+        return {"name": names[0]}
+    return {"name": "weighted",
+            "options": {"components": [{"name": n, "weight": 1.0} for n in names]}}
+
+
+def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
+    """The ``data`` section reading ``dataset``: its rows written once to a JSONL file named
+    by their content (the same rows give the same path, so a resumed run's config matches)."""
+    rows = [dict(row) for row in dataset]
+    if not rows:
+        raise UserError("dataset: no rows")
+    try:
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    except TypeError as exc:
+        raise UserError(f"dataset: a value is not JSON data (text, numbers, lists, "
+                        f"mappings): {exc}") from exc
+    folder = os.path.join(tempfile.gettempdir(), "grpo-core-data")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(text.encode()).hexdigest()[:24] + ".jsonl")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    data_cfg = {**data_cfg, "path": path}
+    if "columns" not in data_cfg:
+        prompt = data_cfg.get("prompt_field", "prompt")
+        common = set(rows[0]).intersection(*rows[1:])
+        data_cfg["columns"] = [k for k in rows[0] if k in common and k != prompt]
+    return data_cfg

@@ -1,0 +1,198 @@
+"""Plain Python functions as reward plugins, without a package or an entry point.
+
+Two ways in, both giving a reward plugin selectable by name (alone, or as a component of
+``weighted``):
+
+- :func:`register` (what ``grpo_core.train(rewards=...)`` calls): a function object under
+  a name. The reward's worker process (``reward.isolation: process``) gets it pickled, by
+  value when it cannot be imported there (defined in a notebook, a script's ``__main__``);
+  one that cannot be pickled at all runs in the trainer's process, with a notice.
+- a reference written in the config as the plugin's name: ``package.module:function`` or
+  ``path/to/file.py:function`` (relative to the working directory). Every process resolves
+  it by itself, the worker included.
+
+The function is called with keywords, ``fn(prompts=..., completions=..., **columns)`` (as
+TRL calls its reward functions), and returns one float (or None: no reward) per completion.
+Attributes ``columns`` (dataset fields it reads) and ``max_value`` (its best score), when
+the function has them, are its declarations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from grpo_core.errors import PluginError
+from grpo_core.hookspecs import Reward
+from grpo_core.registry import RESOLVERS, PluginInfo, registry
+
+#: how a function plugin shows in messages and in ``grpo plugins``
+DISTRIBUTION = "python function"
+NO_OPTIONS = {"type": "object", "additionalProperties": False, "properties": {}}
+
+
+class FunctionFactory:
+    """Builds the reward of one plain function (picklable, so a worker can receive it)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self) -> Reward:
+        return KeywordReward(self.fn)
+
+    def columns_for(self, options: dict) -> tuple[str, ...]:
+        """The dataset fields the function declares it reads (its ``columns`` attribute)."""
+        return tuple(getattr(self.fn, "columns", ()))
+
+
+class KeywordReward(Reward):
+    """A plain function as a reward, called with keywords as TRL calls its reward functions:
+    ``fn(prompts=..., completions=..., **columns)``, so ``def f(completions, **kwargs)``
+    works as well as ``def f(prompts, completions, answer, **kwargs)``."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.max_value = getattr(fn, "max_value", None)
+
+    def __call__(self, prompts, completions, **columns):
+        return self.fn(prompts=prompts, completions=completions, **columns)
+
+
+def declared_columns(factory: Any, options: dict) -> tuple[str, ...]:
+    """The dataset columns a reward factory declares it reads with ``options`` (a Reward
+    class's ``columns_for``, or a function's ``columns`` attribute)."""
+    if isinstance(factory, FunctionFactory) or (isinstance(factory, type)
+                                               and issubclass(factory, Reward)):
+        return tuple(factory.columns_for(options))
+    return ()
+
+
+def where(fn: Callable[..., Any]) -> str:
+    """``file:line`` of a function's definition (for messages)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code else repr(fn)
+
+
+def register(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` as reward plugin ``name``; a later call with the same name replaces
+    it, but an installed plugin's name is refused."""
+    if not callable(fn) or isinstance(fn, type):
+        raise PluginError(f"rewards[{name!r}]: expected a function, found "
+                          f"{type(fn).__name__}")
+    reg = registry()
+    old = reg.plugins.get(("reward", name))
+    if old is not None and not isinstance(old.factory, FunctionFactory):
+        raise PluginError(f"rewards[{name!r}]: the name of the reward plugin from "
+                          f"{old.distribution}; give the function another name")
+    doc = (inspect.getdoc(fn) or "").split("\n")[0]
+    reg.plugins[("reward", name)] = PluginInfo(
+        "reward", name, FunctionFactory(fn), NO_OPTIONS, doc or f"function at {where(fn)}",
+        DISTRIBUTION)
+
+
+def is_reference(name: str) -> bool:
+    """Whether a plugin name is a ``module:function`` or ``file.py:function`` reference."""
+    target, sep, attr = name.rpartition(":")
+    return bool(sep and target and attr.isidentifier())
+
+
+def resolve(name: str) -> PluginInfo:
+    """Import the function a reference names and register it under the reference."""
+    target, _, attr = name.rpartition(":")
+    module = _from_file(target, name) if target.endswith(".py") else _import(target, name)
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise PluginError(f"reward {name!r}: {target} has no function {attr!r}")
+    info = PluginInfo("reward", name, FunctionFactory(fn), NO_OPTIONS,
+                      f"function at {where(fn)}", f"{DISTRIBUTION} {target}")
+    registry().plugins[("reward", name)] = info
+    return info
+
+
+def _resolve_reference(name: str) -> PluginInfo | None:
+    """The registry's resolver for reward names: a reference, or None."""
+    return resolve(name) if is_reference(name) else None
+
+
+RESOLVERS["reward"] = _resolve_reference
+
+
+def _import(module: str, name: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise PluginError(f"reward {name!r}: cannot import {module} ({exc})") from exc
+
+
+def _from_file(path: str, name: str) -> Any:
+    """A module loaded from a file, kept in ``sys.modules`` under a name made from its
+    absolute path (so pickling and tracebacks find it)."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise PluginError(f"reward {name!r}: file not found: {path} (relative to {os.getcwd()})")
+    key = "grpo_reward_" + hashlib.sha256(full.encode()).hexdigest()[:12]
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, full)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[key]
+        raise
+    return module
+
+
+def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
+    """What the configured reward's worker process needs that it cannot find by itself: the
+    functions registered here that the reward uses (itself, or as a component), pickled.
+    Second: whether the reward must run in the trainer's process instead (a plugin module
+    added at run time, as before; or a function that cannot be pickled, which the third, a
+    notice, then explains)."""
+    fns = []
+    for name in _names(reward_cfg):
+        info = registry().plugins.get(("reward", name))
+        if info is None or info.installed or is_reference(name):
+            continue
+        if not isinstance(info.factory, FunctionFactory):
+            return None, True, None
+        fns.append(info)
+    if not fns:
+        return None, False, None
+    try:
+        return _dumps(fns), False, None
+    except Exception as exc:  # what pickle raises for a lock, a socket, a generator ...
+        return None, True, f"function {fns[0].name!r} cannot be pickled: {type(exc).__name__}"
+
+
+def _names(value: Any) -> list[str]:
+    """Every plugin name inside a reward section (its own, its components')."""
+    if isinstance(value, dict):
+        own = [value["name"]] if isinstance(value.get("name"), str) else []
+        return own + [n for v in value.values() for n in _names(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _names(v)]
+    return []
+
+
+def _dumps(value: Any) -> bytes:
+    """Pickle, by value where a reference would not resolve in another process (functions
+    of ``__main__``, of a notebook, nested in a test)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(value)
+
+
+def receive(payload: bytes | None) -> None:
+    """Worker side of :func:`shipped`: register what the trainer's process sent."""
+    if payload:
+        for info in pickle.loads(payload):
+            registry().plugins.setdefault((info.kind, info.name), info)
