@@ -44,6 +44,7 @@ class DataSection:
     prompt_field: str
     columns: list | dict
     chat_template: str
+    chat_template_kwargs: dict
     system_prompt: str | None
     shuffle: bool
     max_prompt_tokens: int | None
@@ -129,6 +130,7 @@ class OptimizerSection:
     lr_schedule: str
     scheduler_options: dict
     warmup_steps: int
+    warmup_ratio: float | None
     max_grad_norm: float | None
     fused: bool
 
