@@ -152,39 +152,16 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     """Set up a run: devices and processes, the run directory (claimed: see rundir), models,
     plugins, data, the optimizer, and a checkpoint's state when resuming (True: the newest
     intact one; or a directory). ``overwrite`` empties an earlier run's directory first."""
-    tc, rt, oc = cfg["train"], cfg["runtime"], cfg["output"]
-    if rt["threads"]:
-        torch.set_num_threads(rt["threads"])
-    device, rank, world = dist.init(pick_device(rt["device"]))  # each rank its own GPU
-    torch.manual_seed(tc["seed"])
-    if tc["prompts_per_step"] % world:
-        raise UserError(f"train.prompts_per_step: {tc['prompts_per_step']} is not divisible by "
-                        f"the {world} processes")
-    problems = column_problems(cfg["data"]) + tracking.problems(oc) + episode_problems(cfg)
-    problems += groups.problems(cfg)
-    if problems:
-        raise UserError(problems[0])
-    run_id = rundir.claim(oc["dir"], bool(resume), overwrite,
-                          rundir.input_paths(cfg) if overwrite else []) if rank == 0 else ""
-    dist.barrier()
-    run_id = run_id or rundir.run_id(oc["dir"])
-    if rank == 0:
-        with open(os.path.join(oc["dir"], "config.json"), "w", encoding="utf-8") as f:
-            json.dump(unresolved(cfg), f, indent=2)  # as written: ${env:NAME}, not the value
-
+    device, rank, world = _processes(cfg)
+    run_id = _claim(cfg, rank, resume, overwrite)
     tokenizer = load_tokenizer(cfg["model"])
     policy = load_model(cfg["model"], device)
     # null sampling settings take the model's generation_config values, before anything reads
-    # them (the loss's temperature too); config.json above keeps them as written
+    # them (the loss's temperature too); config.json keeps them as written
     resolve_sampling(policy, cfg["sampling"], rank == 0)
+    config = view(cfg)  # typed, with the sampling settings as resolved
     kl = _plugin("kl", cfg["kl"])
-    reference = None
-    if kl.needs_reference():  # no reference model at all when the coefficient stays 0
-        if is_peft(policy):  # LoRA: the base model with the adapter disabled, no second copy
-            reference = policy
-        else:
-            where = "cpu" if cfg["model"]["reference_device"] == "cpu" else device
-            reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
+    reference = _reference(kl, policy, config, device)
     how = parallel.strategy(cfg, world)
     if how in ("ddp", "fsdp"):  # the reference is spread the same way
         for model in {id(m): m for m in (policy, reference) if m is not None}.values():
@@ -193,52 +170,114 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     # an FSDP2 unit holding gathered copies in their place until it shards again
     params = [p for p in policy.parameters() if p.requires_grad]
     generator = _plugin("generator", cfg["generator"])
-    budget_key, budget = completion_budget(cfg)
-    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
-    if limit < 1:
-        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
-                        f"context")
-    stream = _stream(cfg, tokenizer, limit, rank == 0)
-    ec = cfg["eval"]
-    eval_rows = None
-    if ec["data"] and ec["every_n_steps"]:
-        eval_rows = _rows(ec["data"], ec["split"], cfg["data"], "eval.data")
-        eval_rows = eval_rows[:ec["max_problems"] or None]
-
-    oc_ = cfg["optimizer"]
-    opt = _optimizer(params, oc_, how)
-    sched = schedules.build(opt, oc_, tc["steps"] * tc["inner_iterations"])
-    run = Run(cfg, view(cfg), run_id, saved_dtype(cfg["model"], oc["save_dtype"]), rank, world,
-              device,
-              tokenizer, policy, reference,
-              build_reward(cfg["reward"]), _plugin("baseline", cfg["baseline"]), kl,
-              generator, _plugin("objective", cfg["objective"]), stream, eval_rows, opt, sched,
-              _engine(cfg, policy, reference, params, opt, sched, world, how),
-              SamplingParams.from_config(cfg["sampling"]),
-              torch.autocast("cuda", dtype=torch.bfloat16,
-                             enabled=device.type == "cuda" and cfg["model"]["dtype"] == "auto"),
-              None, HealthMonitor(window=cfg["health"]["window"])
-              if cfg["health"]["enabled"] else None)
-    run.memory_limit = memory_limit_mb(device)
-    if run.health:  # the advice names the run's own settings
-        run.health.settings = run_settings(cfg)
-    if run.baseline.needs_values:  # PPO: a critic of its own, built before a checkpoint loads
-        problem = critic_problem(cfg, world, how, is_peft(policy), run.objective)
-        if problem:
-            raise UserError(problem)
-        run.baseline.attach(policy)
-    if cfg["environment"]:
-        run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), generator,
-                                     tokenizer, cfg)
+    stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
+    eval_rows = _eval_rows(cfg)
+    optimizer = _optimizer(params, cfg["optimizer"], how)
+    scheduler = schedules.build(optimizer, cfg["optimizer"],
+                                config.train.steps * config.train.inner_iterations)
+    run = Run(
+        cfg=cfg, config=config, run_id=run_id,
+        save_dtype=saved_dtype(cfg["model"], config.output.save_dtype), rank=rank, world=world,
+        device=device, tokenizer=tokenizer, policy=policy, reference=reference,
+        reward=build_reward(cfg["reward"]), baseline=_plugin("baseline", cfg["baseline"]),
+        kl=kl, generator=generator, objective=_plugin("objective", cfg["objective"]),
+        stream=stream, eval_rows=eval_rows, optimizer=optimizer, scheduler=scheduler,
+        engine=_engine(cfg, policy, reference, params, optimizer, scheduler, world, how),
+        sampling=SamplingParams.from_config(cfg["sampling"]),
+        autocast=torch.autocast("cuda", dtype=torch.bfloat16,
+                                enabled=device.type == "cuda" and config.model.dtype == "auto"),
+        metrics=None,
+        health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
+        memory_limit=memory_limit_mb(device))
+    _attach(run, how)
     if resume:
         persist.resume(run, resume, force)
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
-            truncate_metrics(oc["dir"], run.start_step)
-        run.metrics = MetricsWriter(oc["dir"], tc["steps"], oc["progress"],
+            truncate_metrics(run.dir, run.start_step)
+        run.metrics = MetricsWriter(run.dir, config.train.steps, config.output.progress,
                                     tracking.Trackers.start(cfg, run_id, run.start_step))
     return run
+
+
+def _processes(cfg: dict) -> tuple[torch.device, int, int]:
+    """This process's device, rank and the number of processes (each rank its own GPU), and
+    the checks that need only those and the config."""
+    train, runtime = cfg["train"], cfg["runtime"]
+    if runtime["threads"]:
+        torch.set_num_threads(runtime["threads"])
+    device, rank, world = dist.init(pick_device(runtime["device"]))
+    torch.manual_seed(train["seed"])
+    if train["prompts_per_step"] % world:
+        raise UserError(f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
+                        f"by the {world} processes")
+    problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
+    problems += episode_problems(cfg) + groups.problems(cfg)
+    if problems:
+        raise UserError(problems[0])
+    return device, rank, world
+
+
+def _claim(cfg: dict, rank: int, resume: str | bool | None, overwrite: bool) -> str:
+    """Claim the run directory (rank 0, see rundir) and write the config as written there
+    (``${env:NAME}``, never the value); returns the run's id on every rank."""
+    out = cfg["output"]["dir"]
+    run_id = rundir.claim(out, bool(resume), overwrite,
+                          rundir.input_paths(cfg) if overwrite else []) if rank == 0 else ""
+    dist.barrier()
+    run_id = run_id or rundir.run_id(out)
+    if rank == 0:
+        with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(unresolved(cfg), f, indent=2)
+    return run_id
+
+
+def _reference(kl: KLController, policy: Any, config: Config, device: torch.device) -> Any:
+    """The frozen reference: none when the KL coefficient stays 0; with LoRA the base model
+    (the policy with its adapter disabled, no second copy); else a copy of the policy."""
+    if not kl.needs_reference():
+        return None
+    if is_peft(policy):
+        return policy
+    where = "cpu" if config.model.reference_device == "cpu" else device
+    return copy.deepcopy(policy).to(where).eval().requires_grad_(False)
+
+
+def _prompt_limit(cfg: dict, policy: Any) -> int:
+    """The longest prompt in tokens: data.max_prompt_tokens, or the model's context minus the
+    completion budget; a budget that leaves no room is refused."""
+    budget_key, budget = completion_budget(cfg)
+    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
+    if limit < 1:
+        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
+                        f"context")
+    return limit
+
+
+def _eval_rows(cfg: dict) -> list[dict] | None:
+    """The held-out rows validation reads (None when validation is off)."""
+    ec = cfg["eval"]
+    if not (ec["data"] and ec["every_n_steps"]):
+        return None
+    return _rows(ec["data"], ec["split"], cfg["data"], "eval.data")[:ec["max_problems"] or None]
+
+
+def _attach(run: Run, how: str) -> None:
+    """What the run's parts need of each other once it exists: the health monitor the run's
+    settings (its advice names them), a critic (PPO, built before a checkpoint loads), an
+    environment's episode runner."""
+    cfg = run.cfg
+    if run.health:
+        run.health.settings = run_settings(cfg)
+    if run.baseline.needs_values:
+        problem = critic_problem(cfg, run.world, how, is_peft(run.policy), run.objective)
+        if problem:
+            raise UserError(problem)
+        run.baseline.attach(run.policy)
+    if cfg["environment"]:
+        run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), run.generator,
+                                     run.tokenizer, cfg)
 
 
 def critic_problem(cfg: dict, world: int, how: str, lora: bool,
