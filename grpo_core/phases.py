@@ -107,7 +107,7 @@ class Judged:
     groups: dict | None = None  # dynamic sampling's counts (groups/filtered, ...)
 
 
-def score(run: Run, step: int, s: Sampled) -> Judged:
+def score(run: Run, step: int, sampled: Sampled) -> Judged:
     t0 = time.time()
 
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
@@ -116,7 +116,7 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
         return with_overlong(scored, ro, run.config.reward.overlong,
                              completion_budget(run.cfg)[1])
 
-    ro, scored, extra = s.rollout, judge(s.batch, s.rollout, s.transcripts), 0
+    ro, scored, extra = sampled.rollout, judge(sampled.batch, sampled.rollout, sampled.transcripts), 0
     if scored.problem:
         _warn(run, step, f"{scored.problem}; applied reward.failure: "
                          f"{run.config.reward.failure}")
@@ -128,16 +128,16 @@ def score(run: Run, step: int, s: Sampled) -> Judged:
         with run.autocast, run.engine.gathered():
             if flat.any():
                 ro, scored, extra = resample(
-                    run.generator, judge, s.batch, ro, scored, flat, n, run.sampling,
+                    run.generator, judge, sampled.batch, ro, scored, flat, n, run.sampling,
                     step_seed(run.config.train.seed, step), run.rank * 1_000_000)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     if run.config.groups.adaptive_first:
-        ro, scored, extra = _allocate(run, step, s.batch, ro, scored, judge)
+        ro, scored, extra = _allocate(run, step, sampled.batch, ro, scored, judge)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     t1 = time.time()
-    greedy = None if s.greedy is None else judge(s.batch, s.greedy).rewards
+    greedy = None if sampled.greedy is None else judge(sampled.batch, sampled.greedy).rewards
     return Judged(ro, scored, flat, greedy, extra, t1 - t0,
-                  s.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
+                  sampled.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
 
 
 def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
@@ -180,8 +180,8 @@ def _chunk(run: Run) -> int | None:
     return None if run.engine.head_module else run.config.runtime.logprob_chunk
 
 
-def advantages(run: Run, j: Judged) -> Advantages:
-    t0, ro, config = time.time(), j.rollout, run.config
+def advantages(run: Run, judged: Judged) -> Advantages:
+    t0, ro, config = time.time(), judged.rollout, run.config
     temp, chunk = config.sampling.temperature, _chunk(run)  # the reference computes as
     mask = ro.action_mask.float()  # the policy does: equal weights give equal log-probs
     ref_logp = None if run.reference is None else reference_logprobs(
@@ -191,16 +191,16 @@ def advantages(run: Run, j: Judged) -> Advantages:
         with torch.no_grad(), run.autocast:
             old_logp = completion_logprobs(run.policy, ro, temp, chunk)[0]
         is_weights = torch.exp(old_logp - ro.logprobs).clamp(max=run.generator.tis_cap) * mask
-    rewards = j.scored.rewards
+    rewards = judged.scored.rewards
     if ref_logp is not None and config.kl.placement == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
     group, critic = ro.group.cpu(), None
     keep = torch.isfinite(rewards)  # missing rewards leave the loss
     if config.groups.drop_zero_std:
-        keep &= ~j.flat[group]
-    if j.filler is not None:  # dynamic sampling ran out of rounds: groups with no signal
-        keep &= ~j.filler[group]
+        keep &= ~judged.flat[group]
+    if judged.filler is not None:  # dynamic sampling ran out of rounds: groups with no signal
+        keep &= ~judged.filler[group]
     if config.objective.mask_truncated_completions:  # cut by the budget: no loss on them
         keep &= ~ro.truncated.cpu()
     if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
@@ -210,8 +210,8 @@ def advantages(run: Run, j: Judged) -> Advantages:
     else:
         grid, slot = to_grid(rewards, group, run.prompts)
         everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
-        greedy = None if j.greedy_rewards is None else \
-            dist.gather_grid(j.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+        greedy = None if judged.greedy_rewards is None else \
+            dist.gather_grid(judged.greedy_rewards.cpu()[:, None].double())[0][:, 0]
         adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
     return Advantages(old_logp, ref_logp, is_weights, rewards,
                       torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
@@ -229,12 +229,12 @@ class Updated:
     seconds: float
 
 
-def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
-    t0, ro, config = time.time(), j.rollout, run.config
+def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
+    t0, ro, config = time.time(), judged.rollout, run.config
     objective = config.objective
-    loss_mask = ro.action_mask.float() * a.keep[:, None]  # no loss on environment tokens
+    loss_mask = ro.action_mask.float() * targets.keep[:, None]  # no loss on environment tokens
     norm = Normaliser(float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
-                      float(dist.all_sum(a.keep.sum().double()).clamp(min=1)),
+                      float(dist.all_sum(targets.keep.sum().double()).clamp(min=1)),
                       float(completion_budget(run.cfg)[1]))
     kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
     aggregation = objective.aggregation or run.objective.aggregation
@@ -250,16 +250,16 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
             with run.autocast:
                 logp, ent = completion_logprobs(run.policy, sub, config.sampling.temperature,
                                                 _chunk(run), entropy=True)
-            term = run.objective(logp, a.old_logp[mb], a.advantages[mb], loss_mask[mb])
-            loss, s = objective_loss(
+            term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
+            loss, terms = objective_loss(
                 term, loss_mask[mb], aggregation, norm, logp=logp,
-                ref_logp=None if a.ref_logp is None else a.ref_logp[mb], kl_coef=kl_coef,
+                ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb], kl_coef=kl_coef,
                 kl_estimator=config.kl.estimator, entropy=ent,
                 entropy_coef=objective.entropy_coef,
-                is_weights=None if a.is_weights is None else a.is_weights[mb])
+                is_weights=None if targets.is_weights is None else targets.is_weights[mb])
             run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
-            for k, v in s.items():
+            for k, v in terms.items():
                 stats[k] = stats.get(k, 0.0) + v
         iterations.append(stats)
         norm_now, applied = run.engine.step(math.isfinite(total))
@@ -268,9 +268,9 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
         else:  # NaN guard: this update was skipped
             skipped += 1
             _warn(run, step, "non-finite loss or gradient; update skipped")
-        if a.returns is not None:  # PPO: the critic's update, its own optimizer
+        if targets.returns is not None:  # PPO: the critic's update, its own optimizer
             with run.autocast:
-                stats.update(run.baseline.fit(ro, a.returns, a.values, loss_mask, batches))
+                stats.update(run.baseline.fit(ro, targets.returns, targets.values, loss_mask, batches))
     run.generator.sync_weights(run.policy)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
     if run.nonfinite_run >= config.train.max_nonfinite_steps:
@@ -286,25 +286,25 @@ def update(run: Run, step: int, j: Judged, a: Advantages) -> Updated:
     return Updated(iterations, grad_norm, skipped, time.time() - t0)
 
 
-def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Updated,
+def observe(run: Run, step: int, sampled: Sampled, judged: Judged, targets: Advantages, updated: Updated,
             started: float) -> dict:
     """Phase 5: the step's metrics record (written by rank 0), validation when due, health
     warnings, samples."""
-    config, ro = run.config, j.rollout
+    config, ro = run.config, judged.rollout
     record = {"step": step, **rollout_metrics(
-        j.scored.rewards, to_grid(j.scored.rewards, ro.group.cpu(), run.prompts)[0], j.flat, ro,
-        j.scored.dimensions, j.extra_completions,
+        judged.scored.rewards, to_grid(judged.scored.rewards, ro.group.cpu(), run.prompts)[0], judged.flat, ro,
+        judged.scored.dimensions, judged.extra_completions,
         config.health.solved_reward if config.health.solved_reward is not None
         else run.reward.max_value, run.device)}
     record.update({
-        **update_metrics(u.iterations), "kl_coef": run.kl.value,
-        "grad_norm": u.grad_norm, "skipped_updates": u.skipped,
-        "lr": run.scheduler.get_last_lr()[0], "time/generate": s.seconds,
-        "time/reward": j.seconds, "time/greedy": j.greedy_seconds, "time/reference": a.seconds,
-        "time/train": u.seconds, "time/step": time.time() - started,
-        "data/long_prompts": run.stream.long_prompts, **(j.groups or {}), **_memory(run)})
-    if s.transcripts is not None:
-        record.update(episode_metrics(s.transcripts, run.episodes.seconds, run.device))
+        **update_metrics(updated.iterations), "kl_coef": run.kl.value,
+        "grad_norm": updated.grad_norm, "skipped_updates": updated.skipped,
+        "lr": run.scheduler.get_last_lr()[0], "time/generate": sampled.seconds,
+        "time/reward": judged.seconds, "time/greedy": judged.greedy_seconds, "time/reference": targets.seconds,
+        "time/train": updated.seconds, "time/step": time.time() - started,
+        "data/long_prompts": run.stream.long_prompts, **(judged.groups or {}), **_memory(run)})
+    if sampled.transcripts is not None:
+        record.update(episode_metrics(sampled.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
         ec = config.eval
         if (step + 1) % ec.every_n_steps == 0 or step + 1 == config.train.steps:
@@ -319,8 +319,8 @@ def observe(run: Run, step: int, s: Sampled, j: Judged, a: Advantages, u: Update
         run.metrics.write(record)
         if config.output.samples_every and step % config.output.samples_every == 0:
             run.metrics.log_samples(write_samples(
-                run.dir, step, s.batch, ro, j.scored.dimensions, j.scored.extras, a.rewards,
-                _per_completion(a.advantages, ro), run.tokenizer), step)
+                run.dir, step, sampled.batch, ro, judged.scored.dimensions, judged.scored.extras, targets.rewards,
+                _per_completion(targets.advantages, ro), run.tokenizer), step)
     return record
 
 
