@@ -26,7 +26,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CHILD = r'''
+CHILD = r"""
 import json, os, resource, sys, time
 import torch
 from grpo_core.loss.logprobs import token_logprobs
@@ -63,7 +63,7 @@ for _ in range(reps):
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 torch.save({"h": hidden.grad, "w": weight.grad}, out)
 print(json.dumps({"peak": peak - base, "times": times, "cpu": cpu}))
-'''
+"""
 
 
 def run(variant: str, args, chunk: int, work: str) -> dict:
@@ -75,10 +75,23 @@ def run(variant: str, args, chunk: int, work: str) -> dict:
         print(f"refusing to time: {who}; pass --allow-load to time anyway", file=sys.stderr)
         raise SystemExit(3)
     path = os.path.join(work, f"{variant}{chunk}.pt")
-    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(args.tokens),
-                          str(args.hidden), str(args.vocab), str(chunk), path,
-                          str(args.repeats), "1" if args.frozen_head else "0"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            variant,
+            str(args.tokens),
+            str(args.hidden),
+            str(args.vocab),
+            str(chunk),
+            path,
+            str(args.repeats),
+            "1" if args.frozen_head else "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{variant} failed: {out.stderr.strip().splitlines()[-1:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -104,24 +117,36 @@ def main() -> int:
     loaded = naive["loaded"] or any(r["loaded"] for r in ours.values())
     ta, ca = statistics.median(naive["times"]), statistics.median(naive["cpu"])
     loads = ", ".join(f"{r['load']:.2f}" for r in [naive, *ours.values()])
-    print(f"LM head {args.hidden} x {args.vocab}, {args.tokens} tokens, float32, "
-          f"{os.environ.get('BENCH_THREADS', '1')} thread(s), head "
-          f"{'frozen' if args.frozen_head else 'trained'}; median of {args.repeats} timed "
-          f"runs after a warm-up; load before each variant (cores used by others): "
-          f"{loads}"
-          f"{' LOADED' if loaded else ''}")
-    print("| path | chunk | peak memory growth (MiB) | memory ratio | wall s | time ratio | "
-          "CPU s | CPU ratio | gradient rel. diff (hidden / head) |")
+    print(
+        f"LM head {args.hidden} x {args.vocab}, {args.tokens} tokens, float32, "
+        f"{os.environ.get('BENCH_THREADS', '1')} thread(s), head "
+        f"{'frozen' if args.frozen_head else 'trained'}; median of {args.repeats} timed "
+        f"runs after a warm-up; load before each variant (cores used by others): "
+        f"{loads}"
+        f"{' LOADED' if loaded else ''}"
+    )
+    print(
+        "| path | chunk | peak memory growth (MiB) | memory ratio | wall s | time ratio | "
+        "CPU s | CPU ratio | gradient rel. diff (hidden / head) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| naive log-softmax | - | {naive['peak'] / 2**20:,.0f} | 1 | {ta:.2f} | 1 | "
-          f"{ca:.2f} | 1 | - |")
+    print(
+        f"| naive log-softmax | - | {naive['peak'] / 2**20:,.0f} | 1 | {ta:.2f} | 1 | "
+        f"{ca:.2f} | 1 | - |"
+    )
     for c, b in ours.items():
-        rel = [float((naive["grads"][k] - b["grads"][k]).norm() / naive["grads"][k].norm())
-               for k in ("h", "w") if naive["grads"][k] is not None]
+        rel = [
+            float((naive["grads"][k] - b["grads"][k]).norm() / naive["grads"][k].norm())
+            for k in ("h", "w")
+            if naive["grads"][k] is not None
+        ]
         tb, cb = statistics.median(b["times"]), statistics.median(b["cpu"])
-        print(f"| grpo-core chunked | {c} | {b['peak'] / 2**20:,.0f} | "
-              f"{b['peak'] / naive['peak']:.3f} | {tb:.2f} | {tb / ta:.2f} | {cb:.2f} | "
-              f"{cb / ca:.2f} | {' / '.join(f'{x:.1e}' for x in rel)} |", flush=True)
+        print(
+            f"| grpo-core chunked | {c} | {b['peak'] / 2**20:,.0f} | "
+            f"{b['peak'] / naive['peak']:.3f} | {tb:.2f} | {tb / ta:.2f} | {cb:.2f} | "
+            f"{cb / ca:.2f} | {' / '.join(f'{x:.1e}' for x in rel)} |",
+            flush=True,
+        )
     print("goals: memory ratio <= 0.125, time ratio <= 1.2, gradient difference <= 1e-5")
     return 0
 

@@ -43,8 +43,9 @@ def datasets(root: str, limit: int | None) -> dict[str, list[tuple[str, str, boo
     """name -> [(completion, gold answer, reference verdict)]."""
     out = {}
     cot = load_jsonl(os.path.join(root, "math_cot_samples", "math_cot_100.jsonl"))
-    out["math_cot (grader)"] = [(c, r["gt"], bool(s)) for r in cot
-                                for c, s in zip(r["code"], r["score"])]
+    out["math_cot (grader)"] = [
+        (c, r["gt"], bool(s)) for r in cot for c, s in zip(r["code"], r["score"])
+    ]
     gsm = load_jsonl(os.path.join(root, "gsm8k", "example_model_solutions.jsonl"))
     rows = []
     for r in gsm:
@@ -57,21 +58,32 @@ def datasets(root: str, limit: int | None) -> dict[str, list[tuple[str, str, boo
     rng = random.Random(0)
     shuffled = [r["answer"] for r in m500]
     rng.shuffle(shuffled)
-    out["math500 other answer"] = [(r["solution"], other, r["answer"].strip() == other.strip())
-                                   for r, other in zip(m500, shuffled)]
+    out["math500 other answer"] = [
+        (r["solution"], other, r["answer"].strip() == other.strip())
+        for r, other in zip(m500, shuffled)
+    ]
     if limit:
         out = {k: v[:limit] for k, v in out.items()}
     return out
 
 
 HOSTILE = [
-    "\\boxed{9^{9^{9^{9^{9}}}}}", "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
-    "\\boxed{" + "{" * 10_000 + "}" * 10_000 + "}", "1" * 1_000_000, "\\boxed{99999999!}",
-    "\\boxed{(x+1)^{100000}}", "\\boxed{__import__('os').system('touch /tmp/bench_pwned')}",
-    "\\boxed{" + "x+" * 50_000 + "1}", "\\boxed{\\sqrt{" * 2000 + "2" + "}" * 2000 + "}",
-    "\\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}}}", "\\boxed{(x+1)^{9000} > 0}",
-    "\\boxed{|(x+1)^{5000} - x| < 2^{10000}}", "\\boxed{\\sin(10^{9999}) + e^{e^{e^{10}}}}",
-    "\\boxed{" + "\\pm 1" * 40 + "}", "1," * 50_000, "\\boxed{" * 20_000,
+    "\\boxed{9^{9^{9^{9^{9}}}}}",
+    "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
+    "\\boxed{" + "{" * 10_000 + "}" * 10_000 + "}",
+    "1" * 1_000_000,
+    "\\boxed{99999999!}",
+    "\\boxed{(x+1)^{100000}}",
+    "\\boxed{__import__('os').system('touch /tmp/bench_pwned')}",
+    "\\boxed{" + "x+" * 50_000 + "1}",
+    "\\boxed{\\sqrt{" * 2000 + "2" + "}" * 2000 + "}",
+    "\\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}}}",
+    "\\boxed{(x+1)^{9000} > 0}",
+    "\\boxed{|(x+1)^{5000} - x| < 2^{10000}}",
+    "\\boxed{\\sin(10^{9999}) + e^{e^{e^{10}}}}",
+    "\\boxed{" + "\\pm 1" * 40 + "}",
+    "1," * 50_000,
+    "\\boxed{" * 20_000,
 ]
 
 
@@ -80,9 +92,10 @@ def ours(items, reward) -> tuple[list[bool], float]:
     t0 = time.perf_counter()
     scores = []
     for s in range(0, len(items), 256):
-        chunk = items[s:s + 256]
-        scores += reward(["q"] * len(chunk), [c for c, _, _ in chunk],
-                         answer=[g for _, g, _ in chunk])
+        chunk = items[s : s + 256]
+        scores += reward(
+            ["q"] * len(chunk), [c for c, _, _ in chunk], answer=[g for _, g, _ in chunk]
+        )
     return [v > 0.5 for v in scores], time.perf_counter() - t0
 
 
@@ -122,8 +135,10 @@ def forms_table(reward, path: str, show: bool = False) -> list[tuple[str, str, b
 
         for r, x, y in zip(rows, a, b):
             if x != y:
-                print(f"  [{r['category']}] label={r['expected']} ours={x} mv={y} "
-                      f"gold={r['gold']!r} ours-extracted={extract_answer(r['completion'])!r}")
+                print(
+                    f"  [{r['category']}] label={r['expected']} ours={x} mv={y} "
+                    f"gold={r['gold']!r} ours-extracted={extract_answer(r['completion'])!r}"
+                )
     print(f"\n{'category':26} {'n eq/ne':>8} | {'ours':>6} | {'math-verify':>11}")
     n, ra, rb = Counter(), Counter(), Counter()
     for r, x, y in zip(rows, a, b):
@@ -133,12 +148,16 @@ def forms_table(reward, path: str, show: bool = False) -> list[tuple[str, str, b
         rb[c] += y == r["expected"]
     for c in dict.fromkeys(r["category"] for r in rows):
         total = n[(c, True)] + n[(c, False)]
-        print(f"{c:26} {n[(c, True)]:>3}/{n[(c, False)]:<4} | {ra[c] / total:6.3f} | "
-              f"{rb[c] / total:11.3f}")
+        print(
+            f"{c:26} {n[(c, True)]:>3}/{n[(c, False)]:<4} | {ra[c] / total:6.3f} | "
+            f"{rb[c] / total:11.3f}"
+        )
     ref = [e for _, _, e in items]
     sa, sb = stats(a, ref), stats(b, ref)
-    print(f"{'all':26} {sum(ref):>3}/{len(ref) - sum(ref):<4} | {sa[0]:6.3f} | {sb[0]:11.3f}"
-          f"   (precision {sa[1]:.3f} vs {sb[1]:.3f}, recall {sa[2]:.3f} vs {sb[2]:.3f})")
+    print(
+        f"{'all':26} {sum(ref):>3}/{len(ref) - sum(ref):<4} | {sa[0]:6.3f} | {sb[0]:11.3f}"
+        f"   (precision {sa[1]:.3f} vs {sb[1]:.3f}, recall {sa[2]:.3f} vs {sb[2]:.3f})"
+    )
     return items
 
 
@@ -187,8 +206,13 @@ def first_call(runs: int = 3) -> tuple[float, float]:
     """(create seconds, first-call seconds) in fresh processes, medians of ``runs``."""
     made, first = [], []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True,
-                             timeout=300, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", FIRST_CALL],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.split()
         made.append(float(out[0]))
         first.append(float(out[1]))
     return statistics.median(made), statistics.median(first)
@@ -196,13 +220,17 @@ def first_call(runs: int = 3) -> tuple[float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..",
-                                                   "shared", "data"))
+    ap.add_argument(
+        "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+    )
     ap.add_argument("--forms", default=FORMS)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--show-disagreements", type=int, default=0)
-    ap.add_argument("--show-form-disagreements", action="store_true",
-                    help="list every form case where ours and math-verify disagree")
+    ap.add_argument(
+        "--show-form-disagreements",
+        action="store_true",
+        help="list every form case where ours and math-verify disagree",
+    )
     ap.add_argument("--skip-data", action="store_true", help="only the forms, speed and hostile")
     args = ap.parse_args()
     if not args.skip_data and not os.path.isdir(args.data):
@@ -213,8 +241,10 @@ def main() -> int:
     reward(["q"], ["\\boxed{x+1}"], answer=["1+x"])  # warm the workers before timing
     plain = []
     if not args.skip_data:
-        print(f"{'data set':24} {'n':>5} | {'ours acc/prec/rec':>20} {'items/s':>8} | "
-              f"{'math-verify acc/prec/rec':>24} {'items/s':>8} | speed x")
+        print(
+            f"{'data set':24} {'n':>5} | {'ours acc/prec/rec':>20} {'items/s':>8} | "
+            f"{'math-verify acc/prec/rec':>24} {'items/s':>8} | speed x"
+        )
         for name, items in datasets(args.data, args.limit).items():
             if name == "gsm8k solutions":
                 plain = items
@@ -222,36 +252,44 @@ def main() -> int:
             a, ta = ours(items, reward)
             b, tb = theirs(items)
             sa, sb = stats(a, ref), stats(b, ref)
-            print(f"{name:24} {len(items):5} | {sa[0]:.3f}/{sa[1]:.3f}/{sa[2]:.3f}      "
-                  f"{len(items) / ta:8.0f} | {sb[0]:.3f}/{sb[1]:.3f}/{sb[2]:.3f}          "
-                  f"{len(items) / tb:8.0f} | {tb / ta:6.1f}")
+            print(
+                f"{name:24} {len(items):5} | {sa[0]:.3f}/{sa[1]:.3f}/{sa[2]:.3f}      "
+                f"{len(items) / ta:8.0f} | {sb[0]:.3f}/{sb[1]:.3f}/{sb[2]:.3f}          "
+                f"{len(items) / tb:8.0f} | {tb / ta:6.1f}"
+            )
             shown = 0
             for (c, g, r), x, y in zip(items, a, b):
                 if shown < args.show_disagreements and x != r:
                     from grpo_core_plugins.rewards.math.extract import extract_answer
 
-                    print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted="
-                          f"{extract_answer(c)!r}")
+                    print(f"   ours={x} mv={y} ref={r} gold={g!r} extracted={extract_answer(c)!r}")
                     shown += 1
     mixed = forms_table(reward, args.forms, args.show_form_disagreements)
     _, t_mv = theirs(mixed)
     print("\nspeed (2 workers; median of 3 passes, each by a fresh reward with warm workers):")
     if plain:
         print(f"  plain numbers (gsm8k solutions, {len(plain)}): {rate(plain):8.0f} items/s")
-    print(f"  mixed forms ({len(mixed)}), warm workers:      {rate(mixed):8.0f} items/s"
-          f"   (math-verify {len(mixed) / t_mv:.0f} items/s)")
+    print(
+        f"  mixed forms ({len(mixed)}), warm workers:      {rate(mixed):8.0f} items/s"
+        f"   (math-verify {len(mixed) / t_mv:.0f} items/s)"
+    )
     print(f"  mixed forms, from a worker thread:        {rate_in_thread(mixed):8.0f} items/s")
     from grpo_core_plugins.rewards.math.extract import extract_answer, gold_answer
 
     reward.verifier.cache.clear()
-    symbolic = [x for x in mixed if reward.verifier.fast(extract_answer(x[0]), gold_answer(x[1]))
-                is None]  # only items the in-process fast path cannot decide
+    symbolic = [
+        x for x in mixed if reward.verifier.fast(extract_answer(x[0]), gold_answer(x[1])) is None
+    ]  # only items the in-process fast path cannot decide
     _, t_mv = theirs(symbolic)
-    print(f"  symbolic only ({len(symbolic)}), warm workers:  {rate(symbolic):8.0f} items/s"
-          f"   (math-verify {len(symbolic) / t_mv:.0f} items/s)")
+    print(
+        f"  symbolic only ({len(symbolic)}), warm workers:  {rate(symbolic):8.0f} items/s"
+        f"   (math-verify {len(symbolic) / t_mv:.0f} items/s)"
+    )
     made, first = first_call()
-    print(f"  fresh process: create {made:.2f} s (registry, all plugins), then first call "
-          f"{first:.2f} s (median of 3)")
+    print(
+        f"  fresh process: create {made:.2f} s (registry, all plugins), then first call "
+        f"{first:.2f} s (median of 3)"
+    )
     # hostile set: ours in the per-item budget; nothing may run over it
     t0 = time.perf_counter()
     worst = 0.0
@@ -260,10 +298,12 @@ def main() -> int:
         score = reward(["q"], [text], answer=["2"])[0]
         worst = max(worst, time.perf_counter() - t)
         assert score == 0.0
-    print(f"hostile set ({len(HOSTILE)} items): ours all 0, slowest {worst:.2f} s (budget 2 s), "
-          f"total {time.perf_counter() - t0:.1f} s, worker timeouts {reward.verifier.timeouts}, "
-          f"parent peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
-          f"/tmp/bench_pwned exists: {os.path.exists('/tmp/bench_pwned')}")
+    print(
+        f"hostile set ({len(HOSTILE)} items): ours all 0, slowest {worst:.2f} s (budget 2 s), "
+        f"total {time.perf_counter() - t0:.1f} s, worker timeouts {reward.verifier.timeouts}, "
+        f"parent peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
+        f"/tmp/bench_pwned exists: {os.path.exists('/tmp/bench_pwned')}"
+    )
     return 0
 
 

@@ -21,12 +21,14 @@ SWITCHES = {
     "gradient checkpointing": {"model": {"gradient_checkpointing": True}},
     "generation_batch_size 8 (of 64)": {"sampling": {"generation_batch_size": 8}},
     "KL 0 (no reference model)": {"kl": {"name": "fixed", "options": {"coef": 0.0}}},
-    "all of the above": {"model": {"lora": {"r": 16}, "gradient_checkpointing": True},
-                         "sampling": {"generation_batch_size": 8},
-                         "kl": {"name": "fixed", "options": {"coef": 0.0}}},
+    "all of the above": {
+        "model": {"lora": {"r": 16}, "gradient_checkpointing": True},
+        "sampling": {"generation_batch_size": 8},
+        "kl": {"name": "fixed", "options": {"coef": 0.0}},
+    },
 }
 
-CHILD = r'''
+CHILD = r"""
 import json, os, resource, sys
 import torch
 from grpo_core import config
@@ -45,7 +47,7 @@ est = plan(load_shape(m["name_or_path"]), s["group_size"], t["prompts_per_step"]
            generation_batch=s["generation_batch_size"],
            logprob_chunk=cfg["runtime"]["logprob_chunk"])
 print(json.dumps({"measured": peak - base, "estimated": est["total"]}))
-'''
+"""
 
 
 def merge(a: dict, b: dict) -> dict:
@@ -62,33 +64,50 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="memsw_")
     tok = build_tokenizer()
-    Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).save_pretrained(
-        os.path.join(work, "m"))
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(os.path.join(work, "m"))
     tok.save_pretrained(os.path.join(work, "m"))
     write_jsonl(os.path.join(work, "train.jsonl"), addition_rows()[0])
-    base = {"model": {"name_or_path": os.path.join(work, "m")},
-            "data": {"path": os.path.join(work, "train.jsonl"), "columns": ["answer"]},
-            "sampling": {"group_size": 16, "max_new_tokens": 64},
-            "train": {"steps": 1, "prompts_per_step": 4},
-            "runtime": {"device": "cpu", "threads": 1},
-            "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-            "kl": {"name": "fixed", "options": {"coef": 0.04}},
-            "output": {"dir": os.path.join(work, "run"), "progress": False,
-                       "save_model": False, "samples_every": 0},
-            "health": {"enabled": False}}
-    print("4-layer Qwen2-shaped model, hidden 512, float32 on CPU; 4 prompts x G=16, 64 new "
-          "tokens; one step")
+    base = {
+        "model": {"name_or_path": os.path.join(work, "m")},
+        "data": {"path": os.path.join(work, "train.jsonl"), "columns": ["answer"]},
+        "sampling": {"group_size": 16, "max_new_tokens": 64},
+        "train": {"steps": 1, "prompts_per_step": 4},
+        "runtime": {"device": "cpu", "threads": 1},
+        "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+        "kl": {"name": "fixed", "options": {"coef": 0.04}},
+        "output": {
+            "dir": os.path.join(work, "run"),
+            "progress": False,
+            "save_model": False,
+            "samples_every": 0,
+        },
+        "health": {"enabled": False},
+    }
+    print(
+        "4-layer Qwen2-shaped model, hidden 512, float32 on CPU; 4 prompts x G=16, 64 new "
+        "tokens; one step"
+    )
     print(f"| {'switch':36} | measured peak (MiB) | vs baseline | plan-memory estimate (MiB) |")
     print(f"|{'-' * 38}|---|---|---|")
     first = None
     for name, change in SWITCHES.items():
         cfg = merge(base, change)
         cfg["output"]["dir"] = os.path.join(work, name.split()[0])
-        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True
+        )
         if out.returncode != 0:
             print(f"| {name:36} | failed: {out.stderr.strip().splitlines()[-1]} |")
             continue

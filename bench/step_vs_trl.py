@@ -60,7 +60,7 @@ def _proc_ticks() -> dict[int, tuple[int, int, str]]:
                 s = f.read()
         except OSError:
             continue
-        name, rest = s[s.index("(") + 1:s.rindex(")")], s[s.rindex(")") + 2:].split()
+        name, rest = s[s.index("(") + 1 : s.rindex(")")], s[s.rindex(")") + 2 :].split()
         out[int(d)] = (int(rest[11]) + int(rest[12]), int(rest[1]), name)  # utime+stime, ppid
     return out
 
@@ -111,8 +111,10 @@ def busy_elsewhere(seconds: float = 1.0) -> tuple[float, str]:
     busiest = 0.0 if top is None else use[top]
     if busiest < 0.5 and others < 0.8:
         return others, ""
-    return others, (f"other processes used {others:.2f} cores in the last {dt:.1f} s" +
-                    (f" (busiest: pid {top} {b[top][2]!r} at {busiest:.2f})" if top else ""))
+    return others, (
+        f"other processes used {others:.2f} cores in the last {dt:.1f} s"
+        + (f" (busiest: pid {top} {b[top][2]!r} at {busiest:.2f})" if top else "")
+    )
 
 
 def rows_for(case: str, data_root: str) -> list[dict]:
@@ -122,8 +124,7 @@ def rows_for(case: str, data_root: str) -> list[dict]:
     if length == "chat":
         return chat_rows(data_root)
     if length is None:
-        return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10)
-                for b in range(10)]
+        return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
     from grpo_core.data.prompts import read_rows
 
     path = os.path.join(data_root, "gsm8k", "train.jsonl")
@@ -147,8 +148,10 @@ def chat_rows(data_root: str) -> list[dict]:
     path = os.path.join(data_root, "gsm8k", "train.jsonl")
     if not os.path.exists(path):
         raise SystemExit(f"the smollm2 case needs {path} (pass --data)")
-    return [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
-            for r in read_rows(path)[:256]]
+    return [
+        {"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
+        for r in read_rows(path)[:256]
+    ]
 
 
 def real_model() -> str:
@@ -183,6 +186,7 @@ class Timer:
                     s = self.steps[-1]
                     s[name] = s.get(name, 0.0) + time.perf_counter() - w
                     s["cpu:" + name] = s.get("cpu:" + name, 0.0) + time.process_time() - c
+
         return timed
 
     def begin(self) -> None:
@@ -219,17 +223,39 @@ def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str)
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    off = {"activation_checkpointing": False} if "activation_checkpointing" in \
-        trl.GRPOConfig.__dataclass_fields__ else {"gradient_checkpointing": False}
-    args = trl.GRPOConfig(output_dir=out, per_device_train_batch_size=P * G, num_generations=G,
-                          max_completion_length=new_tokens, max_steps=WARMUP + steps,
-                          beta=0.04, learning_rate=1e-4, loss_type="dapo", logging_steps=1,
-                          report_to=[], use_cpu=True, bf16=False, save_strategy="no",
-                          temperature=1.0, seed=0, disable_tqdm=True, log_level="error", **off)
-    trainer = trl.GRPOTrainer(model=model, processing_class=tok, args=args,
-                              reward_funcs=[trl_reward("math")],
-                              train_dataset=datasets.Dataset.from_list(rows),
-                              callbacks=[Clock()])
+    off = (
+        {"activation_checkpointing": False}
+        if "activation_checkpointing" in trl.GRPOConfig.__dataclass_fields__
+        else {"gradient_checkpointing": False}
+    )
+    args = trl.GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=P * G,
+        num_generations=G,
+        max_completion_length=new_tokens,
+        max_steps=WARMUP + steps,
+        beta=0.04,
+        learning_rate=1e-4,
+        loss_type="dapo",
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        temperature=1.0,
+        seed=0,
+        disable_tqdm=True,
+        log_level="error",
+        **off,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=args,
+        reward_funcs=[trl_reward("math")],
+        train_dataset=datasets.Dataset.from_list(rows),
+        callbacks=[Clock()],
+    )
     trainer.remove_callback(PrinterCallback)  # its per-step log lines would fill the output
     on = getattr(trainer.model, "is_activation_checkpointing", None)
     if on if on is not None else trainer.model.is_gradient_checkpointing:
@@ -237,8 +263,10 @@ def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str)
     trainer._generate = timer.wrap("generate", trainer._generate)
     trainer._calculate_rewards = timer.wrap("reward", trainer._calculate_rewards)
     trainer._get_per_token_logps_and_entropies = timer.wrap(
-        "reference", trainer._get_per_token_logps_and_entropies,
-        when=lambda: not torch.is_grad_enabled())
+        "reference",
+        trainer._get_per_token_logps_and_entropies,
+        when=lambda: not torch.is_grad_enabled(),
+    )
     trainer.train()
     return timer.measured()
 
@@ -251,21 +279,28 @@ def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str
     _, _, P, G, new_tokens, _ = CASES[case]
     data = os.path.join(out, "data.jsonl")
     write_jsonl(data, rows)
-    cfg = config.validate({
-        "model": {"name_or_path": model_dir},
-        "data": {"path": data, "columns": ["answer"]},
-        "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
-        "train": {"steps": WARMUP + steps, "prompts_per_step": P, "micro_batch_groups": P},
-        "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
-        "runtime": {"device": "cpu", "threads": 1},
-        "reward": {"name": "math"},
-        "kl": {"name": "fixed", "options": {"coef": 0.04}},
-        "output": {"dir": os.path.join(out, "run"), "progress": False, "save_model": False,
-                   "samples_every": 0, "tensorboard": "off"},
-        "health": {"enabled": False}})
+    cfg = config.validate(
+        {
+            "model": {"name_or_path": model_dir},
+            "data": {"path": data, "columns": ["answer"]},
+            "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
+            "train": {"steps": WARMUP + steps, "prompts_per_step": P, "micro_batch_groups": P},
+            "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
+            "runtime": {"device": "cpu", "threads": 1},
+            "reward": {"name": "math"},
+            "kl": {"name": "fixed", "options": {"coef": 0.04}},
+            "output": {
+                "dir": os.path.join(out, "run"),
+                "progress": False,
+                "save_model": False,
+                "samples_every": 0,
+                "tensorboard": "off",
+            },
+            "health": {"enabled": False},
+        }
+    )
     timer = Timer()
-    saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update",
-                                             "observe")}
+    saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update", "observe")}
 
     generate = timer.wrap("generate", saved["sample"])
 
@@ -294,8 +329,10 @@ def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str
 def summary(blocks: list[list[dict]]) -> dict:
     """Median over blocks of each block's median, for the step and every phase."""
     keys = ["step", "cpu", *PHASES]
-    return {k: statistics.median(statistics.median(s.get(k, 0.0) for s in b) for b in blocks)
-            for k in keys}
+    return {
+        k: statistics.median(statistics.median(s.get(k, 0.0) for s in b) for b in blocks)
+        for k in keys
+    }
 
 
 def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: bool) -> dict:
@@ -303,9 +340,16 @@ def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: boo
 
     hidden, layers, P, G, new_tokens, length = CASES[case]
     work = tempfile.mkdtemp(prefix=f"vs_trl_{case}_")
-    model_dir = real_model() if case == "smollm2" else build_model(
-        os.path.join(work, "model"), hidden=hidden, layers=layers,
-        max_positions=max(512, (length or 0) + new_tokens))
+    model_dir = (
+        real_model()
+        if case == "smollm2"
+        else build_model(
+            os.path.join(work, "model"),
+            hidden=hidden,
+            layers=layers,
+            max_positions=max(512, (length or 0) + new_tokens),
+        )
+    )
     rows = rows_for(case, data_root)
     runs: dict[str, list] = {"trl": [], "ours": []}
     loads, loaded = [], False
@@ -315,39 +359,53 @@ def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: boo
             loads.append(round(busy, 2))
             loaded = loaded or bool(who)
             if who and not allow_load:
-                print(f"\nrefusing to time: {who}; timings would be unreliable. Wait for a "
-                      f"quiet machine or pass --allow-load (figures are then labelled LOADED).",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\nrefusing to time: {who}; timings would be unreliable. Wait for a "
+                    f"quiet machine or pass --allow-load (figures are then labelled LOADED).",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 raise SystemExit(3)
             runs[side].append(fn(model_dir, rows, case, steps, os.path.join(work, f"{side}{i}")))
     t, o = summary(runs["trl"]), summary(runs["ours"])
     prompts = {None: "a+b= prompts", "chat": "GSM8K questions, chat template"}.get(
-        length, f"{length}-token prompts")
-    label = (f"{case} ({layers} layers x {hidden}, {P} x {G}, {prompts}, "
-             f"{new_tokens} new tokens)")
+        length, f"{length}-token prompts"
+    )
+    label = f"{case} ({layers} layers x {hidden}, {P} x {G}, {prompts}, {new_tokens} new tokens)"
     split = "/".join
-    print(f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {o['step'] / t['step']:.2f} | "
-          f"{o['cpu'] / t['cpu']:.2f} | {split(f'{t[p]:.3f}' for p in PHASES)} | "
-          f"{split(f'{o[p]:.3f}' for p in PHASES)} | "
-          f"{max(loads):.2f}{' LOADED' if loaded else ''} |", flush=True)
-    return {"case": case, "trl": t, "ours": o, "load": loads, "loaded": loaded,
-            "blocks": runs}
+    print(
+        f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {o['step'] / t['step']:.2f} | "
+        f"{o['cpu'] / t['cpu']:.2f} | {split(f'{t[p]:.3f}' for p in PHASES)} | "
+        f"{split(f'{o[p]:.3f}' for p in PHASES)} | "
+        f"{max(loads):.2f}{' LOADED' if loaded else ''} |",
+        flush=True,
+    )
+    return {"case": case, "trl": t, "ours": o, "load": loads, "loaded": loaded, "blocks": runs}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", default="all", help="comma-separated cases (or all, or both: "
-                    "tiny,gsm8k): " + ", ".join(CASES))
+    ap.add_argument(
+        "--case",
+        default="all",
+        help="comma-separated cases (or all, or both: tiny,gsm8k): " + ", ".join(CASES),
+    )
     ap.add_argument("--steps", type=int, default=4, help="measured steps per block")
     ap.add_argument("--blocks", type=int, default=3, help="blocks per side (>= 3)")
-    ap.add_argument("--allow-load", action="store_true",
-                    help="time even when other processes use the CPU (figures labelled)")
+    ap.add_argument(
+        "--allow-load",
+        action="store_true",
+        help="time even when other processes use the CPU (figures labelled)",
+    )
     ap.add_argument("--json", help="also write every step's timings here")
-    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..",
-                                                   "shared", "data"))
+    ap.add_argument(
+        "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+    )
     args = ap.parse_args()
-    named = {"all": ",".join(c for c in CASES if c not in OPTIONAL),
-             "both": "tiny,gsm8k"}  # both: the old script's pair
+    named = {
+        "all": ",".join(c for c in CASES if c not in OPTIONAL),
+        "both": "tiny,gsm8k",
+    }  # both: the old script's pair
     cases = named.get(args.case, args.case).split(",")
     if args.blocks < 3 or args.steps < 1 or any(c not in CASES for c in cases):
         ap.error("need --blocks >= 3, --steps >= 1 and known cases")
@@ -358,13 +416,17 @@ def main() -> int:
     transformers.utils.logging.set_verbosity_error()
     import trl
 
-    print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch "
-          f"{torch.__version__}; 1 thread; {args.blocks} alternating blocks per side of "
-          f"{WARMUP} warm-up + {args.steps} measured steps; median of block medians; "
-          f"load = the most CPU (cores) other processes used in the second before a block")
-    print("| case | TRL s/step | grpo-core s/step | ratio (wall) | ratio (cpu) | "
-          "TRL generate/reward/reference/train | grpo-core generate/reward/reference/train "
-          "| load |")
+    print(
+        f"TRL {trl.__version__}, transformers {transformers.__version__}, torch "
+        f"{torch.__version__}; 1 thread; {args.blocks} alternating blocks per side of "
+        f"{WARMUP} warm-up + {args.steps} measured steps; median of block medians; "
+        f"load = the most CPU (cores) other processes used in the second before a block"
+    )
+    print(
+        "| case | TRL s/step | grpo-core s/step | ratio (wall) | ratio (cpu) | "
+        "TRL generate/reward/reference/train | grpo-core generate/reward/reference/train "
+        "| load |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     results = [run_case(c, args.steps, args.blocks, args.data, args.allow_load) for c in cases]
     if args.json:

@@ -16,8 +16,18 @@ from grpo_core.registry import PLUGIN_API_VERSION, registry
 from grpo_core.reward import functions  # noqa: F401  resolves reward names like file.py:function
 from grpo_core.scores import Scores
 
-__all__ = ["train", "from_trl", "create", "Scores", "PLUGIN_API_VERSION", "UserError",
-           "ConfigError", "PluginError", "registry", "FunctionReward"]
+__all__ = [
+    "train",
+    "from_trl",
+    "create",
+    "Scores",
+    "PLUGIN_API_VERSION",
+    "UserError",
+    "ConfigError",
+    "PluginError",
+    "registry",
+    "FunctionReward",
+]
 __version__ = "0.1.0"
 
 

@@ -23,10 +23,16 @@ from grpo_core.reward import functions
 Rewards = Callable[..., Any] | Iterable[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 
 
-def train(config: Mapping | str | os.PathLike | Any, rewards: Rewards | None = None,
-          dataset: Iterable[Mapping] | None = None, *, overrides: list[str] | None = None,
-          resume: str | bool | None = None, overwrite: bool = False,
-          force: bool = False) -> dict:
+def train(
+    config: Mapping | str | os.PathLike | Any,
+    rewards: Rewards | None = None,
+    dataset: Iterable[Mapping] | None = None,
+    *,
+    overrides: list[str] | None = None,
+    resume: str | bool | None = None,
+    overwrite: bool = False,
+    force: bool = False,
+) -> dict:
     """Validate, preflight and run a training run; returns its summary (as ``grpo train``
     prints it).
 
@@ -51,8 +57,9 @@ def train(config: Mapping | str | os.PathLike | Any, rewards: Rewards | None = N
         raw["reward"] = _sum_of(list(named))
     if dataset is not None:
         raw["data"] = _in_memory(raw.get("data") or {}, dataset)
-    cfg = configs.validate(apply_overrides(configs.migrate(raw), overrides or [],
-                                           configs.moved_path))
+    cfg = configs.validate(
+        apply_overrides(configs.migrate(raw), overrides or [], configs.moved_path)
+    )
     preflight.check(cfg)
     return trainer.train(cfg, resume=resume, force=force, overwrite=overwrite)
 
@@ -65,8 +72,9 @@ def _as_mapping(config: Any) -> dict:
         return dataclasses.asdict(config)
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
-    raise UserError(f"config: expected a mapping, a file path or a dataclass, found "
-                    f"{type(config).__name__}")
+    raise UserError(
+        f"config: expected a mapping, a file path or a dataclass, found {type(config).__name__}"
+    )
 
 
 def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
@@ -80,11 +88,13 @@ def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
     for fn in fns:
         name = getattr(fn, "__name__", None)
         if not name or name == "<lambda>":
-            raise UserError("rewards: a function without a name (a lambda); pass "
-                            "rewards={'name': fn}")
+            raise UserError(
+                "rewards: a function without a name (a lambda); pass rewards={'name': fn}"
+            )
         if name in named:
-            raise UserError(f"rewards: two functions are named {name!r}; pass "
-                            f"rewards={{'a': f, 'b': g}}")
+            raise UserError(
+                f"rewards: two functions are named {name!r}; pass rewards={{'a': f, 'b': g}}"
+            )
         named[name] = fn
     return named
 
@@ -93,8 +103,10 @@ def _sum_of(names: list[str]) -> dict:
     """One reward, or the unweighted sum of several (as TRL sums its reward functions)."""
     if len(names) == 1:
         return {"name": names[0]}
-    return {"name": "weighted",
-            "options": {"components": [{"name": n, "weight": 1.0} for n in names]}}
+    return {
+        "name": "weighted",
+        "options": {"components": [{"name": n, "weight": 1.0} for n in names]},
+    }
 
 
 def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
@@ -106,8 +118,9 @@ def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
     try:
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     except TypeError as exc:
-        raise UserError(f"dataset: a value is not JSON data (text, numbers, lists, "
-                        f"mappings): {exc}") from exc
+        raise UserError(
+            f"dataset: a value is not JSON data (text, numbers, lists, mappings): {exc}"
+        ) from exc
     folder = os.path.join(tempfile.gettempdir(), "grpo-core-data")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, hashlib.sha256(text.encode()).hexdigest()[:24] + ".jsonl")

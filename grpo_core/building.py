@@ -33,8 +33,9 @@ def create(kind: str, name: str, options: dict | None = None) -> Any:
     except UserError:
         raise
     except (TypeError, ValueError) as exc:
-        raise PluginError(f"{kind} plugin {name!r} (from {info.distribution}) could not be "
-                          f"built: {exc}") from exc
+        raise PluginError(
+            f"{kind} plugin {name!r} (from {info.distribution}) could not be built: {exc}"
+        ) from exc
     return _checked(kind, name, info.distribution, component)
 
 
@@ -47,7 +48,9 @@ def _checked(kind: str, name: str, distribution: str, component: Any) -> Any:
         return component
     if kind == "reward" and callable(component) and not isinstance(component, type):
         return FunctionReward(component)
-    raise PluginError(f"{kind} plugin {name!r} (from {distribution}) built a "
-                      f"{type(component).__name__}, which does not derive from "
-                      f"grpo_core.hookspecs.{base.__name__} (plugin API {PLUGIN_API_VERSION}; "
-                      f"see docs/plugins.md)")
+    raise PluginError(
+        f"{kind} plugin {name!r} (from {distribution}) built a "
+        f"{type(component).__name__}, which does not derive from "
+        f"grpo_core.hookspecs.{base.__name__} (plugin API {PLUGIN_API_VERSION}; "
+        f"see docs/plugins.md)"
+    )

@@ -51,9 +51,14 @@ def sample_with_signal(run: Run, step: int) -> tuple[Sampled, Judged]:
         if not sum(needs):
             break
         rows = run.stream.take(sum(needs))
-        start = sum(needs[:run.rank])
-        s = generate(run, step, rows[start:start + needs[run.rank]],
-                     round_seed(run.config.train.seed, step, rounds), start * G)
+        start = sum(needs[: run.rank])
+        s = generate(
+            run,
+            step,
+            rows[start : start + needs[run.rank]],
+            round_seed(run.config.train.seed, step, rounds),
+            start * G,
+        )
         rounds += 1
         if s is None:
             continue
@@ -70,13 +75,15 @@ def sample_with_signal(run: Run, step: int) -> tuple[Sampled, Judged]:
     if filler:
         s, j, idx = spare
         kept.append((s, j, idx[:filler]))
-    counts = dist.sum_named({"groups/filtered": filtered, "groups/generated": generated,
-                             "groups/filler": filler})
+    counts = dist.sum_named(
+        {"groups/filtered": filtered, "groups/generated": generated, "groups/filler": filler}
+    )
     return _join(kept, P - filler, {**counts, "groups/rounds": float(rounds)})
 
 
-def _join(parts: list[tuple[Sampled, Judged, list[int]]], signal: int,
-          counts: dict) -> tuple[Sampled, Judged]:
+def _join(
+    parts: list[tuple[Sampled, Judged, list[int]]], signal: int, counts: dict
+) -> tuple[Sampled, Judged]:
     """The chosen groups of each round (``parts``: sampled, judged, group indices) as one
     step's Sampled and Judged; groups from index ``signal`` on are the filler."""
     ss, js = [], []
@@ -85,22 +92,42 @@ def _join(parts: list[tuple[Sampled, Judged, list[int]]], signal: int,
         ro = _groups(j.rollout, idx, rows)
         transcripts = None if s.transcripts is None else [s.transcripts[r] for r in rows]
         greedy = None if s.greedy is None else _groups(s.greedy, idx, torch.tensor(idx).long())
-        ss.append(replace(s, batch=s.batch.select(idx), rollout=ro, transcripts=transcripts,
-                          greedy=greedy))
-        js.append(replace(j, rollout=ro, scored=_scored(j.scored, rows.tolist()),
-                          flat=j.flat[idx], greedy_rewards=None if j.greedy_rewards is None
-                          else j.greedy_rewards[idx]))
+        ss.append(
+            replace(
+                s, batch=s.batch.select(idx), rollout=ro, transcripts=transcripts, greedy=greedy
+            )
+        )
+        js.append(
+            replace(
+                j,
+                rollout=ro,
+                scored=_scored(j.scored, rows.tolist()),
+                flat=j.flat[idx],
+                greedy_rewards=None if j.greedy_rewards is None else j.greedy_rewards[idx],
+            )
+        )
     ro = _cat_rollouts([j.rollout for j in js])
     greedy = None if ss[0].greedy is None else _cat_rollouts([s.greedy for s in ss])
-    sampled = Sampled(_cat_batches([s.batch for s in ss]), ro, sum(s.seconds for s in ss),
-                      None if ss[0].transcripts is None else
-                      [t for s in ss for t in s.transcripts], greedy,
-                      sum(s.greedy_seconds for s in ss))
+    sampled = Sampled(
+        _cat_batches([s.batch for s in ss]),
+        ro,
+        sum(s.seconds for s in ss),
+        None if ss[0].transcripts is None else [t for s in ss for t in s.transcripts],
+        greedy,
+        sum(s.greedy_seconds for s in ss),
+    )
     P = ro.prompt_ids.shape[0]
-    judged = Judged(ro, _cat_scored([j.scored for j in js]), torch.cat([j.flat for j in js]),
-                    None if js[0].greedy_rewards is None else
-                    torch.cat([j.greedy_rewards for j in js]), 0, sum(j.seconds for j in js),
-                    sum(j.greedy_seconds for j in js), torch.arange(P) >= signal, counts)
+    judged = Judged(
+        ro,
+        _cat_scored([j.scored for j in js]),
+        torch.cat([j.flat for j in js]),
+        None if js[0].greedy_rewards is None else torch.cat([j.greedy_rewards for j in js]),
+        0,
+        sum(j.seconds for j in js),
+        sum(j.greedy_seconds for j in js),
+        torch.arange(P) >= signal,
+        counts,
+    )
     return sampled, judged
 
 
@@ -108,11 +135,13 @@ def _groups(ro: Rollout, idx: list[int], rows: torch.Tensor) -> Rollout:
     """The completions ``rows`` of groups ``idx``, renumbered 0..len(idx)-1 in that order."""
     where = {g: k for k, g in enumerate(idx)}
     sub = ro.rows(rows.to(ro.group.device))
-    group = torch.tensor([where[g] for g in sub.group.tolist()], dtype=torch.long,
-                         device=ro.group.device)
+    group = torch.tensor(
+        [where[g] for g in sub.group.tolist()], dtype=torch.long, device=ro.group.device
+    )
     keep = torch.tensor(idx, dtype=torch.long, device=ro.prompt_ids.device)
-    return replace(sub, prompt_ids=ro.prompt_ids[keep], prompt_mask=ro.prompt_mask[keep],
-                   group=group)
+    return replace(
+        sub, prompt_ids=ro.prompt_ids[keep], prompt_mask=ro.prompt_mask[keep], group=group
+    )
 
 
 def _left(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -124,33 +153,47 @@ def _cat_rollouts(parts: list[Rollout]) -> Rollout:
     the right, group indices shifted by the prompts before them."""
     width = max(r.prompt_ids.shape[1] for r in parts)
     offsets = torch.tensor([0] + [r.prompt_ids.shape[0] for r in parts]).cumsum(0).tolist()
-    return Rollout(torch.cat([_left(r.prompt_ids, width) for r in parts]),
-                   torch.cat([_left(r.prompt_mask, width) for r in parts]),
-                   pad_right([r.completion_ids for r in parts], 0),
-                   pad_right([r.completion_mask for r in parts], 0),
-                   pad_right([r.logprobs for r in parts], 0.0),
-                   torch.cat([r.truncated for r in parts]),
-                   torch.cat([r.group + o for r, o in zip(parts, offsets)]),
-                   pad_right([r.action_mask for r in parts], 0))
+    return Rollout(
+        torch.cat([_left(r.prompt_ids, width) for r in parts]),
+        torch.cat([_left(r.prompt_mask, width) for r in parts]),
+        pad_right([r.completion_ids for r in parts], 0),
+        pad_right([r.completion_mask for r in parts], 0),
+        pad_right([r.logprobs for r in parts], 0.0),
+        torch.cat([r.truncated for r in parts]),
+        torch.cat([r.group + o for r, o in zip(parts, offsets)]),
+        pad_right([r.action_mask for r in parts], 0),
+    )
 
 
 def _cat_batches(parts: list[Batch]) -> Batch:
-    return Batch([x for b in parts for x in b.raw], [x for b in parts for x in b.prompts],
-                 [x for b in parts for x in b.prompt_ids],
-                 {k: [x for b in parts for x in b.columns[k]] for k in parts[0].columns})
+    return Batch(
+        [x for b in parts for x in b.raw],
+        [x for b in parts for x in b.prompts],
+        [x for b in parts for x in b.prompt_ids],
+        {k: [x for b in parts for x in b.columns[k]] for k in parts[0].columns},
+    )
 
 
 def _scored(scored: Scored, rows: list[int]) -> Scored:
     pick = lambda named: {k: [v[r] for r in rows] for k, v in named.items()}  # noqa: E731
-    return Scored(scored.rewards[rows], pick(scored.dimensions), pick(scored.extras),
-                  scored.problem)
+    return Scored(
+        scored.rewards[rows], pick(scored.dimensions), pick(scored.extras), scored.problem
+    )
 
 
 def _cat_scored(parts: list[Scored]) -> Scored:
-    keys = lambda name: {k for p in parts for k in getattr(p, name)}  # noqa: E731
-    cat = lambda name, k, fill: [x for p in parts  # noqa: E731
-                                 for x in getattr(p, name).get(k, [fill] * len(p.rewards))]
-    return Scored(torch.cat([p.rewards for p in parts]),
-                  {k: cat("dimensions", k, float("nan")) for k in keys("dimensions")},
-                  {k: cat("extras", k, None) for k in keys("extras")},
-                  next((p.problem for p in parts if p.problem), None))
+    """The rounds' scores one after another; a dimension or extra a round lacks is filled."""
+
+    def joined(per_part: list[dict], fill: object) -> dict:
+        keys = {k for d in per_part for k in d}
+        return {
+            k: [x for d, p in zip(per_part, parts) for x in d.get(k, [fill] * len(p.rewards))]
+            for k in keys
+        }
+
+    return Scored(
+        torch.cat([p.rewards for p in parts]),
+        joined([p.dimensions for p in parts], float("nan")),
+        joined([p.extras for p in parts], None),
+        next((p.problem for p in parts if p.problem), None),
+    )

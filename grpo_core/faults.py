@@ -69,16 +69,24 @@ def describe(exc: BaseException, calling: tuple[str, str] | None = None) -> Faul
     first = index
     while first > 0 and frames[first - 1].filename == frames[index].filename:
         first -= 1
-    trace = "Traceback (the plugin's frames):\n" + "".join(
-        traceback.format_list(frames[first:])) + "".join(
-        traceback.format_exception_only(type(exc), exc))
+    trace = (
+        "Traceback (the plugin's frames):\n"
+        + "".join(traceback.format_list(frames[first:]))
+        + "".join(traceback.format_exception_only(type(exc), exc))
+    )
     frame = frames[index]
-    return Fault(**base, plugin=f"{info.kind} {info.name!r}", distribution=info.distribution,
-                 location=f"{frame.filename}:{frame.lineno}", trace=trace)
+    return Fault(
+        **base,
+        plugin=f"{info.kind} {info.name!r}",
+        distribution=info.distribution,
+        location=f"{frame.filename}:{frame.lineno}",
+        trace=trace,
+    )
 
 
-def _innermost_plugin(frames: list, calling: tuple[str, str] | None
-                      ) -> tuple[int, PluginInfo] | None:
+def _innermost_plugin(
+    frames: list, calling: tuple[str, str] | None
+) -> tuple[int, PluginInfo] | None:
     """The innermost frame in a plugin's own code, and that plugin."""
     owners = _owners()
     for i in range(len(frames) - 1, -1, -1):

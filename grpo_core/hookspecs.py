@@ -106,8 +106,9 @@ class Reward(Component):
         that the data has them, before a model loads)."""
         return ()
 
-    def __call__(self, prompts: list, completions: list[str], **columns: list) \
-            -> list[float] | Scores:
+    def __call__(
+        self, prompts: list, completions: list[str], **columns: list
+    ) -> list[float] | Scores:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -128,23 +129,31 @@ class Baseline(Component):
     #: declare ``token_advantages``). Runs in one process without LoRA only.
     needs_values: bool = False
 
-    def advantages(self, rewards: torch.Tensor,
-                   greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
+    def advantages(
+        self, rewards: torch.Tensor, greedy_rewards: torch.Tensor | None = None
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def attach(self, policy: Any) -> None:
         """``needs_values``: build the critic from the policy (before any checkpoint loads)."""
         raise NotImplementedError
 
-    def token_targets(self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor) \
-            -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def token_targets(
+        self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``needs_values``: rewards ``[B]`` (task reward, minus KL if so placed; missing ones
         0) -> (advantages, returns, values), each ``[B, T]``, 0 off ``mask`` ``[B, T]`` (the
         model's tokens of the completions in the loss)."""
         raise NotImplementedError
 
-    def fit(self, rollout: Rollout, returns: torch.Tensor, values: torch.Tensor,
-            mask: torch.Tensor, batches: list[torch.Tensor]) -> dict[str, float]:
+    def fit(
+        self,
+        rollout: Rollout,
+        returns: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        batches: list[torch.Tensor],
+    ) -> dict[str, float]:
         """``needs_values``: one update of the critic towards ``returns`` on the tokens in
         ``mask`` over the micro-batches ``batches`` (row indices); returns named numbers for
         the metrics (``critic/...``)."""
@@ -190,8 +199,14 @@ class Generator(Component):
     def setup(self, model: Any, tokenizer: Any, device: torch.device) -> None:
         raise NotImplementedError
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 seed: int = 0, row_offset: int = 0) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> Rollout:
         """``n`` completions of each prompt; completion ``row_offset + p * n + j`` draws the
         noise of that row id, so a batch split across calls or ranks samples the same."""
         raise NotImplementedError
@@ -202,8 +217,14 @@ class Generator(Component):
     #: can sample environment episodes turn by turn (:meth:`start_episodes`)
     supports_episodes: bool = False
 
-    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+    def start_episodes(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> TurnSampler:
         """``n`` trajectories of each prompt, to be sampled turn by turn: trajectory ``r`` is
         row ``row_offset + r`` (prompt ``r // n``) for the sampling noise, as in ``generate``;
         ``sampling.max_new_tokens`` does not apply (each turn has its own budget)."""
@@ -225,8 +246,9 @@ class TurnSampler:
     """A generator's handle on a batch of trajectories sampled turn by turn (environment
     episodes); made by :meth:`Generator.start_episodes`, closed after the last turn."""
 
-    def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],
-             stop: tuple[str, ...]) -> list[Turn]:
+    def turn(
+        self, rows: list[int], context: list[list[int]], budgets: list[int], stop: tuple[str, ...]
+    ) -> list[Turn]:
         """Append ``context[i]`` (the environment's tokens; empty before the first turn) to
         trajectory ``rows[i]``, then sample one model turn for every row together: at most
         ``budgets[i]`` tokens, ending at an EOS token or once the turn's text contains one of
@@ -259,8 +281,13 @@ class Objective(Component):
     #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (a baseline with a critic)
     token_advantages: bool = False
 
-    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor) -> PolicyTerm:
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> PolicyTerm:
         raise NotImplementedError
 
 
@@ -341,6 +368,12 @@ class Environment(Component):
 
 
 #: the base class a component of each kind must derive from
-CONTRACTS: dict[str, type] = {"reward": Reward, "baseline": Baseline, "kl": KLController,
-                              "generator": Generator, "objective": Objective,
-                              "environment": Environment, "logger": Logger}
+CONTRACTS: dict[str, type] = {
+    "reward": Reward,
+    "baseline": Baseline,
+    "kl": KLController,
+    "generator": Generator,
+    "objective": Objective,
+    "environment": Environment,
+    "logger": Logger,
+}

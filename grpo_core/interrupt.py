@@ -55,5 +55,8 @@ class StopRequests:
             return
         self.signum = signum
         # straight to the file descriptor: the handler may have interrupted a write to stderr
-        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step, with a "
-                    f"checkpoint\n".encode())
+        os.write(
+            2,
+            f"\n{signal.Signals(signum).name}: stopping after this step, with a "
+            f"checkpoint\n".encode(),
+        )

@@ -63,8 +63,13 @@ class Sampled:
 def sample(run: Run, step: int) -> Sampled:
     P, G = run.prompts, first_group_size(run.cfg)
     every = run.stream.take(run.config.train.prompts_per_step)
-    return generate(run, step, every[run.rank * P:(run.rank + 1) * P],
-                    step_seed(run.config.train.seed, step), run.rank * P * G)
+    return generate(
+        run,
+        step,
+        every[run.rank * P : (run.rank + 1) * P],
+        step_seed(run.config.train.seed, step),
+        run.rank * P * G,
+    )
 
 
 def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> Sampled | None:
@@ -77,17 +82,26 @@ def generate(run: Run, step: int, rows: list[dict], seed: int, offset: int) -> S
         if batch is None:
             return None
         if run.episodes is None:
-            ro, transcripts = run.generator.generate(batch.prompt_ids, G, run.sampling,
-                                                     seed=seed, row_offset=offset), None
+            ro, transcripts = (
+                run.generator.generate(
+                    batch.prompt_ids, G, run.sampling, seed=seed, row_offset=offset
+                ),
+                None,
+            )
         else:
             ro, transcripts = run.episodes.sample(batch, rows, G, run.sampling, seed, offset)
             if run.episodes.problem:
-                _warn(run, step, f"{run.episodes.problem}; applied environment.failure: "
-                                 f"{run.config.environment.failure}")
+                _warn(
+                    run,
+                    step,
+                    f"{run.episodes.problem}; applied environment.failure: "
+                    f"{run.config.environment.failure}",
+                )
         greedy, t1 = None, time.time()
         if run.baseline.needs_greedy:  # on the same gathered weights (sharded: one gathering)
-            greedy = run.generator.generate(batch.prompt_ids, 1,
-                                            replace(run.sampling, greedy=True)).to(run.device)
+            greedy = run.generator.generate(
+                batch.prompt_ids, 1, replace(run.sampling, greedy=True)
+            ).to(run.device)
     return Sampled(batch, ro.to(run.device), t1 - t0, transcripts, greedy, time.time() - t1)
 
 
@@ -111,15 +125,16 @@ def score(run: Run, step: int, sampled: Sampled) -> Judged:
     t0 = time.time()
 
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
-        scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro,
-                               transcripts)
-        return with_overlong(scored, ro, run.config.reward.overlong,
-                             completion_budget(run.cfg)[1])
+        scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro, transcripts)
+        return with_overlong(scored, ro, run.config.reward.overlong, completion_budget(run.cfg)[1])
 
-    ro, scored, extra = sampled.rollout, judge(sampled.batch, sampled.rollout, sampled.transcripts), 0
+    ro, scored, extra = (
+        sampled.rollout,
+        judge(sampled.batch, sampled.rollout, sampled.transcripts),
+        0,
+    )
     if scored.problem:
-        _warn(run, step, f"{scored.problem}; applied reward.failure: "
-                         f"{run.config.reward.failure}")
+        _warn(run, step, f"{scored.problem}; applied reward.failure: {run.config.reward.failure}")
     flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     n = run.config.groups.resample_zero_std_max
     # dynamic sampling: more completions for groups with no signal; the weights are gathered
@@ -128,20 +143,37 @@ def score(run: Run, step: int, sampled: Sampled) -> Judged:
         with run.autocast, run.engine.gathered():
             if flat.any():
                 ro, scored, extra = resample(
-                    run.generator, judge, sampled.batch, ro, scored, flat, n, run.sampling,
-                    step_seed(run.config.train.seed, step), run.rank * 1_000_000)
+                    run.generator,
+                    judge,
+                    sampled.batch,
+                    ro,
+                    scored,
+                    flat,
+                    n,
+                    run.sampling,
+                    step_seed(run.config.train.seed, step),
+                    run.rank * 1_000_000,
+                )
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     if run.config.groups.adaptive_first:
         ro, scored, extra = _allocate(run, step, sampled.batch, ro, scored, judge)
         flat = group_std_zero(to_grid(scored.rewards, ro.group.cpu(), run.prompts)[0])
     t1 = time.time()
     greedy = None if sampled.greedy is None else judge(sampled.batch, sampled.greedy).rewards
-    return Judged(ro, scored, flat, greedy, extra, t1 - t0,
-                  sampled.greedy_seconds + time.time() - t1 if greedy is not None else 0.0)
+    return Judged(
+        ro,
+        scored,
+        flat,
+        greedy,
+        extra,
+        t1 - t0,
+        sampled.greedy_seconds + time.time() - t1 if greedy is not None else 0.0,
+    )
 
 
-def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
-              judge) -> tuple[Rollout, Scored, int]:
+def _allocate(
+    run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored, judge
+) -> tuple[Rollout, Scored, int]:
     """Std-driven group sizes: the rest of the step's P x G completions (over all ranks)
     shared by the first samples' reward std (grpo_core.loss.groups.allocate), drawn and merged
     into this rank's groups. Every rank enters the gathering, with work or not."""
@@ -149,13 +181,22 @@ def _allocate(run: Run, step: int, batch: Batch, ro: Rollout, scored: Scored,
     everyone, first = dist.gather_grid(grid)
     G, G0 = run.config.sampling.group_size, first_group_size(run.cfg)
     n = allocate(group_std(everyone), everyone.shape[0] * (G - G0))
-    n = n[first:first + len(batch.prompts)]
+    n = n[first : first + len(batch.prompts)]
     extra, seed = 0, step_seed(run.config.train.seed, step)
     with run.autocast, run.engine.gathered():
         for k, size in enumerate(sorted(set(n.tolist()) - {0})):
-            ro, scored, added = resample(run.generator, judge, batch, ro, scored, n == size,
-                                         size, run.sampling, seed ^ (k + 1),
-                                         (run.rank * 64 + k) * 1_000_000)
+            ro, scored, added = resample(
+                run.generator,
+                judge,
+                batch,
+                ro,
+                scored,
+                n == size,
+                size,
+                run.sampling,
+                seed ^ (k + 1),
+                (run.rank * 64 + k) * 1_000_000,
+            )
             extra += added
     return ro, scored, extra
 
@@ -184,8 +225,11 @@ def advantages(run: Run, judged: Judged) -> Advantages:
     t0, ro, config = time.time(), judged.rollout, run.config
     temp, chunk = config.sampling.temperature, _chunk(run)  # the reference computes as
     mask = ro.action_mask.float()  # the policy does: equal weights give equal log-probs
-    ref_logp = None if run.reference is None else reference_logprobs(
-        run.reference, ro, temp, chunk, run.autocast)
+    ref_logp = (
+        None
+        if run.reference is None
+        else reference_logprobs(run.reference, ro, temp, chunk, run.autocast)
+    )
     old_logp, is_weights = ro.logprobs, None
     if run.generator.recompute_old_logprobs:  # the sampler's numerics differ from ours
         with torch.no_grad(), run.autocast:
@@ -206,16 +250,27 @@ def advantages(run: Run, judged: Judged) -> Advantages:
     if run.baseline.needs_values:  # PPO: per-token advantages from the critic's values
         with run.autocast:
             adv, *critic = run.baseline.token_targets(
-                ro, torch.nan_to_num(rewards, nan=0.0), mask * keep.to(mask.device)[:, None])
+                ro, torch.nan_to_num(rewards, nan=0.0), mask * keep.to(mask.device)[:, None]
+            )
     else:
         grid, slot = to_grid(rewards, group, run.prompts)
         everyone, first = dist.gather_grid(grid)  # the baseline sees the whole batch
-        greedy = None if judged.greedy_rewards is None else \
-            dist.gather_grid(judged.greedy_rewards.cpu()[:, None].double())[0][:, 0]
-        adv = run.baseline.advantages(everyone, greedy)[first:first + run.prompts][group, slot]
-    return Advantages(old_logp, ref_logp, is_weights, rewards,
-                      torch.nan_to_num(adv, nan=0.0).to(run.device), keep.to(run.device),
-                      time.time() - t0, *(critic or ()))
+        greedy = (
+            None
+            if judged.greedy_rewards is None
+            else dist.gather_grid(judged.greedy_rewards.cpu()[:, None].double())[0][:, 0]
+        )
+        adv = run.baseline.advantages(everyone, greedy)[first : first + run.prompts][group, slot]
+    return Advantages(
+        old_logp,
+        ref_logp,
+        is_weights,
+        rewards,
+        torch.nan_to_num(adv, nan=0.0).to(run.device),
+        keep.to(run.device),
+        time.time() - t0,
+        *(critic or ()),
+    )
 
 
 @dataclass
@@ -233,9 +288,11 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
     t0, ro, config = time.time(), judged.rollout, run.config
     objective = config.objective
     loss_mask = ro.action_mask.float() * targets.keep[:, None]  # no loss on environment tokens
-    norm = Normaliser(float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
-                      float(dist.all_sum(targets.keep.sum().double()).clamp(min=1)),
-                      float(completion_budget(run.cfg)[1]))
+    norm = Normaliser(
+        float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
+        float(dist.all_sum(targets.keep.sum().double()).clamp(min=1)),
+        float(completion_budget(run.cfg)[1]),
+    )
     kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
     aggregation = objective.aggregation or run.objective.aggregation
     iterations: list[dict[str, float]] = []
@@ -248,15 +305,23 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
         for i, mb in enumerate(batches):
             sub = ro.rows(mb)
             with run.autocast:
-                logp, ent = completion_logprobs(run.policy, sub, config.sampling.temperature,
-                                                _chunk(run), entropy=True)
+                logp, ent = completion_logprobs(
+                    run.policy, sub, config.sampling.temperature, _chunk(run), entropy=True
+                )
             term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
             loss, terms = objective_loss(
-                term, loss_mask[mb], aggregation, norm, logp=logp,
-                ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb], kl_coef=kl_coef,
-                kl_estimator=config.kl.estimator, entropy=ent,
+                term,
+                loss_mask[mb],
+                aggregation,
+                norm,
+                logp=logp,
+                ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb],
+                kl_coef=kl_coef,
+                kl_estimator=config.kl.estimator,
+                entropy=ent,
                 entropy_coef=objective.entropy_coef,
-                is_weights=None if targets.is_weights is None else targets.is_weights[mb])
+                is_weights=None if targets.is_weights is None else targets.is_weights[mb],
+            )
             run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
             for k, v in terms.items():
@@ -270,39 +335,74 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
             _warn(run, step, "non-finite loss or gradient; update skipped")
         if targets.returns is not None:  # PPO: the critic's update, its own optimizer
             with run.autocast:
-                stats.update(run.baseline.fit(ro, targets.returns, targets.values, loss_mask, batches))
+                stats.update(
+                    run.baseline.fit(ro, targets.returns, targets.values, loss_mask, batches)
+                )
     run.generator.sync_weights(run.policy)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
     if run.nonfinite_run >= config.train.max_nonfinite_steps:
-        raise TrainingError(f"non-finite loss or gradient in {run.nonfinite_run} steps in a row "
-                            f"(step {step}); lower optimizer.lr or check the reward")
-    summed = dist.sum_named({f"{n}|{k}": v for n, it in enumerate(iterations)
-                             for k, v in it.items()}, run.device)
+        raise TrainingError(
+            f"non-finite loss or gradient in {run.nonfinite_run} steps in a row "
+            f"(step {step}); lower optimizer.lr or check the reward"
+        )
+    summed = dist.sum_named(
+        {f"{n}|{k}": v for n, it in enumerate(iterations) for k, v in it.items()}, run.device
+    )
     iterations = [{k: summed[f"{n}|{k}"] for k in it} for n, it in enumerate(iterations)]
     # the controller reads the KL of the policy that sampled: the first iteration's
     first = iterations[0]
-    run.kl.update(first.get("kl", 0.0) / max(first["tokens"], 1.0),
-                  config.train.prompts_per_step * config.sampling.group_size)
+    run.kl.update(
+        first.get("kl", 0.0) / max(first["tokens"], 1.0),
+        config.train.prompts_per_step * config.sampling.group_size,
+    )
     return Updated(iterations, grad_norm, skipped, time.time() - t0)
 
 
-def observe(run: Run, step: int, sampled: Sampled, judged: Judged, targets: Advantages, updated: Updated,
-            started: float) -> dict:
+def observe(
+    run: Run,
+    step: int,
+    sampled: Sampled,
+    judged: Judged,
+    targets: Advantages,
+    updated: Updated,
+    started: float,
+) -> dict:
     """Phase 5: the step's metrics record (written by rank 0), validation when due, health
     warnings, samples."""
     config, ro = run.config, judged.rollout
-    record = {"step": step, **rollout_metrics(
-        judged.scored.rewards, to_grid(judged.scored.rewards, ro.group.cpu(), run.prompts)[0], judged.flat, ro,
-        judged.scored.dimensions, judged.extra_completions,
-        config.health.solved_reward if config.health.solved_reward is not None
-        else run.reward.max_value, run.device)}
-    record.update({
-        **update_metrics(updated.iterations), "kl_coef": run.kl.value,
-        "grad_norm": updated.grad_norm, "skipped_updates": updated.skipped,
-        "lr": run.scheduler.get_last_lr()[0], "time/generate": sampled.seconds,
-        "time/reward": judged.seconds, "time/greedy": judged.greedy_seconds, "time/reference": targets.seconds,
-        "time/train": updated.seconds, "time/step": time.time() - started,
-        "data/long_prompts": run.stream.long_prompts, **(judged.groups or {}), **_memory(run)})
+    record = {
+        "step": step,
+        **rollout_metrics(
+            judged.scored.rewards,
+            to_grid(judged.scored.rewards, ro.group.cpu(), run.prompts)[0],
+            judged.flat,
+            ro,
+            judged.scored.dimensions,
+            judged.extra_completions,
+            config.health.solved_reward
+            if config.health.solved_reward is not None
+            else run.reward.max_value,
+            run.device,
+        ),
+    }
+    record.update(
+        {
+            **update_metrics(updated.iterations),
+            "kl_coef": run.kl.value,
+            "grad_norm": updated.grad_norm,
+            "skipped_updates": updated.skipped,
+            "lr": run.scheduler.get_last_lr()[0],
+            "time/generate": sampled.seconds,
+            "time/reward": judged.seconds,
+            "time/greedy": judged.greedy_seconds,
+            "time/reference": targets.seconds,
+            "time/train": updated.seconds,
+            "time/step": time.time() - started,
+            "data/long_prompts": run.stream.long_prompts,
+            **(judged.groups or {}),
+            **_memory(run),
+        }
+    )
     if sampled.transcripts is not None:
         record.update(episode_metrics(sampled.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
@@ -318,9 +418,20 @@ def observe(run: Run, step: int, sampled: Sampled, judged: Judged, targets: Adva
     if run.main:
         run.metrics.write(record)
         if config.output.samples_every and step % config.output.samples_every == 0:
-            run.metrics.log_samples(write_samples(
-                run.dir, step, sampled.batch, ro, judged.scored.dimensions, judged.scored.extras, targets.rewards,
-                _per_completion(targets.advantages, ro), run.tokenizer), step)
+            run.metrics.log_samples(
+                write_samples(
+                    run.dir,
+                    step,
+                    sampled.batch,
+                    ro,
+                    judged.scored.dimensions,
+                    judged.scored.extras,
+                    targets.rewards,
+                    _per_completion(targets.advantages, ro),
+                    run.tokenizer,
+                ),
+                step,
+            )
     return record
 
 
@@ -348,15 +459,28 @@ def _validate(run: Run, step: int, record: dict) -> None:
     with run.engine.gathered():
         if run.main:
             with torch.no_grad(), run.autocast:
-                report, _ = evaluate(run.policy, run.tokenizer, run.generator, run.eval_rows,
-                                     run.cfg["data"], run.reward, n=ec.n,
-                                     temperature=ec.temperature,
-                                     max_new_tokens=run.config.sampling.max_new_tokens,
-                                     pass_threshold=ec.pass_threshold,
-                                     correct_dimension=ec.correct_dimension,
-                                     episodes=run.episodes, settings=run.sampling)
-            record.update({f"eval/{k}": v for k, v in report.items()
-                           if isinstance(v, float) and k != "temperature"})
+                report, _ = evaluate(
+                    run.policy,
+                    run.tokenizer,
+                    run.generator,
+                    run.eval_rows,
+                    run.cfg["data"],
+                    run.reward,
+                    n=ec.n,
+                    temperature=ec.temperature,
+                    max_new_tokens=run.config.sampling.max_new_tokens,
+                    pass_threshold=ec.pass_threshold,
+                    correct_dimension=ec.correct_dimension,
+                    episodes=run.episodes,
+                    settings=run.sampling,
+                )
+            record.update(
+                {
+                    f"eval/{k}": v
+                    for k, v in report.items()
+                    if isinstance(v, float) and k != "temperature"
+                }
+            )
             value = record.get(f"eval/{ec.keep_best}") if ec.keep_best else None
             if value is not None and (run.best is None or value > run.best):
                 run.best, better = value, 1.0

@@ -85,8 +85,14 @@ class Registry:
                 ) from exc
             self.add(module, dist, version, plugin_name=f"{dist}:{ep.name}", installed=True)
 
-    def add(self, module: Any, dist: str, version: str = "", plugin_name: str | None = None,
-            installed: bool = False):
+    def add(
+        self,
+        module: Any,
+        dist: str,
+        version: str = "",
+        plugin_name: str | None = None,
+        installed: bool = False,
+    ):
         """Register one plugin module (entry points call this; so may tests and notebooks)."""
         _check_api(module, dist)
         plugin_name = plugin_name or f"{dist}:{getattr(module, '__name__', id(module))}"
@@ -100,8 +106,12 @@ class Registry:
                     impl.function(register=self._registrar(kind, dist, version, installed))
 
     def _registrar(self, kind: str, dist: str, version: str, installed: bool):
-        def register(name: str, factory: Callable[..., Any], schema: dict | None = None,
-                     description: str = "") -> None:
+        def register(
+            name: str,
+            factory: Callable[..., Any],
+            schema: dict | None = None,
+            description: str = "",
+        ) -> None:
             key = (kind, name)
             if key in self.plugins:
                 other = self.plugins[key].distribution
@@ -109,15 +119,24 @@ class Registry:
                     f"{kind} plugin {name!r} is registered twice: by distribution {other!r} "
                     f"and by distribution {dist!r}; uninstall one or exclude it with {ALLOW_ENV}"
                 )
-            self.plugins[key] = PluginInfo(kind, name, factory, schema or {"type": "object"},
-                                           description, dist, version, installed)
+            self.plugins[key] = PluginInfo(
+                kind,
+                name,
+                factory,
+                schema or {"type": "object"},
+                description,
+                dist,
+                version,
+                installed,
+            )
 
         return register
 
     def get(self, kind: str, name: str) -> PluginInfo:
         if kind not in hookspecs.KINDS:
-            raise PluginError(f"unknown plugin kind {kind!r}; expected one of "
-                              f"{list(hookspecs.KINDS)}")
+            raise PluginError(
+                f"unknown plugin kind {kind!r}; expected one of {list(hookspecs.KINDS)}"
+            )
         info = self.find(kind, name)
         if info is None:
             raise PluginError(unknown_name_message(kind, name, self.names(kind)))

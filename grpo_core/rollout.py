@@ -31,31 +31,53 @@ class SamplingParams:
         """From a config's ``sampling`` section whose model defaults are resolved
         (grpo_core.store.models.resolve_sampling); ``override`` replaces fields."""
         kw = {k: sc[k] for k in MODEL_DEFAULTED}
-        kw.update(max_new_tokens=sc["max_new_tokens"], stop=tuple(sc["stop"]),
-                  batch_size=sc["generation_batch_size"])
+        kw.update(
+            max_new_tokens=sc["max_new_tokens"],
+            stop=tuple(sc["stop"]),
+            batch_size=sc["generation_batch_size"],
+        )
         return cls(**{**kw, **override})
 
 
 def _from_model(name: str, kind: str, what: str, **limits) -> tuple[str, dict]:
     """The config schema of a sampling setting that null leaves to the model."""
     neutral = next(f.default for f in fields(SamplingParams) if f.name == name)
-    return name, {"type": [kind, "null"], "default": None, **limits, "description":
-                  f"{what} (null: the model's generation_config value, else {neutral})"}
+    return name, {
+        "type": [kind, "null"],
+        "default": None,
+        **limits,
+        "description": f"{what} (null: the model's generation_config value, else {neutral})",
+    }
 
 
 #: config ``sampling`` entries a model's generation_config may supply (see
 #: grpo_core.store.models.resolve_sampling); the neutral values are SamplingParams' defaults
-MODEL_SETTINGS = dict([
-    _from_model("temperature", "number", "sampling temperature, log-probs use the same",
-                exclusiveMinimum=0),
-    _from_model("top_p", "number", "nucleus sampling mass", exclusiveMinimum=0, maximum=1),
-    _from_model("top_k", "integer", "sample among the k likeliest tokens, 0: all", minimum=0),
-    _from_model("min_p", "number", "keep tokens at least min_p times as likely as the "
-                "likeliest", minimum=0, maximum=1),
-    _from_model("repetition_penalty", "number", "tokens already in the prompt or completion "
-                "get positive logits divided by it, negative ones multiplied",
-                exclusiveMinimum=0),
-])
+MODEL_SETTINGS = dict(
+    [
+        _from_model(
+            "temperature",
+            "number",
+            "sampling temperature, log-probs use the same",
+            exclusiveMinimum=0,
+        ),
+        _from_model("top_p", "number", "nucleus sampling mass", exclusiveMinimum=0, maximum=1),
+        _from_model("top_k", "integer", "sample among the k likeliest tokens, 0: all", minimum=0),
+        _from_model(
+            "min_p",
+            "number",
+            "keep tokens at least min_p times as likely as the likeliest",
+            minimum=0,
+            maximum=1,
+        ),
+        _from_model(
+            "repetition_penalty",
+            "number",
+            "tokens already in the prompt or completion "
+            "get positive logits divided by it, negative ones multiplied",
+            exclusiveMinimum=0,
+        ),
+    ]
+)
 MODEL_DEFAULTED = tuple(MODEL_SETTINGS)
 NEUTRAL = {f.name: f.default for f in fields(SamplingParams) if f.name in MODEL_SETTINGS}
 
@@ -98,9 +120,16 @@ class Rollout:
 
     def rows(self, index: torch.Tensor) -> Rollout:
         """The completions at ``index`` (prompts kept whole; ``group`` still indexes them)."""
-        return Rollout(self.prompt_ids, self.prompt_mask, self.completion_ids[index],
-                       self.completion_mask[index], self.logprobs[index], self.truncated[index],
-                       self.group[index], self.action_mask[index])
+        return Rollout(
+            self.prompt_ids,
+            self.prompt_mask,
+            self.completion_ids[index],
+            self.completion_mask[index],
+            self.logprobs[index],
+            self.truncated[index],
+            self.group[index],
+            self.action_mask[index],
+        )
 
     def to(self, device) -> Rollout:
         return Rollout(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -113,23 +142,28 @@ def pad_left(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
 def pad_right(rows: list[torch.Tensor], value) -> torch.Tensor:
     """Stack [B, T_i] tensors into [sum B, max T], padding on the right."""
     width = max(r.shape[1] for r in rows)
-    return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=value)
-                      for r in rows])
+    return torch.cat(
+        [torch.nn.functional.pad(r, (0, width - r.shape[1]), value=value) for r in rows]
+    )
 
 
 def merge(a: Rollout, b: Rollout) -> Rollout:
     """Append ``b``'s completions to ``a``'s; both must index the same prompts."""
-    return Rollout(a.prompt_ids, a.prompt_mask,
-                   pad_right([a.completion_ids, b.completion_ids], 0),
-                   pad_right([a.completion_mask, b.completion_mask], 0),
-                   pad_right([a.logprobs, b.logprobs], 0.0),
-                   torch.cat([a.truncated, b.truncated]), torch.cat([a.group, b.group]),
-                   pad_right([a.action_mask, b.action_mask], 0))
+    return Rollout(
+        a.prompt_ids,
+        a.prompt_mask,
+        pad_right([a.completion_ids, b.completion_ids], 0),
+        pad_right([a.completion_mask, b.completion_mask], 0),
+        pad_right([a.logprobs, b.logprobs], 0.0),
+        torch.cat([a.truncated, b.truncated]),
+        torch.cat([a.group, b.group]),
+        pad_right([a.action_mask, b.action_mask], 0),
+    )

@@ -120,8 +120,13 @@ def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list
     """A data set's rows, checked; the training set's source (same path) keeps its
     configuration name and data_files."""
     same = path == data_cfg["path"]
-    rows = read_rows(path, split, data_cfg["name"] if same else None,
-                     data_cfg["data_files"] if same else None, key=key)
+    rows = read_rows(
+        path,
+        split,
+        data_cfg["name"] if same else None,
+        data_cfg["data_files"] if same else None,
+        key=key,
+    )
     check_fields(rows, [data_cfg["prompt_field"], *column_map(data_cfg)], path)
     return rows
 
@@ -131,24 +136,35 @@ def _stream(cfg: dict, tokenizer, limit: int, main: bool) -> PromptStream | Stre
     (data.streaming) read, checked and fitted as they are needed."""
     dc, seed = cfg["data"], cfg["train"]["seed"]
     if dc["streaming"]:
-        ds = open_stream(Source(dc["path"], dc["split"], dc["name"], dc["data_files"]),
-                         seed if dc["shuffle"] else None, dc["shuffle_buffer"])
+        ds = open_stream(
+            Source(dc["path"], dc["split"], dc["name"], dc["data_files"]),
+            seed if dc["shuffle"] else None,
+            dc["shuffle_buffer"],
+        )
 
         def epoch(e: int):
             ds.set_epoch(e)  # a seeded shuffle orders each epoch differently
             return ds
 
-        return StreamedPrompts(epoch, lambda row, i: fit_prompt(row, i, tokenizer, dc, limit),
-                               [dc["prompt_field"], *column_map(dc)], dc["path"])
+        return StreamedPrompts(
+            epoch,
+            lambda row, i: fit_prompt(row, i, tokenizer, dc, limit),
+            [dc["prompt_field"], *column_map(dc)],
+            dc["path"],
+        )
     rows, long = fit_prompts(_rows(dc["path"], dc["split"], dc), tokenizer, dc, limit)
     if long and main:
-        print(f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
-              f"data.long_prompts: {dc['long_prompts']}", file=sys.stderr)
+        print(
+            f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
+            f"data.long_prompts: {dc['long_prompts']}",
+            file=sys.stderr,
+        )
     return PromptStream(rows, seed, dc["shuffle"], long)
 
 
-def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
-          overwrite: bool = False) -> Run:
+def start(
+    cfg: dict, resume: str | bool | None = None, force: bool = False, overwrite: bool = False
+) -> Run:
     """Set up a run: devices and processes, the run directory (claimed: see rundir), models,
     plugins, data, the optimizer, and a checkpoint's state when resuming (True: the newest
     intact one; or a directory). ``overwrite`` empties an earlier run's directory first."""
@@ -173,22 +189,40 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
     eval_rows = _eval_rows(cfg)
     optimizer = _optimizer(params, cfg["optimizer"], how)
-    scheduler = schedules.build(optimizer, cfg["optimizer"],
-                                config.train.steps * config.train.inner_iterations)
+    scheduler = schedules.build(
+        optimizer, cfg["optimizer"], config.train.steps * config.train.inner_iterations
+    )
     run = Run(
-        cfg=cfg, config=config, run_id=run_id,
-        save_dtype=saved_dtype(cfg["model"], config.output.save_dtype), rank=rank, world=world,
-        device=device, tokenizer=tokenizer, policy=policy, reference=reference,
-        reward=build_reward(cfg["reward"]), baseline=_plugin("baseline", cfg["baseline"]),
-        kl=kl, generator=generator, objective=_plugin("objective", cfg["objective"]),
-        stream=stream, eval_rows=eval_rows, optimizer=optimizer, scheduler=scheduler,
+        cfg=cfg,
+        config=config,
+        run_id=run_id,
+        save_dtype=saved_dtype(cfg["model"], config.output.save_dtype),
+        rank=rank,
+        world=world,
+        device=device,
+        tokenizer=tokenizer,
+        policy=policy,
+        reference=reference,
+        reward=build_reward(cfg["reward"]),
+        baseline=_plugin("baseline", cfg["baseline"]),
+        kl=kl,
+        generator=generator,
+        objective=_plugin("objective", cfg["objective"]),
+        stream=stream,
+        eval_rows=eval_rows,
+        optimizer=optimizer,
+        scheduler=scheduler,
         engine=_engine(cfg, policy, reference, params, optimizer, scheduler, world, how),
         sampling=SamplingParams.from_config(cfg["sampling"]),
-        autocast=torch.autocast("cuda", dtype=torch.bfloat16,
-                                enabled=device.type == "cuda" and config.model.dtype == "auto"),
+        autocast=torch.autocast(
+            "cuda",
+            dtype=torch.bfloat16,
+            enabled=device.type == "cuda" and config.model.dtype == "auto",
+        ),
         metrics=None,
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
-        memory_limit=memory_limit_mb(device))
+        memory_limit=memory_limit_mb(device),
+    )
     _attach(run, how)
     if resume:
         persist.resume(run, resume, force)
@@ -196,8 +230,12 @@ def start(cfg: dict, resume: str | bool | None = None, force: bool = False,
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(run.dir, run.start_step)
-        run.metrics = MetricsWriter(run.dir, config.train.steps, config.output.progress,
-                                    tracking.Trackers.start(cfg, run_id, run.start_step))
+        run.metrics = MetricsWriter(
+            run.dir,
+            config.train.steps,
+            config.output.progress,
+            tracking.Trackers.start(cfg, run_id, run.start_step),
+        )
     return run
 
 
@@ -210,8 +248,10 @@ def _processes(cfg: dict) -> tuple[torch.device, int, int]:
     device, rank, world = dist.init(pick_device(runtime["device"]))
     torch.manual_seed(train["seed"])
     if train["prompts_per_step"] % world:
-        raise UserError(f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
-                        f"by the {world} processes")
+        raise UserError(
+            f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
+            f"by the {world} processes"
+        )
     problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg)
     if problems:
@@ -223,8 +263,11 @@ def _claim(cfg: dict, rank: int, resume: str | bool | None, overwrite: bool) -> 
     """Claim the run directory (rank 0, see rundir) and write the config as written there
     (``${env:NAME}``, never the value); returns the run's id on every rank."""
     out = cfg["output"]["dir"]
-    run_id = rundir.claim(out, bool(resume), overwrite,
-                          rundir.input_paths(cfg) if overwrite else []) if rank == 0 else ""
+    run_id = (
+        rundir.claim(out, bool(resume), overwrite, rundir.input_paths(cfg) if overwrite else [])
+        if rank == 0
+        else ""
+    )
     dist.barrier()
     run_id = run_id or rundir.run_id(out)
     if rank == 0:
@@ -250,8 +293,9 @@ def _prompt_limit(cfg: dict, policy: Any) -> int:
     budget_key, budget = completion_budget(cfg)
     limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
     if limit < 1:
-        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
-                        f"context")
+        raise UserError(
+            f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
+        )
     return limit
 
 
@@ -260,7 +304,7 @@ def _eval_rows(cfg: dict) -> list[dict] | None:
     ec = cfg["eval"]
     if not (ec["data"] and ec["every_n_steps"]):
         return None
-    return _rows(ec["data"], ec["split"], cfg["data"], "eval.data")[:ec["max_problems"] or None]
+    return _rows(ec["data"], ec["split"], cfg["data"], "eval.data")[: ec["max_problems"] or None]
 
 
 def _attach(run: Run, how: str) -> None:
@@ -276,12 +320,14 @@ def _attach(run: Run, how: str) -> None:
             raise UserError(problem)
         run.baseline.attach(run.policy)
     if cfg["environment"]:
-        run.episodes = EpisodeRunner(_plugin("environment", cfg["environment"]), run.generator,
-                                     run.tokenizer, cfg)
+        run.episodes = EpisodeRunner(
+            _plugin("environment", cfg["environment"]), run.generator, run.tokenizer, cfg
+        )
 
 
-def critic_problem(cfg: dict, world: int, how: str, lora: bool,
-                   objective: Objective | None = None) -> str | None:
+def critic_problem(
+    cfg: dict, world: int, how: str, lora: bool, objective: Objective | None = None
+) -> str | None:
     """Why a baseline with a critic (``needs_values``: PPO) cannot run as configured, in one
     line; None when it can. Its critic is a whole copy of the policy in this process."""
     name = f"baseline.name: {cfg['baseline']['name']}"
@@ -290,8 +336,10 @@ def critic_problem(cfg: dict, world: int, how: str, lora: bool,
     if lora or cfg["model"]["lora"]:
         return f"{name} (a critic) is not supported with model.lora"
     if objective is not None and not objective.token_advantages:
-        return (f"{name} gives per-token advantages; objective {cfg['objective']['name']!r} "
-                f"does not take them")
+        return (
+            f"{name} gives per-token advantages; objective {cfg['objective']['name']!r} "
+            f"does not take them"
+        )
     return None
 
 
@@ -300,25 +348,44 @@ def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
     parameter instead of a dozen ops, the update up to rounding; transformers' Trainer
     defaults to it too) unless ``optimizer.fused`` is false. Sharded runs (ddp, fsdp,
     deepspeed) keep the default kernels."""
-    fused = how == "none" and oc["fused"] and all(
-        torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=oc["lr"], betas=tuple(oc["betas"]),
-                             weight_decay=oc["weight_decay"], fused=True if fused else None)
+    fused = (
+        how == "none"
+        and oc["fused"]
+        and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
+    )
+    return torch.optim.AdamW(
+        params,
+        lr=oc["lr"],
+        betas=tuple(oc["betas"]),
+        weight_decay=oc["weight_decay"],
+        fused=True if fused else None,
+    )
 
 
-def _engine(cfg: dict, policy, reference, params, opt, sched, world: int,
-            how: str) -> TorchUpdate:
+def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: str) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
     tc = cfg["train"]
     if how != "deepspeed":
-        return TorchUpdate(policy, params, opt, sched, cfg["optimizer"]["max_grad_norm"],
-                           how == "fsdp" and cfg["distributed"]["reshard_after_forward"])
+        return TorchUpdate(
+            policy,
+            params,
+            opt,
+            sched,
+            cfg["optimizer"]["max_grad_norm"],
+            how == "fsdp" and cfg["distributed"]["reshard_after_forward"],
+        )
     per = tc["prompts_per_step"] // world
-    return DeepSpeedUpdate(policy, params, opt, sched, deepspeed_config(cfg["deepspeed"]),
-                           -(-per // tc["micro_batch_groups"]),
-                           tc["micro_batch_groups"] * cfg["sampling"]["group_size"],
-                           cfg["optimizer"]["max_grad_norm"],
-                           None if cfg["model"]["reference_device"] == "cpu" else reference)
+    return DeepSpeedUpdate(
+        policy,
+        params,
+        opt,
+        sched,
+        deepspeed_config(cfg["deepspeed"]),
+        -(-per // tc["micro_batch_groups"]),
+        tc["micro_batch_groups"] * cfg["sampling"]["group_size"],
+        cfg["optimizer"]["max_grad_norm"],
+        None if cfg["model"]["reference_device"] == "cpu" else reference,
+    )
 
 
 def _held(run: Run) -> list[float]:
@@ -333,23 +400,35 @@ def finish(run: Run) -> dict:
     if not in_sync and run.main:
         print("\nwarning: ranks ended with different weights", file=sys.stderr)
     first, last = run.first or {}, run.last or {}
-    summary = {"run_dir": run.dir, "steps": run.steps_run,
-               "seconds": time.time() - run.started, "world_size": run.world,
-               "ranks_in_sync": in_sync, "first_reward": first.get("reward"),
-               "final_reward": last.get("reward"), "reference_model": run.reference is not None,
-               "peak_memory_mb": peak_memory_mb(run.device),
-               "per_rank": [dict(zip(("parameters", "optimizer_state", "peak_memory_mb"), r))
-                            for r in dist.gather_numbers(_held(run))],
-               "long_prompts": run.stream.long_prompts,
-               "health": run.health.summary() if run.health else []}
+    summary = {
+        "run_dir": run.dir,
+        "steps": run.steps_run,
+        "seconds": time.time() - run.started,
+        "world_size": run.world,
+        "ranks_in_sync": in_sync,
+        "first_reward": first.get("reward"),
+        "final_reward": last.get("reward"),
+        "reference_model": run.reference is not None,
+        "peak_memory_mb": peak_memory_mb(run.device),
+        "per_rank": [
+            dict(zip(("parameters", "optimizer_state", "peak_memory_mb"), r))
+            for r in dist.gather_numbers(_held(run))
+        ],
+        "long_prompts": run.stream.long_prompts,
+        "health": run.health.summary() if run.health else [],
+    }
     # every rank takes part in gathering a sharded model; rank 0 holds it
     whole = run.engine.full_state_dict() if run.cfg["output"]["save_model"] else None
     if run.main and run.cfg["output"]["save_model"]:
         final = os.path.join(run.dir, "final")
         save_model(run.policy, run.tokenizer, final, run.save_dtype, whole)  # LoRA: adapter
         if is_peft(run.policy) and run.cfg["model"]["lora"]["save_merged"]:
-            save_model(run.policy.merge_and_unload(), run.tokenizer,
-                       os.path.join(final, "merged"), run.save_dtype)
+            save_model(
+                run.policy.merge_and_unload(),
+                run.tokenizer,
+                os.path.join(final, "merged"),
+                run.save_dtype,
+            )
     run.reward.close()
     if run.episodes is not None:
         run.episodes.close()

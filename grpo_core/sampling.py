@@ -29,8 +29,9 @@ def uniform(seed: int, rows: torch.Tensor, step: int | torch.Tensor) -> torch.Te
     """One float64 in (0, 1) per row, determined by (seed, row id, step); 53 random bits.
     ``step`` may be a tensor that broadcasts against ``rows`` ([T, 1]: every step's numbers
     at once, [T, R], the same as T calls: the hash is elementwise)."""
-    key = _hash32(torch.tensor(seed & _M32, device=rows.device)
-                  ^ _hash32(rows.long() * 0x9E3779B1 + step))
+    key = _hash32(
+        torch.tensor(seed & _M32, device=rows.device) ^ _hash32(rows.long() * 0x9E3779B1 + step)
+    )
     hi = _hash32(key * 0x85EBCA77 + 1)
     lo = _hash32(key * 0xC2B2AE3D + 2) >> 11  # 21 bits
     return ((hi * 2097152 + lo).double() + 0.5) / 9007199254740992.0
@@ -46,8 +47,9 @@ def apply_repetition_penalty(z: torch.Tensor, seen: torch.Tensor, penalty: float
     return torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
 
 
-def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
-                  min_p: float = 0.0) -> torch.Tensor:
+def filter_logits(
+    z: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
     """Set logits outside the kept set to -inf. z: [R, V], temperature already applied.
 
     The order is transformers': top-k (the k likeliest), then top-p (the smallest set whose
@@ -70,15 +72,23 @@ def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
     return z
 
 
-def sample(z: torch.Tensor, seed: int, rows: torch.Tensor, step: int | torch.Tensor,
-           top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+def sample(
+    z: torch.Tensor,
+    seed: int,
+    rows: torch.Tensor,
+    step: int | torch.Tensor,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+) -> torch.Tensor:
     """Sample one token per row from temperature-scaled logits z [R, V] -> [R] (a repetition
     penalty, when set, is applied to the logits before the temperature)."""
     return draw(z, uniform(seed, rows, step), top_k, top_p, min_p)
 
 
-def draw(z: torch.Tensor, u: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
-         min_p: float = 0.0) -> torch.Tensor:
+def draw(
+    z: torch.Tensor, u: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
     """:func:`sample` with each row's uniform number ``u`` [R] given (a decode loop draws
     every step's at once: the hash is a few dozen small ops per call)."""
     z = filter_logits(z.float(), top_k, top_p, min_p)

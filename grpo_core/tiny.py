@@ -24,12 +24,19 @@ def build_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0],
-                                   pad_token=SPECIALS[1])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[1]
+    )
 
 
-def build_model(path: str, hidden: int = 64, layers: int = 2, seed: int = 0,
-                max_positions: int = 256, rope_theta: float | None = None) -> str:
+def build_model(
+    path: str,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    max_positions: int = 256,
+    rope_theta: float | None = None,
+) -> str:
     """Write a randomly initialised Qwen2-shaped causal LM and its tokenizer to ``path``
     (``rope_theta``: the rotary base, the model default when None)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -38,13 +45,20 @@ def build_model(path: str, hidden: int = 64, layers: int = 2, seed: int = 0,
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden,
-                      intermediate_size=hidden * 2, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=max_positions, tie_word_embeddings=True,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      bos_token_id=None,
-                      **({"rope_theta": rope_theta} if rope_theta is not None else {}))
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **({"rope_theta": rope_theta} if rope_theta is not None else {}),
+    )
     model = Qwen2ForCausalLM(cfg)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

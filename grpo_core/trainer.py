@@ -20,8 +20,9 @@ from grpo_core.store import persist
 __all__ = ["train", "TrainingError"]
 
 
-def train(cfg: dict, resume: str | bool | None = None, force: bool = False,
-          overwrite: bool = False) -> dict:
+def train(
+    cfg: dict, resume: str | bool | None = None, force: bool = False, overwrite: bool = False
+) -> dict:
     """Run GRPO as configured; returns a summary. ``resume``: True (the newest checkpoint) or
     a checkpoint directory; ``overwrite``: replace an earlier run in ``output.dir``. SIGINT or
     SIGTERM stops it after the current step with a checkpoint (grpo_core.interrupt)."""

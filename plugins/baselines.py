@@ -139,8 +139,9 @@ class Mixed(hookspecs.Baseline):
         adv = torch.where(ok & usable, r - (w * loo + (1 - w) * m), 0.0)
         if ok.any():
             batch = float(r[ok].mean())
-            self.ema = batch if self.ema is None else (
-                self.decay * self.ema + (1 - self.decay) * batch)
+            self.ema = (
+                batch if self.ema is None else (self.decay * self.ema + (1 - self.decay) * batch)
+            )
         return adv.to(rewards.dtype)
 
     def state_dict(self) -> dict:
@@ -156,23 +157,57 @@ NO_OPTIONS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 @hookimpl
 def baseline(register):
-    register("grpo", lambda eps, std: Estimator(grpo_advantages, eps=eps, std=std), schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {"eps": EPS, "std": {"enum": ["sample", "population"], "default": "sample"}},
-    }, description="(r - group mean) / (group std + eps)")
-    register("rloo", lambda: Estimator(rloo_advantages), schema=NO_OPTIONS,
-             description="r - mean of the other G-1 rewards")
-    register("remax", ReMax, schema=NO_OPTIONS,
-             description="r - reward of a greedy completion of the same prompt")
-    register("dr_grpo", lambda: Estimator(dr_grpo_advantages), schema=NO_OPTIONS,
-             description="r - group mean, no std division")
-    register("reinforce_pp", lambda eps: Estimator(reinforce_pp_advantages, eps=eps), schema={
-        "type": "object", "additionalProperties": False, "properties": {"eps": EPS},
-    }, description="r - group mean, whitened over the batch")
-    register("mixed", Mixed, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "prior_weight": {"type": "number", "minimum": 0, "default": 2.0},
-            "decay": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.9},
+    register(
+        "grpo",
+        lambda eps, std: Estimator(grpo_advantages, eps=eps, std=std),
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "eps": EPS,
+                "std": {"enum": ["sample", "population"], "default": "sample"},
+            },
         },
-    }, description="leave-one-out group mean shrunk towards a running batch mean")
+        description="(r - group mean) / (group std + eps)",
+    )
+    register(
+        "rloo",
+        lambda: Estimator(rloo_advantages),
+        schema=NO_OPTIONS,
+        description="r - mean of the other G-1 rewards",
+    )
+    register(
+        "remax",
+        ReMax,
+        schema=NO_OPTIONS,
+        description="r - reward of a greedy completion of the same prompt",
+    )
+    register(
+        "dr_grpo",
+        lambda: Estimator(dr_grpo_advantages),
+        schema=NO_OPTIONS,
+        description="r - group mean, no std division",
+    )
+    register(
+        "reinforce_pp",
+        lambda eps: Estimator(reinforce_pp_advantages, eps=eps),
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"eps": EPS},
+        },
+        description="r - group mean, whitened over the batch",
+    )
+    register(
+        "mixed",
+        Mixed,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "prior_weight": {"type": "number", "minimum": 0, "default": 2.0},
+                "decay": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.9},
+            },
+        },
+        description="leave-one-out group mean shrunk towards a running batch mean",
+    )

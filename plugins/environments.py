@@ -27,8 +27,11 @@ def calculate(expression: str, max_length: int = 200) -> str:
     a short reason when it has none."""
     node = as_expr(parse(expression, max_length))
     if not isinstance(node, sp.Expr) or node.free_symbols:
-        raise ValueError("not an arithmetic expression" if not isinstance(node, sp.Expr)
-                         else f"unknown name {sorted(map(str, node.free_symbols))[0]!r}")
+        raise ValueError(
+            "not an arithmetic expression"
+            if not isinstance(node, sp.Expr)
+            else f"unknown name {sorted(map(str, node.free_symbols))[0]!r}"
+        )
     value = exact(node)
     if value is not None:
         return _fraction(value)
@@ -61,9 +64,13 @@ class Calculator(Environment):
 
     role = "tool"
 
-    def __init__(self, open_tag: str = "<calc>", close_tag: str = "</calc>",
-                 result_delimiters: tuple[str, str] | list[str] = ("<result>", "</result>"),
-                 max_length: int = 200):
+    def __init__(
+        self,
+        open_tag: str = "<calc>",
+        close_tag: str = "</calc>",
+        result_delimiters: tuple[str, str] | list[str] = ("<result>", "</result>"),
+        max_length: int = 200,
+    ):
         self.open, self.close_tag, self.max_length = open_tag, close_tag, max_length
         self.stop_strings = (close_tag,)
         self.delimiters = tuple(result_delimiters)
@@ -79,8 +86,9 @@ class Calculator(Environment):
         if end < 0:
             return Observation("error: no closing tag", tool_call=True, tool_error=True)
         try:
-            return Observation(calculate(text[start + len(self.open):end], self.max_length),
-                               tool_call=True)
+            return Observation(
+                calculate(text[start + len(self.open) : end], self.max_length), tool_call=True
+            )
         except (ValueError, ArithmeticError, TypeError, RecursionError) as exc:  # no value
             reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
             return Observation(f"error: {reason}", tool_call=True, tool_error=True)
@@ -119,26 +127,54 @@ class GuessNumber(Environment):
 
 @hookimpl
 def environment(register):
-    register("calculator", Calculator, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "open_tag": {"type": "string", "minLength": 1, "default": "<calc>"},
-            "close_tag": {"type": "string", "minLength": 1, "default": "</calc>",
-                          "description": "ends the model's turn (a stop string)"},
-            "result_delimiters": {"type": "array", "items": {"type": "string"}, "minItems": 2,
-                                  "maxItems": 2, "default": ["<result>", "</result>"],
-                                  "description": "around a result when there is no chat "
-                                                 "template"},
-            "max_length": {"type": "integer", "minimum": 1, "maximum": 2000, "default": 200,
-                           "description": "longest expression parsed"},
+    register(
+        "calculator",
+        Calculator,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "open_tag": {"type": "string", "minLength": 1, "default": "<calc>"},
+                "close_tag": {
+                    "type": "string",
+                    "minLength": 1,
+                    "default": "</calc>",
+                    "description": "ends the model's turn (a stop string)",
+                },
+                "result_delimiters": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 2,
+                    "maxItems": 2,
+                    "default": ["<result>", "</result>"],
+                    "description": "around a result when there is no chat template",
+                },
+                "max_length": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 2000,
+                    "default": 200,
+                    "description": "longest expression parsed",
+                },
+            },
         },
-    }, description="a calculator tool: <calc>expression</calc>, evaluated by the safe parser")
-    register("guess_number", GuessNumber, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "target_column": {"type": "string", "default": "answer",
-                              "description": "dataset field holding the secret integer"},
-            "low": {"type": "integer", "default": 1},
-            "high": {"type": "integer", "default": 100},
+        description="a calculator tool: <calc>expression</calc>, evaluated by the safe parser",
+    )
+    register(
+        "guess_number",
+        GuessNumber,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "target_column": {
+                    "type": "string",
+                    "default": "answer",
+                    "description": "dataset field holding the secret integer",
+                },
+                "low": {"type": "integer", "default": 1},
+                "high": {"type": "integer", "default": 100},
+            },
         },
-    }, description="guess the row's number; feedback higher / lower / correct")
+        description="guess the row's number; feedback higher / lower / correct",
+    )

@@ -23,8 +23,9 @@ class Adaptive(KLController):
     """Ziegler et al. 2019: err = clip(KL / target - 1, -clip, clip);
     coef <- coef * (1 + err * n_samples / horizon)."""
 
-    def __init__(self, init_coef: float = 0.05, target: float = 0.02, horizon: int = 10000,
-                 clip: float = 0.2):
+    def __init__(
+        self, init_coef: float = 0.05, target: float = 0.02, horizon: int = 10000, clip: float = 0.2
+    ):
         self.value = init_coef
         self.target, self.horizon, self.clip = target, horizon, clip
 
@@ -39,8 +40,9 @@ class Adaptive(KLController):
 class Schedule(KLController):
     """From ``start`` to ``end`` over ``steps`` updates, linearly or on a half cosine."""
 
-    def __init__(self, start: float = 0.1, end: float = 0.0, steps: int = 1000,
-                 shape: str = "linear"):
+    def __init__(
+        self, start: float = 0.1, end: float = 0.0, steps: int = 1000, shape: str = "linear"
+    ):
         self.value = start
         self.start, self.end, self.steps, self.shape, self.t = start, end, steps, shape, 0
 
@@ -66,24 +68,43 @@ COEF = {"type": "number", "minimum": 0}
 
 @hookimpl
 def kl(register):
-    register("fixed", Fixed, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {"coef": {**COEF, "default": 0.0}},
-    }, description="constant KL coefficient (0: no reference model)")
-    register("adaptive", Adaptive, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "init_coef": {**COEF, "default": 0.05},
-            "target": {"type": "number", "exclusiveMinimum": 0, "default": 0.02},
-            "horizon": {"type": "integer", "minimum": 1, "default": 10000},
-            "clip": {"type": "number", "exclusiveMinimum": 0, "default": 0.2},
+    register(
+        "fixed",
+        Fixed,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"coef": {**COEF, "default": 0.0}},
         },
-    }, description="Ziegler et al. 2019 proportional controller towards a target KL")
-    register("schedule", Schedule, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "start": {**COEF, "default": 0.1}, "end": {**COEF, "default": 0.0},
-            "steps": {"type": "integer", "minimum": 1, "default": 1000},
-            "shape": {"enum": ["linear", "cosine"], "default": "linear"},
+        description="constant KL coefficient (0: no reference model)",
+    )
+    register(
+        "adaptive",
+        Adaptive,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "init_coef": {**COEF, "default": 0.05},
+                "target": {"type": "number", "exclusiveMinimum": 0, "default": 0.02},
+                "horizon": {"type": "integer", "minimum": 1, "default": 10000},
+                "clip": {"type": "number", "exclusiveMinimum": 0, "default": 0.2},
+            },
         },
-    }, description="coefficient moved from start to end over N steps")
+        description="Ziegler et al. 2019 proportional controller towards a target KL",
+    )
+    register(
+        "schedule",
+        Schedule,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "start": {**COEF, "default": 0.1},
+                "end": {**COEF, "default": 0.0},
+                "steps": {"type": "integer", "minimum": 1, "default": 1000},
+                "shape": {"enum": ["linear", "cosine"], "default": "linear"},
+            },
+        },
+        description="coefficient moved from start to end over N steps",
+    )

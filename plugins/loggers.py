@@ -39,8 +39,9 @@ class TensorBoard(Logger):
     def start(self, run_dir, run_id, config, start_step):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(self.log_dir or os.path.join(run_dir, "tensorboard"),
-                                    purge_step=start_step or None)
+        self.writer = SummaryWriter(
+            self.log_dir or os.path.join(run_dir, "tensorboard"), purge_step=start_step or None
+        )
         if not start_step:
             self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
 
@@ -76,19 +77,32 @@ class WandB(Logger):
 
     packages = ("wandb",)
 
-    def __init__(self, project: str | None = None, entity: str | None = None,
-                 name: str | None = None, group: str | None = None, tags: list | None = None,
-                 mode: str | None = None):
-        self.settings = {"project": project, "entity": entity, "name": name, "group": group,
-                         "tags": tags or None, "mode": mode}
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: list | None = None,
+        mode: str | None = None,
+    ):
+        self.settings = {
+            "project": project,
+            "entity": entity,
+            "name": name,
+            "group": group,
+            "tags": tags or None,
+            "mode": mode,
+        }
         self.run = None
 
     def start(self, run_dir, run_id, config, start_step):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(**self.settings, config=config, dir=run_dir, id=run_id,
-                              resume="allow")
+        self.run = wandb.init(
+            **self.settings, config=config, dir=run_dir, id=run_id, resume="allow"
+        )
 
     def log(self, metrics, step):
         self.run.log(metrics, step=step)
@@ -113,8 +127,12 @@ class MLflow(Logger):
 
     packages = ("mlflow",)
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "grpo-core",
-                 run_name: str | None = None):
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "grpo-core",
+        run_name: str | None = None,
+    ):
         self.uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.client = self.run_id = None
 
@@ -128,10 +146,16 @@ class MLflow(Logger):
             uri, artifacts = f"sqlite:///{root}/mlflow.db", f"file://{root}/artifacts"
         self.client = MlflowClient(uri)
         exp = self.client.get_experiment_by_name(self.experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(
-            self.experiment, artifact_location=artifacts)
-        earlier = self.client.search_runs([exp_id], f"tags.grpo_run_id = '{run_id}'") \
-            if start_step else []
+        exp_id = (
+            exp.experiment_id
+            if exp
+            else self.client.create_experiment(self.experiment, artifact_location=artifacts)
+        )
+        earlier = (
+            self.client.search_runs([exp_id], f"tags.grpo_run_id = '{run_id}'")
+            if start_step
+            else []
+        )
         if earlier:
             self.run_id = earlier[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -145,13 +169,18 @@ class MLflow(Logger):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[
-            Metric(_MLFLOW_BAD.sub("_", k), v, now, step) for k, v in metrics.items()])
+        self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(_MLFLOW_BAD.sub("_", k), v, now, step) for k, v in metrics.items()],
+        )
 
     def log_samples(self, samples, step):
         cols = _columns(samples)
-        self.client.log_table(self.run_id, {c: [s.get(c) for s in samples] for c in cols},
-                              f"{TABLE}/step-{step:08d}.json")
+        self.client.log_table(
+            self.run_id,
+            {c: [s.get(c) for s in samples] for c in cols},
+            f"{TABLE}/step-{step:08d}.json",
+        )
 
     def close(self):
         if self.run_id is not None:
@@ -164,8 +193,9 @@ class Trackio(Logger):
 
     packages = ("trackio",)
 
-    def __init__(self, project: str = "grpo-core", name: str | None = None,
-                 space_id: str | None = None):
+    def __init__(
+        self, project: str = "grpo-core", name: str | None = None, space_id: str | None = None
+    ):
         self.project, self.name, self.space_id = project, name, space_id
         self.run = None
 
@@ -173,16 +203,20 @@ class Trackio(Logger):
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=self.project, name=self.name or run_id,
-                                space_id=self.space_id, config=config, resume="allow")
+        self.run = trackio.init(
+            project=self.project,
+            name=self.name or run_id,
+            space_id=self.space_id,
+            config=config,
+            resume="allow",
+        )
 
     def log(self, metrics, step):
         self.run.log(metrics, step=step)
 
     def log_samples(self, samples, step):
         cols = _columns(samples)
-        table = self.trackio.Table(columns=cols, data=[[s.get(c) for c in cols]
-                                                       for s in samples])
+        table = self.trackio.Table(columns=cols, data=[[s.get(c) for c in cols] for s in samples])
         self.run.log({TABLE: table}, step=step)
 
     def close(self):
@@ -195,28 +229,70 @@ _STR = {"type": ["string", "null"], "default": None}
 
 @hookimpl
 def logger(register):
-    register("tensorboard", TensorBoard, schema={
-        "type": "object", "additionalProperties": False, "properties": {
-            "log_dir": {**_STR, "description": "event file directory (null: <dir>/tensorboard)"},
-        }}, description="TensorBoard: scalars, samples as a text table")
-    register("wandb", WandB, schema={
-        "type": "object", "additionalProperties": False, "properties": {
-            "project": {**_STR, "description": "null: WANDB_PROJECT or wandb's default"},
-            "entity": _STR, "name": _STR, "group": _STR,
-            "tags": {"type": "array", "items": {"type": "string"}, "default": []},
-            "mode": {"enum": [None, "online", "offline", "disabled"], "default": None,
-                     "description": "null: WANDB_MODE or online"},
-        }}, description="Weights & Biases: scalars, config, samples as a wandb.Table")
-    register("mlflow", MLflow, schema={
-        "type": "object", "additionalProperties": False, "properties": {
-            "tracking_uri": {**_STR, "description": "null: MLFLOW_TRACKING_URI, else "
-                                                    "<dir>/mlflow"},
-            "experiment": {"type": "string", "default": "grpo-core"},
-            "run_name": {**_STR, "description": "null: the run's id"},
-        }}, description="MLflow: metrics, config and samples tables as artifacts")
-    register("trackio", Trackio, schema={
-        "type": "object", "additionalProperties": False, "properties": {
-            "project": {"type": "string", "default": "grpo-core"},
-            "name": {**_STR, "description": "null: the run's id"},
-            "space_id": {**_STR, "description": "a Hugging Face Space to log to (null: local)"},
-        }}, description="trackio: scalars, config, samples as a trackio.Table")
+    register(
+        "tensorboard",
+        TensorBoard,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "log_dir": {
+                    **_STR,
+                    "description": "event file directory (null: <dir>/tensorboard)",
+                },
+            },
+        },
+        description="TensorBoard: scalars, samples as a text table",
+    )
+    register(
+        "wandb",
+        WandB,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "project": {**_STR, "description": "null: WANDB_PROJECT or wandb's default"},
+                "entity": _STR,
+                "name": _STR,
+                "group": _STR,
+                "tags": {"type": "array", "items": {"type": "string"}, "default": []},
+                "mode": {
+                    "enum": [None, "online", "offline", "disabled"],
+                    "default": None,
+                    "description": "null: WANDB_MODE or online",
+                },
+            },
+        },
+        description="Weights & Biases: scalars, config, samples as a wandb.Table",
+    )
+    register(
+        "mlflow",
+        MLflow,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "tracking_uri": {
+                    **_STR,
+                    "description": "null: MLFLOW_TRACKING_URI, else <dir>/mlflow",
+                },
+                "experiment": {"type": "string", "default": "grpo-core"},
+                "run_name": {**_STR, "description": "null: the run's id"},
+            },
+        },
+        description="MLflow: metrics, config and samples tables as artifacts",
+    )
+    register(
+        "trackio",
+        Trackio,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "project": {"type": "string", "default": "grpo-core"},
+                "name": {**_STR, "description": "null: the run's id"},
+                "space_id": {**_STR, "description": "a Hugging Face Space to log to (null: local)"},
+            },
+        },
+        description="trackio: scalars, config, samples as a trackio.Table",
+    )

@@ -28,10 +28,16 @@ def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, bound: float | None) 
     return d.clamp(-bound, bound) if bound else d
 
 
-def clipped_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-                  dual_clip: float | None = None,
-                  log_ratio_clamp: float | None = 20.0) -> PolicyTerm:
+def clipped_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float | None = 20.0,
+) -> PolicyTerm:
     """GRPO / PPO clipped surrogate with a token-level ratio (Shao et al. 2024; Schulman et
     al. 2017), separate bounds (DAPO's clip-higher, Yu et al. 2025) and optional dual clip
     (Ye et al. 2020) that bounds the loss of a negative advantage by ``dual_clip * |A|``:
@@ -44,8 +50,10 @@ def clipped_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     adv = _per_token(advantages, logp)
     ratio = torch.exp(_log_ratio(logp, old_logp, log_ratio_clamp))
     loss = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    counts = {"clip_low": (ratio < 1 - clip_low) & (adv < 0),
-              "clip_high": (ratio > 1 + clip_high) & (adv > 0)}
+    counts = {
+        "clip_low": (ratio < 1 - clip_low) & (adv < 0),
+        "clip_high": (ratio > 1 + clip_high) & (adv > 0),
+    }
     if dual_clip is not None:
         bound = -dual_clip * adv
         dual = (adv < 0) & (loss > bound)
@@ -54,9 +62,15 @@ def clipped_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return PolicyTerm(loss, counts)
 
 
-def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
-                   log_ratio_clamp: float | None = 20.0) -> PolicyTerm:
+def sequence_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    log_ratio_clamp: float | None = 20.0,
+) -> PolicyTerm:
     """GSPO (Zheng et al. 2025): the ratio of whole sequences, length-normalised,
 
         s_i = exp(mean_t(logp_it - old_logp_it)),
@@ -74,13 +88,21 @@ def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
     seq = seq.clamp(-log_ratio_clamp, log_ratio_clamp) if log_ratio_clamp else seq
     s = torch.exp(seq.detach())[:, None] * torch.exp(logp - logp.detach())
     loss = -torch.minimum(s * adv, s.clamp(1 - clip_low, 1 + clip_high) * adv)
-    return PolicyTerm(loss, {"clip_low": (s < 1 - clip_low) & (adv < 0),
-                             "clip_high": (s > 1 + clip_high) & (adv > 0)})
+    return PolicyTerm(
+        loss,
+        {"clip_low": (s < 1 - clip_low) & (adv < 0), "clip_high": (s > 1 + clip_high) & (adv > 0)},
+    )
 
 
-def clipped_weight(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor, clip_low: float | None = None, clip_high: float = 0.28,
-                   log_ratio_clamp: float | None = 20.0) -> PolicyTerm:
+def clipped_weight(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float | None = None,
+    clip_high: float = 0.28,
+    log_ratio_clamp: float | None = 20.0,
+) -> PolicyTerm:
     """CISPO (MiniMax-M1, 2025): REINFORCE weighted by a clipped, stop-gradient importance
     weight, so no token loses its gradient to clipping (PPO's clip zeroes it):
 
@@ -115,24 +137,56 @@ class PolicyObjective(Objective):
 
 def _schema(low: float | None, high: float, extra: dict | None = None) -> dict:
     bound = {"type": "number", "minimum": 0}
-    return {"type": "object", "additionalProperties": False, "properties": {
-        "clip_low": {**bound, "type": ["number", "null"] if low is None else "number",
-                     "default": low, "description": "lower bound 1 - clip_low"},
-        "clip_high": {**bound, "default": high, "description": "upper bound 1 + clip_high"},
-        "log_ratio_clamp": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 20.0,
-                            "description": "bound on |log r| before exp (null: none)"},
-        **(extra or {})}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "clip_low": {
+                **bound,
+                "type": ["number", "null"] if low is None else "number",
+                "default": low,
+                "description": "lower bound 1 - clip_low",
+            },
+            "clip_high": {**bound, "default": high, "description": "upper bound 1 + clip_high"},
+            "log_ratio_clamp": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": 20.0,
+                "description": "bound on |log r| before exp (null: none)",
+            },
+            **(extra or {}),
+        },
+    }
 
 
 @hookimpl
 def objective(register):
-    register("grpo", lambda **o: PolicyObjective(clipped_ratio, **o), schema=_schema(0.2, 0.2, {
-        "dual_clip": {"type": ["number", "null"], "exclusiveMinimum": 1, "default": None,
-                      "description": "bound the loss of A < 0 tokens at dual_clip * |A|"}}),
-             description="token-level clipped ratio (GRPO/PPO, DAPO clip-higher, dual clip)")
-    register("gspo", lambda **o: PolicyObjective(sequence_ratio, "seq_mean_token_mean", **o),
-             schema=_schema(3e-4, 4e-4),
-             description="sequence-level clipped ratio (GSPO, Zheng et al. 2025)")
-    register("cispo", lambda **o: PolicyObjective(clipped_weight, **o),
-             schema=_schema(None, 0.28),
-             description="REINFORCE with a clipped stop-gradient IS weight (CISPO, MiniMax-M1)")
+    register(
+        "grpo",
+        lambda **o: PolicyObjective(clipped_ratio, **o),
+        schema=_schema(
+            0.2,
+            0.2,
+            {
+                "dual_clip": {
+                    "type": ["number", "null"],
+                    "exclusiveMinimum": 1,
+                    "default": None,
+                    "description": "bound the loss of A < 0 tokens at dual_clip * |A|",
+                }
+            },
+        ),
+        description="token-level clipped ratio (GRPO/PPO, DAPO clip-higher, dual clip)",
+    )
+    register(
+        "gspo",
+        lambda **o: PolicyObjective(sequence_ratio, "seq_mean_token_mean", **o),
+        schema=_schema(3e-4, 4e-4),
+        description="sequence-level clipped ratio (GSPO, Zheng et al. 2025)",
+    )
+    register(
+        "cispo",
+        lambda **o: PolicyObjective(clipped_weight, **o),
+        schema=_schema(None, 0.28),
+        description="REINFORCE with a clipped stop-gradient IS weight (CISPO, MiniMax-M1)",
+    )

@@ -21,9 +21,16 @@ class PPO(hookspecs.Baseline):
 
     needs_values = True
 
-    def __init__(self, gamma: float = 1.0, lam: float = 0.95, cliprange_value: float | None = 0.2,
-                 lr: float = 1e-5, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0,
-                 whiten: bool = True):
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        cliprange_value: float | None = 0.2,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        whiten: bool = True,
+    ):
         self.gamma, self.lam, self.clip, self.whiten = gamma, lam, cliprange_value, whiten
         self.lr, self.weight_decay = lr, weight_decay
         self.max_norm = max_grad_norm or float("inf")
@@ -32,37 +39,50 @@ class PPO(hookspecs.Baseline):
 
     def attach(self, policy) -> None:
         self.critic = ValueModel(policy)
-        self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.lr,
-                                           weight_decay=self.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.critic.parameters(), lr=self.lr, weight_decay=self.weight_decay
+        )
 
-    def token_targets(self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor) \
-            -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def token_targets(
+        self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mask = mask.float()
         with torch.no_grad():
             values = self.critic(rollout) * mask
-        adv, returns = gae(terminal_rewards(rewards.to(mask.device), mask), values, mask,
-                           self.gamma, self.lam)
+        adv, returns = gae(
+            terminal_rewards(rewards.to(mask.device), mask), values, mask, self.gamma, self.lam
+        )
         return (masked_whiten(adv, mask) if self.whiten else adv), returns, values
 
-    def fit(self, rollout: Rollout, returns: torch.Tensor, values: torch.Tensor,
-            mask: torch.Tensor, batches: list[torch.Tensor]) -> dict[str, float]:
+    def fit(
+        self,
+        rollout: Rollout,
+        returns: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        batches: list[torch.Tensor],
+    ) -> dict[str, float]:
         mask = mask.float()
         tokens = float(mask.sum().clamp(min=1))
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped = 0.0, 0.0
         for rows in batches:
             m = mask[rows]
-            loss, hit = value_loss(self.critic(rollout.rows(rows)), values[rows], returns[rows],
-                                   self.clip)
+            loss, hit = value_loss(
+                self.critic(rollout.rows(rows)), values[rows], returns[rows], self.clip
+            )
             loss = (loss * m).sum() / tokens  # token mean over the whole batch
             loss.backward()
             total, clipped = total + float(loss.detach()), clipped + float((hit * m).sum())
         norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.max_norm))
         self.optimizer.step()
-        return {"critic/value_loss": total, "critic/clip_frac": clipped / tokens,
-                "critic/grad_norm": norm,
-                "critic/values": float((values * mask).sum()) / tokens,
-                "critic/returns": float((returns * mask).sum()) / tokens}
+        return {
+            "critic/value_loss": total,
+            "critic/clip_frac": clipped / tokens,
+            "critic/grad_norm": norm,
+            "critic/values": float((values * mask).sum()) / tokens,
+            "critic/returns": float((returns * mask).sum()) / tokens,
+        }
 
     def advantages(self, rewards, greedy_rewards=None):
         raise ValueError("ppo gives per-token advantages from its critic (token_targets)")
@@ -77,22 +97,53 @@ class PPO(hookspecs.Baseline):
 
 @hookimpl
 def baseline(register):
-    register("ppo", PPO, schema={
-        "type": "object", "additionalProperties": False, "properties": {
-            "gamma": {"type": "number", "minimum": 0, "maximum": 1, "default": 1.0,
-                      "description": "discount per token"},
-            "lam": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.95,
-                    "description": "GAE's lambda"},
-            "cliprange_value": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                                "default": 0.2,
-                                "description": "value-loss clip around the rollout's values "
-                                               "(null: plain squared error)"},
-            "lr": {"type": "number", "exclusiveMinimum": 0, "default": 1e-5,
-                   "description": "the critic's AdamW learning rate"},
-            "weight_decay": {"type": "number", "minimum": 0, "default": 0.0},
-            "max_grad_norm": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 1.0,
-                              "description": "clip the critic's gradient norm"},
-            "whiten": {"type": "boolean", "default": True,
-                       "description": "whiten the advantages over the batch's tokens"},
-        }}, description="PPO: GAE advantages from a learnt critic (a value-head copy of the "
-                        "policy)")
+    register(
+        "ppo",
+        PPO,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "gamma": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "default": 1.0,
+                    "description": "discount per token",
+                },
+                "lam": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "default": 0.95,
+                    "description": "GAE's lambda",
+                },
+                "cliprange_value": {
+                    "type": ["number", "null"],
+                    "exclusiveMinimum": 0,
+                    "default": 0.2,
+                    "description": "value-loss clip around the rollout's values "
+                    "(null: plain squared error)",
+                },
+                "lr": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "default": 1e-5,
+                    "description": "the critic's AdamW learning rate",
+                },
+                "weight_decay": {"type": "number", "minimum": 0, "default": 0.0},
+                "max_grad_norm": {
+                    "type": ["number", "null"],
+                    "exclusiveMinimum": 0,
+                    "default": 1.0,
+                    "description": "clip the critic's gradient norm",
+                },
+                "whiten": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "whiten the advantages over the batch's tokens",
+                },
+            },
+        },
+        description="PPO: GAE advantages from a learnt critic (a value-head copy of the policy)",
+    )

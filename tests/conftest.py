@@ -21,8 +21,7 @@ def warm_model(tmp_path_factory) -> str:
     from grpo_core.cli.demo import warm_start
     from grpo_core.tiny import addition_rows, build_model
 
-    path = build_model(str(tmp_path_factory.mktemp("warm") / "model"), hidden=32, layers=2,
-                       seed=0)
+    path = build_model(str(tmp_path_factory.mktemp("warm") / "model"), hidden=32, layers=2, seed=0)
     warm_start(path, addition_rows(0)[0], steps=80)
     return path
 

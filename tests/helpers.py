@@ -44,8 +44,14 @@ def write_config(path, cfg: dict) -> str:
 def run_grpo(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
     """Run the real ``grpo`` entry point in a subprocess."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "grpo_core.cli", *args], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def gsm8k_or_stand_in(tmp_path) -> list[str]:
@@ -55,8 +61,12 @@ def gsm8k_or_stand_in(tmp_path) -> list[str]:
     if os.path.exists(os.path.join(SHARED, "gsm8k")):
         return []
     path = tmp_path / "gsm8k.jsonl"
-    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"})
-                            + "\n" for i in range(2)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+            for i in range(2)
+        )
+    )
     return ["--set", f"data.path={path}", "--set", f"eval.data={path}"]
 
 

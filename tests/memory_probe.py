@@ -33,10 +33,19 @@ def tiny_model(d: str) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = build_tokenizer()
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
-        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     model.save_pretrained(d + "/m")
     tok.save_pretrained(d + "/m")
     return d + "/m"
@@ -47,18 +56,28 @@ def settings(d: str, model: str, args) -> dict:
     rarely ends one early)."""
     write_jsonl(d + "/train.jsonl", addition_rows()[0])
     lora = {"r": args.lora_rank} if args.lora_rank else None
-    return config.validate({
-        "model": {"name_or_path": model, "gradient_checkpointing": args.gradient_checkpointing,
-                  "lora": lora},
-        "data": {"path": d + "/train.jsonl", "columns": ["answer"]},
-        "sampling": {"group_size": G, "max_new_tokens": args.new_tokens},
-        "train": {"steps": 2, "prompts_per_step": PROMPTS},
-        "runtime": {"device": args.device, "threads": 1, "logprob_chunk": 64},
-        "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-        "kl": {"name": "fixed", "options": {"coef": 0.1}},
-        "output": {"dir": d + "/run", "progress": False, "save_model": False,
-                   "samples_every": 0},
-        "health": {"enabled": False}})
+    return config.validate(
+        {
+            "model": {
+                "name_or_path": model,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "lora": lora,
+            },
+            "data": {"path": d + "/train.jsonl", "columns": ["answer"]},
+            "sampling": {"group_size": G, "max_new_tokens": args.new_tokens},
+            "train": {"steps": 2, "prompts_per_step": PROMPTS},
+            "runtime": {"device": args.device, "threads": 1, "logprob_chunk": 64},
+            "reward": {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            "kl": {"name": "fixed", "options": {"coef": 0.1}},
+            "output": {
+                "dir": d + "/run",
+                "progress": False,
+                "save_model": False,
+                "samples_every": 0,
+            },
+            "health": {"enabled": False},
+        }
+    )
 
 
 def prompt_tokens(model: str) -> int:
@@ -66,8 +85,10 @@ def prompt_tokens(model: str) -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    return max(len(tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"])
-               for r in addition_rows()[0])
+    return max(
+        len(tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"])
+        for r in addition_rows()[0]
+    )
 
 
 def main() -> None:
@@ -83,14 +104,28 @@ def main() -> None:
     model = args.model or tiny_model(d)
     cfg = settings(d, model, args)
     cuda = args.device == "cuda"
-    base = torch.cuda.memory_allocated() if cuda else \
-        int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    base = (
+        torch.cuda.memory_allocated()
+        if cuda
+        else int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    )
     train(cfg)
-    peak = torch.cuda.max_memory_allocated() if cuda else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    est = plan(load_shape(model), G, PROMPTS, prompt_tokens(model), args.new_tokens,
-               dtype="auto" if cuda else "float32", lora_rank=args.lora_rank,
-               gradient_checkpointing=args.gradient_checkpointing, logprob_chunk=64)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    est = plan(
+        load_shape(model),
+        G,
+        PROMPTS,
+        prompt_tokens(model),
+        args.new_tokens,
+        dtype="auto" if cuda else "float32",
+        lora_rank=args.lora_rank,
+        gradient_checkpointing=args.gradient_checkpointing,
+        logprob_chunk=64,
+    )
     json.dump({"measured": peak - base, "estimated": est["total"], "plan": est}, sys.stdout)
 
 

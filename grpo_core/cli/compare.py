@@ -63,8 +63,10 @@ def parse_axis(flag: str, item: str) -> tuple[str, list[Setting]]:
     key, _, raw = item.partition("=")
     key, values = key.strip(), split_values(raw)
     if not values or not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", key):
-        raise UserError(f"{flag} {item!r}: expected KEY=V1,V2,... with KEY a config key path "
-                        f"(optimizer.lr) or a plugin section ({', '.join(PLUGIN_SECTIONS)})")
+        raise UserError(
+            f"{flag} {item!r}: expected KEY=V1,V2,... with KEY a config key path "
+            f"(optimizer.lr) or a plugin section ({', '.join(PLUGIN_SECTIONS)})"
+        )
     key = config_mod.moved_path(key)
     return key, [(key, v, v if key in PLUGIN_SECTIONS else scalar(v)) for v in values]
 
@@ -77,8 +79,11 @@ def apply(cfg: dict, settings: list[Setting]) -> dict:
         if key in PLUGIN_SECTIONS:
             section = cfg.get(key) or {}
             if section.get("name") != value:
-                cfg[key] = {**{k: v for k, v in section.items() if k not in ("name", "options")},
-                            "name": value, "options": {}}
+                cfg[key] = {
+                    **{k: v for k, v in section.items() if k not in ("name", "options")},
+                    "name": value,
+                    "options": {},
+                }
             continue
         node, parts = cfg, key.split(".")
         for part in parts[:-1]:
@@ -121,8 +126,7 @@ def plan(args, base: dict) -> tuple[list[list[Setting]], list[list[Setting]]]:
             except ConfigError as exc:
                 raise UserError(f"{flags[key]}: {exc.problems[0]}") from exc
     tuned = [k for k in axes if flags[k].startswith("--tune")]
-    variants = [list(c) for c in itertools.product(*(v for k, v in axes.items()
-                                                      if k not in tuned))]
+    variants = [list(c) for c in itertools.product(*(v for k, v in axes.items() if k not in tuned))]
     candidates = [list(c) for c in itertools.product(*(axes[k] for k in tuned))]
     for v, c in itertools.product(variants, candidates):
         try:
@@ -158,20 +162,31 @@ class Progress:
         r = [x for x in self.rewards if x is not None]
         mean = f", reward {sum(r) / len(r):.3f} (last {len(r)} steps)" if r else ""
         if final:
-            print(f"{self.tag}: done, {self.step}/{self.steps} steps{mean}, "
-                  f"{time.time() - self.t0:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"{self.tag}: done, {self.step}/{self.steps} steps{mean}, "
+                f"{time.time() - self.t0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         elif due and 0 < self.step < self.steps:
-            print(f"{self.tag}: step {self.step}/{self.steps}{mean}, "
-                  f"{time.time() - self.t0:.0f} s", end="\r" if self.tty else "\n",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{self.tag}: step {self.step}/{self.steps}{mean}, {time.time() - self.t0:.0f} s",
+                end="\r" if self.tty else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
             self.shown, self.last = quarter, time.time()
 
 
 def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str]:
     """Run ``grpo train path``: progress from its metrics, its warnings echoed as they come;
     returns (exit code, its whole output). The child is stopped if we are interrupted."""
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_core.cli", "train", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out: list[str] = []
 
     def pump(stream, echo: bool) -> None:
@@ -180,8 +195,10 @@ def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str
             if echo and line.lstrip().startswith("warning"):
                 print(f"  {tag}: {line.strip()}", file=sys.stderr, flush=True)
 
-    pumps = [threading.Thread(target=pump, args=(s, e), daemon=True)
-             for s, e in ((proc.stdout, False), (proc.stderr, True))]
+    pumps = [
+        threading.Thread(target=pump, args=(s, e), daemon=True)
+        for s, e in ((proc.stdout, False), (proc.stderr, True))
+    ]
     for t in pumps:
         t.start()
     progress = Progress(run_dir, steps, tag)
@@ -208,16 +225,19 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
     done = _finished(run_dir)
     if done is not None and _same(done["config"], written):
         print(f"{tag}: finished earlier, reused", file=sys.stderr, flush=True)
-        return {"config": cfg, "records": read(run_dir), "seconds": done["seconds"],
-                "reused": True}
+        return {"config": cfg, "records": read(run_dir), "seconds": done["seconds"], "reused": True}
     if done is not None:  # another config's finished run: kept, never deleted
         kept = _set_aside(run_dir, done["config"])
-        print(f"{tag}: the earlier run there had another config; kept in {kept}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{tag}: the earlier run there had another config; kept in {kept}",
+            file=sys.stderr,
+            flush=True,
+        )
     if os.path.isdir(run_dir):
         if not os.path.exists(path):
-            raise UserError(f"{run_dir} exists and is not a compare run: move it or choose "
-                            f"another --out")
+            raise UserError(
+                f"{run_dir} exists and is not a compare run: move it or choose another --out"
+            )
         shutil.rmtree(run_dir)  # an unfinished run: start again
     earlier = _aside(run_dir, written)
     if _finished(earlier) is not None:  # this config ran before, then was set aside
@@ -233,8 +253,7 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
         f.write(redact(output))  # the child redacts its own output too
     if code != 0:
         last = [ln for ln in output.splitlines() if ln.strip()][-1:] or ["(no output)"]
-        raise UserError(f"{tag} failed (exit {code}): {last[0].strip()}; output in "
-                        f"{run_dir}.log")
+        raise UserError(f"{tag} failed (exit {code}): {last[0].strip()}; output in {run_dir}.log")
     seconds = time.time() - t0
     with open(marker + ".tmp", "w", encoding="utf-8") as f:
         json.dump({"config": written, "seconds": seconds}, f)
@@ -284,8 +303,10 @@ class Study:
         for seed in seeds:
             run_dir = os.path.join(self.args.out, f"{slug(label(settings))}-seed{seed}")
             if self.dirs.setdefault(run_dir, label(settings)) != label(settings):
-                raise UserError(f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
-                                f"the run directory {run_dir}; write the values differently")
+                raise UserError(
+                    f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
+                    f"the run directory {run_dir}; write the values differently"
+                )
             cfg = apply(self.base, settings)
             cfg["train"]["seed"] = seed
             if self.args.steps and "train.steps" not in (k for k, _, _ in settings):
@@ -300,8 +321,12 @@ class Study:
             run["seed"], run["dir"] = seed, run_dir
             try:
                 run["figures"] = stats.run_figures(
-                    run["records"], cfg["train"]["prompts_per_step"], bool(greedy),
-                    self.args.threshold, self.args.window)
+                    run["records"],
+                    cfg["train"]["prompts_per_step"],
+                    bool(greedy),
+                    self.args.threshold,
+                    self.args.window,
+                )
             except ValueError as exc:
                 raise UserError(f"{tag}: {exc} ({run_dir})") from exc
             out.append(run)
@@ -311,8 +336,12 @@ class Study:
 def compare_cli(args) -> int:
     """``grpo compare``: plan, tune, evaluate; then compare.md, compare.json and the PNGs."""
     base = config_mod.load(args.config, args.set)
-    for flag, value in (("--seeds", args.seeds), ("--tune-seeds", args.tune_seeds),
-                        ("--steps", args.steps), ("--window", args.window)):
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--tune-seeds", args.tune_seeds),
+        ("--steps", args.steps),
+        ("--window", args.window),
+    ):
         if value is not None and value < 1:
             raise UserError(f"{flag}: expected a number >= 1, got {value}")
     variants, candidates = plan(args, base)
@@ -331,14 +360,20 @@ def compare_cli(args) -> int:
             for cand in candidates:
                 runs = study.runs(variant + cand, tune_seeds)
                 values = [r["figures"][args.criterion] for r in runs]
-                scores.append({"value": label(cand), "scores": values,
-                               "mean": sum(values) / len(values)})
+                scores.append(
+                    {"value": label(cand), "scores": values, "mean": sum(values) / len(values)}
+                )
             best = max(range(len(scores)), key=lambda i: (scores[i]["mean"], -i))
             chosen = candidates[best]
-            tuned[name] = {"candidates": scores, "chosen": label(chosen),
-                           "edge": len(candidates) > 2 and best in (0, len(candidates) - 1)}
-        results[name] = {"settings": label(variant + chosen),
-                         "runs": study.runs(variant + chosen, list(range(args.seeds)))}
+            tuned[name] = {
+                "candidates": scores,
+                "chosen": label(chosen),
+                "edge": len(candidates) > 2 and best in (0, len(candidates) - 1),
+            }
+        results[name] = {
+            "settings": label(variant + chosen),
+            "runs": study.runs(variant + chosen, list(range(args.seeds))),
+        }
     text, data = build_report(args, results, tuned, tune_seeds, time.time() - t0)
     with open(os.path.join(args.out, "compare.md"), "w", encoding="utf-8") as f:
         f.write(text)

@@ -78,8 +78,9 @@ def prepare(out: str, seed: int = 0) -> None:
     warm_start(model_dir, train_rows, seed=seed)
 
 
-def run(out: str, steps: int | None = None, baseline: str = "grpo",
-        overrides: list[str] | None = None) -> int:
+def run(
+    out: str, steps: int | None = None, baseline: str = "grpo", overrides: list[str] | None = None
+) -> int:
     t0 = time.time()
     print(f"building the tiny model and data under {out} ...", flush=True)
     prepare(out)
@@ -100,9 +101,11 @@ def run(out: str, steps: int | None = None, baseline: str = "grpo",
     rewards = [r["reward"] for r in read(summary["run_dir"])]
     k = min(50, len(rewards))
     start, end = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-    print(f"\nGRPO demo: mean reward {first:.3f} at the first RL step -> {final:.3f} at the last; "
-          f"mean over the first {k} steps {start:.3f}, over the last {k} steps {end:.3f}; "
-          f"{len(rewards)} steps, {time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s of "
-          f"RL)")
+    print(
+        f"\nGRPO demo: mean reward {first:.3f} at the first RL step -> {final:.3f} at the last; "
+        f"mean over the first {k} steps {start:.3f}, over the last {k} steps {end:.3f}; "
+        f"{len(rewards)} steps, {time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s of "
+        f"RL)"
+    )
     print(f"run directory: {summary['run_dir']} (config.yaml in {out})")
     return 0

@@ -49,12 +49,23 @@ def trajectory(row: dict, tool: bool, eos: str, decide: bool = True) -> list[tup
     if not tool:
         return [(row["prompt"], 0), (answer + eos, 1)]
     expr = row["prompt"].rstrip("=")
-    return [(row["prompt"], 0), (OPEN[:1], int(decide)), (OPEN[1:] + expr + CLOSE, 1),
-            (RESULT[0] + answer + RESULT[1], 0), (answer + eos, 1)]
+    return [
+        (row["prompt"], 0),
+        (OPEN[:1], int(decide)),
+        (OPEN[1:] + expr + CLOSE, 1),
+        (RESULT[0] + answer + RESULT[1], 0),
+        (answer + eos, 1),
+    ]
 
 
-def warm_start(path: str, rows: list[dict], steps: int = WARM_STEPS, seed: int = 0,
-               tool_share: float = TOOL_SHARE, call_share: float = CALL_SHARE) -> None:
+def warm_start(
+    path: str,
+    rows: list[dict],
+    steps: int = WARM_STEPS,
+    seed: int = 0,
+    tool_share: float = TOOL_SHARE,
+    call_share: float = CALL_SHARE,
+) -> None:
     """Supervised steps (batches of 32, AdamW 3e-3) on the model's pieces only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,8 +102,12 @@ def demo_config(out: str, steps: int) -> dict:
         "model": {"name_or_path": os.path.join(out, "model")},
         "data": {"path": os.path.join(out, "data", "train.jsonl"), "columns": ["answer"]},
         "sampling": {"group_size": 8, "max_new_tokens": 24, "temperature": 1.0},
-        "environment": {"name": "calculator", "max_turns": 3, "max_total_tokens": 72,
-                        "timeout": 10},
+        "environment": {
+            "name": "calculator",
+            "max_turns": 3,
+            "max_total_tokens": 72,
+            "timeout": 10,
+        },
         "train": {"steps": steps, "prompts_per_step": 16, "micro_batch_groups": 16, "seed": 0},
         "optimizer": {"lr": 2e-4, "lr_schedule": "constant", "max_grad_norm": 1.0},
         "runtime": {"device": "cpu", "threads": 1},
@@ -132,12 +147,19 @@ def plot(run_dir: str, path: str, window: int = 10) -> str | None:
 
     records = read(run_dir)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, label in (("reward", "mean reward"), ("env/tool_call_frac", "tool-call rate"),
-                       ("env/tool_errors", "tool errors per episode")):
-        ax.plot([r["step"] for r in records], smooth([r[key] for r in records], window),
-                label=label)
-    ax.set(xlabel="step", ylim=(-0.02, 1.02),
-           title=f"calculator demo (trailing mean over {window} steps)")
+    for key, label in (
+        ("reward", "mean reward"),
+        ("env/tool_call_frac", "tool-call rate"),
+        ("env/tool_errors", "tool errors per episode"),
+    ):
+        ax.plot(
+            [r["step"] for r in records], smooth([r[key] for r in records], window), label=label
+        )
+    ax.set(
+        xlabel="step",
+        ylim=(-0.02, 1.02),
+        title=f"calculator demo (trailing mean over {window} steps)",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -171,10 +193,12 @@ def run(out: str, steps: int | None = None, overrides: list[str] | None = None) 
 
     head, tail = records[:k], records[-k:]
     figure = plot(summary["run_dir"], os.path.join(summary["run_dir"], "calculator.png"))
-    print(f"\ncalculator demo: mean reward {mean('reward', head):.3f} over the first {k} steps "
-          f"-> {mean('reward', tail):.3f} over the last {k}; tool-call rate "
-          f"{mean('env/tool_call_frac', head):.3f} -> {mean('env/tool_call_frac', tail):.3f}; "
-          f"{len(records)} steps, {time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s "
-          f"of RL)")
+    print(
+        f"\ncalculator demo: mean reward {mean('reward', head):.3f} over the first {k} steps "
+        f"-> {mean('reward', tail):.3f} over the last {k}; tool-call rate "
+        f"{mean('env/tool_call_frac', head):.3f} -> {mean('env/tool_call_frac', tail):.3f}; "
+        f"{len(records)} steps, {time.time() - t0:.0f} s in all ({summary['seconds']:.0f} s "
+        f"of RL)"
+    )
     print(f"run directory: {summary['run_dir']}" + (f"; figure: {figure}" if figure else ""))
     return 0

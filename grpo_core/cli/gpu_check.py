@@ -18,14 +18,15 @@ from collections.abc import Callable
 from grpo_core.cli import gpu_verdict
 
 RANDOM = "random 0.5B"  # the label of the randomly initialised Qwen2.5-0.5B-shaped model
-NO_GPU = ("no CUDA device: this check needs a GPU (torch.cuda.is_available() is False); "
-          "the CPU test suite is `bash scripts/test.sh`")
+NO_GPU = (
+    "no CUDA device: this check needs a GPU (torch.cuda.is_available() is False); "
+    "the CPU test suite is `bash scripts/test.sh`"
+)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100,
-                    help="demo training steps (default 100)")
+    ap.add_argument("--steps", type=int, default=100, help="demo training steps (default 100)")
     ap.add_argument("--group-sizes", default="8,64", help="G of the speed rows (default 8,64)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts of the speed rows")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -33,8 +34,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-vllm", action="store_true", help="skip the vLLM rows")
     ap.add_argument("--model", help="also time a real model (a local model directory)")
     ap.add_argument("--out", default="gpu_check.json", help="where the figures are written")
-    ap.add_argument("--from-figures", metavar="JSON", help="judge the figures of an earlier "
-                    "check (its JSON file) instead of measuring: no GPU needed")
+    ap.add_argument(
+        "--from-figures",
+        metavar="JSON",
+        help="judge the figures of an earlier "
+        "check (its JSON file) instead of measuring: no GPU needed",
+    )
     args = ap.parse_args(argv)
     try:
         args.group_sizes = tuple(int(g) for g in args.group_sizes.split(","))
@@ -43,8 +48,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.steps, args.prompts, args.max_new_tokens, *args.group_sizes) < 1:
         ap.error("--steps, --group-sizes, --prompts and --max-new-tokens must be >= 1")
     if args.model and not os.path.isfile(os.path.join(args.model, "config.json")):
-        ap.error(f"--model: {args.model} is not a model directory (no config.json); the check "
-                 f"reads no network")
+        ap.error(
+            f"--model: {args.model} is not a model directory (no config.json); the check "
+            f"reads no network"
+        )
     return args
 
 
@@ -62,8 +69,12 @@ def _vllm(path: str, args: argparse.Namespace) -> dict:
     """The vLLM rows of one model: {"speed": ..., "mismatch": ...}."""
     from grpo_core.cli.gpu_probes import vllm_rows
 
-    return dict(zip(("speed", "mismatch"), vllm_rows(path, args.group_sizes, args.prompts,
-                                                     args.max_new_tokens)))
+    return dict(
+        zip(
+            ("speed", "mismatch"),
+            vllm_rows(path, args.group_sizes, args.prompts, args.max_new_tokens),
+        )
+    )
 
 
 def collect(args: argparse.Namespace, work: str) -> dict:
@@ -72,21 +83,34 @@ def collect(args: argparse.Namespace, work: str) -> dict:
 
     from grpo_core.cli import gpu_probes as probe
 
-    figures: dict = {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
-                     "torch": torch.__version__}
-    figures["gpu_tests"] = {"skipped": "--skip-tests"} if args.skip_tests else \
-        _measured(probe.gpu_tests)
+    figures: dict = {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+    }
+    figures["gpu_tests"] = (
+        {"skipped": "--skip-tests"} if args.skip_tests else _measured(probe.gpu_tests)
+    )
     demo = os.path.join(work, "demo")
     figures["training"] = _measured(probe.demo_training, demo, args.steps)
     speed = probe.build_speed_model(os.path.join(work, "speed-model"))
-    figures["memory"] = _measured(probe.memory, speed, work,  # before any engine holds memory
-                                  args.group_sizes[0], args.prompts, args.max_new_tokens)
+    figures["memory"] = _measured(
+        probe.memory,
+        speed,
+        work,  # before any engine holds memory
+        args.group_sizes[0],
+        args.prompts,
+        args.max_new_tokens,
+    )
     figures["generation"], figures["logprob_mismatch"] = {}, {}
-    models = {RANDOM: speed, **({os.path.basename(os.path.abspath(args.model)): args.model}
-                                if args.model else {})}
+    models = {
+        RANDOM: speed,
+        **({os.path.basename(os.path.abspath(args.model)): args.model} if args.model else {}),
+    }
     for label, path in models.items():
         figures["generation"][f"hf {label}"] = _measured(
-            probe.hf_speed, path, args.group_sizes, args.prompts, args.max_new_tokens)
+            probe.hf_speed, path, args.group_sizes, args.prompts, args.max_new_tokens
+        )
         vllm = {"skipped": "--skip-vllm"} if args.skip_vllm else _measured(_vllm, path, args)
         figures["generation"][f"vllm {label}"] = vllm.get("speed", vllm)
         figures["logprob_mismatch"][label] = vllm.get("mismatch", vllm)
@@ -112,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.from_figures, encoding="utf-8") as f:
                 saved = json.load(f)
         except (OSError, ValueError) as exc:
-            print(f"error: --from-figures: cannot read {args.from_figures} ({exc})",
-                  file=sys.stderr)
+            print(
+                f"error: --from-figures: cannot read {args.from_figures} ({exc})", file=sys.stderr
+            )
             return 2
         return report(saved.get("figures", saved), args.out)
     import torch
@@ -121,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(NO_GPU, file=sys.stderr)
         return 3
-    print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, "
-          f"torch {torch.__version__}", flush=True)
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, "
+        f"torch {torch.__version__}",
+        flush=True,
+    )
     return report(collect(args, tempfile.mkdtemp(prefix="gpu_check_")), args.out)
 
 

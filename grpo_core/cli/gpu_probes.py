@@ -20,8 +20,9 @@ MiB = 2**20
 
 def gpu_tests() -> dict:
     """The GPU-marked tests; their exit code is the figure."""
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu",
-                          os.path.join(ROOT, "tests")], cwd=ROOT)
+    rc = subprocess.call(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", os.path.join(ROOT, "tests")], cwd=ROOT
+    )
     return {"exit_code": rc}
 
 
@@ -35,11 +36,18 @@ def build_speed_model(path: str) -> str:
 
     s, tok = PRESETS["qwen2.5-0.5b"], build_tokenizer()
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=s["vocab"], hidden_size=s["hidden"],
-                      intermediate_size=s["intermediate"], num_hidden_layers=s["layers"],
-                      num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-                      tie_word_embeddings=True, max_position_embeddings=4096,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -68,9 +76,13 @@ def demo_training(work: str, steps: int, device: str = "cuda") -> dict:
     prepare(work)
     summary = train(config.validate(_demo_config(work, steps, device)), overwrite=True)
     rows = list(read(summary["run_dir"]))
-    return {"steps": len(rows), "rewards": [r["reward"] for r in rows],
-            "completion_len": [r["completion_len"] for r in rows],
-            "peak_memory_mib": summary["peak_memory_mb"], "seconds": summary["seconds"]}
+    return {
+        "steps": len(rows),
+        "rewards": [r["reward"] for r in rows],
+        "completion_len": [r["completion_len"] for r in rows],
+        "peak_memory_mib": summary["peak_memory_mb"],
+        "seconds": summary["seconds"],
+    }
 
 
 def _prompts(count: int, tok) -> list[list[int]]:
@@ -114,8 +126,13 @@ def _timed(gen, ids: list[list[int]], group_sizes: tuple[int, ...], sp, device: 
     return speeds, first
 
 
-def hf_speed(model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tokens: int,
-             device: str = "cuda") -> dict:
+def hf_speed(
+    model_dir: str,
+    group_sizes: tuple[int, ...],
+    prompts: int,
+    new_tokens: int,
+    device: str = "cuda",
+) -> dict:
     """The hf generator's completion tokens per second at each group size (``prompts``
     prompts, ``new_tokens`` each: a random model rarely ends early)."""
     import grpo_core
@@ -125,12 +142,18 @@ def hf_speed(model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tok
     gen = grpo_core.create("generator", "hf", {})
     gen.setup(model, tok, torch.device(device))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):  # as trained
-        return _timed(gen, _prompts(prompts, tok), group_sizes,
-                      SamplingParams(max_new_tokens=new_tokens), device)[0]
+        return _timed(
+            gen,
+            _prompts(prompts, tok),
+            group_sizes,
+            SamplingParams(max_new_tokens=new_tokens),
+            device,
+        )[0]
 
 
-def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
-              new_tokens: int) -> tuple[dict, dict]:
+def vllm_rows(
+    model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tokens: int
+) -> tuple[dict, dict]:
     """One colocated vLLM engine (synced from the trainer's copy of the model, as in
     training): its tokens/s at each group size, and its log-probs against the trainer's
     recomputation of the same completions (bf16 autocast, as in training): mean and max
@@ -145,18 +168,23 @@ def vllm_rows(model_dir: str, group_sizes: tuple[int, ...], prompts: int,
     model, tok = _loaded(model_dir)
     gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.3})
     gen.setup(model, tok, cuda)
-    speeds, ro = _timed(gen, _prompts(prompts, tok), group_sizes,
-                        SamplingParams(max_new_tokens=new_tokens), "cuda")
+    speeds, ro = _timed(
+        gen, _prompts(prompts, tok), group_sizes, SamplingParams(max_new_tokens=new_tokens), "cuda"
+    )
     ro = ro.to(cuda)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         ours = completion_logprobs(model, ro, 1.0, 1024)[0].float()
     delta = (ours - ro.logprobs)[ro.action_mask.bool()].abs()
-    return speeds, {"mean_abs": float(delta.mean()), "max_abs": float(delta.max()),
-                    "tokens": int(delta.numel())}
+    return speeds, {
+        "mean_abs": float(delta.mean()),
+        "max_abs": float(delta.max()),
+        "tokens": int(delta.numel()),
+    }
 
 
-def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens: int,
-           device: str = "cuda") -> dict:
+def memory(
+    model_dir: str, work: str, group_size: int, prompts: int, new_tokens: int, device: str = "cuda"
+) -> dict:
     """Two bf16 GRPO steps of the 0.5B-shaped model with a reference: the measured peak
     against ``grpo plan-memory``'s estimate for the same settings."""
     from grpo_core import config
@@ -167,21 +195,37 @@ def memory(model_dir: str, work: str, group_size: int, prompts: int, new_tokens:
 
     data = os.path.join(work, "memory", "train.jsonl")
     write_jsonl(data, addition_rows()[0])
-    cfg = config.validate({
-        "model": {"name_or_path": model_dir}, "data": {"path": data, "columns": ["answer"]},
-        "sampling": {"group_size": group_size, "max_new_tokens": new_tokens},
-        "train": {"steps": 2, "prompts_per_step": prompts, "micro_batch_groups": 1},
-        "optimizer": {"lr": 1e-6}, "runtime": {"device": device}, "reward": {"name": "math"},
-        "kl": {"name": "fixed", "options": {"coef": 0.04}},
-        "output": {"dir": os.path.join(work, "memory", "run"), "progress": False,
-                   "save_model": False, "samples_every": 0}})
+    cfg = config.validate(
+        {
+            "model": {"name_or_path": model_dir},
+            "data": {"path": data, "columns": ["answer"]},
+            "sampling": {"group_size": group_size, "max_new_tokens": new_tokens},
+            "train": {"steps": 2, "prompts_per_step": prompts, "micro_batch_groups": 1},
+            "optimizer": {"lr": 1e-6},
+            "runtime": {"device": device},
+            "reward": {"name": "math"},
+            "kl": {"name": "fixed", "options": {"coef": 0.04}},
+            "output": {
+                "dir": os.path.join(work, "memory", "run"),
+                "progress": False,
+                "save_model": False,
+                "samples_every": 0,
+            },
+        }
+    )
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     summary = train(cfg, overwrite=True)
     tok = load_tokenizer(_model_config(model_dir))
     prompt_tokens = max(len(p) for p in _prompts(len(addition_rows()[0]), tok))
-    est = plan(load_shape(model_dir), group_size, prompts, prompt_tokens, new_tokens,
-               micro_batch=group_size)
+    est = plan(
+        load_shape(model_dir),
+        group_size,
+        prompts,
+        prompt_tokens,
+        new_tokens,
+        micro_batch=group_size,
+    )
     return {"measured_mib": summary["peak_memory_mb"], "planned_mib": est["total"] / MiB}
 
 
@@ -197,19 +241,43 @@ def distributed(work: str, strategy: str, steps: int = 3) -> dict:
 
     prepare(work)
     out = os.path.join(work, f"run-{strategy}")
-    extra = {"deepspeed": {"zero_optimization": {"stage": 3}}} if strategy == "zero3" else \
-        {"distributed": {"strategy": strategy}}
+    extra = (
+        {"deepspeed": {"zero_optimization": {"stage": 3}}}
+        if strategy == "zero3"
+        else {"distributed": {"strategy": strategy}}
+    )
     cfg = _demo_config(work, steps, **extra)
     cfg["output"]["dir"] = out
     cfg["train"]["prompts_per_step"] = 2 * gpus
     path = os.path.join(work, f"{strategy}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc_per_node={gpus}", "-m", "grpo_core.cli", "train", path],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            "-m",
+            "grpo_core.cli",
+            "train",
+            path,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     summary = os.path.join(out, "summary.json")
-    in_sync = json.load(open(summary, encoding="utf-8"))["ranks_in_sync"] \
-        if os.path.exists(summary) else None
-    return {"world": gpus, "exit_code": p.returncode, "ranks_in_sync": in_sync,
-            "stderr_tail": p.stderr[-2000:] if p.returncode else ""}
+    in_sync = (
+        json.load(open(summary, encoding="utf-8"))["ranks_in_sync"]
+        if os.path.exists(summary)
+        else None
+    )
+    return {
+        "world": gpus,
+        "exit_code": p.returncode,
+        "ranks_in_sync": in_sync,
+        "stderr_tail": p.stderr[-2000:] if p.returncode else "",
+    }

@@ -47,8 +47,7 @@ def gpu_tests(f: dict) -> list[Check]:
     if bad:
         return [bad]
     ok = part["exit_code"] == 0
-    return [Check("GPU-marked tests", "pass" if ok else "fail", f"exit {part['exit_code']}",
-                  want)]
+    return [Check("GPU-marked tests", "pass" if ok else "fail", f"exit {part['exit_code']}", want)]
 
 
 def training(f: dict) -> list[Check]:
@@ -60,11 +59,20 @@ def training(f: dict) -> list[Check]:
     shortest = min(part["completion_len"])
     rewards, k = part["rewards"], REWARD_WINDOW
     start, end = sum(rewards[:k]) / len(rewards[:k]), sum(rewards[-k:]) / len(rewards[-k:])
-    return [Check("completions not empty", "pass" if shortest > 0 else "fail",
-                  f"shortest step mean {shortest:.2f} tokens", "> 0 tokens every step"),
-            Check("reward rises (bf16)", "pass" if end - start >= MIN_REWARD_RISE else "fail",
-                  f"{start:.3f} -> {end:.3f} over {len(rewards)} steps",
-                  f"last {k} steps >= first {k} + {MIN_REWARD_RISE}")]
+    return [
+        Check(
+            "completions not empty",
+            "pass" if shortest > 0 else "fail",
+            f"shortest step mean {shortest:.2f} tokens",
+            "> 0 tokens every step",
+        ),
+        Check(
+            "reward rises (bf16)",
+            "pass" if end - start >= MIN_REWARD_RISE else "fail",
+            f"{start:.3f} -> {end:.3f} over {len(rewards)} steps",
+            f"last {k} steps >= first {k} + {MIN_REWARD_RISE}",
+        ),
+    ]
 
 
 def generation(f: dict) -> list[Check]:
@@ -80,8 +88,14 @@ def generation(f: dict) -> list[Check]:
         sizes = sorted(part, key=int)
         speeds = ", ".join(f"G={g}: {part[g]:.0f}" for g in sizes)
         ok = all(part[g] > 0 for g in sizes) and part[sizes[-1]] > part[sizes[0]]
-        rows.append(Check(name, "pass" if ok else "fail", speeds,
-                          f"> 0, G={sizes[-1]} faster than G={sizes[0]}"))
+        rows.append(
+            Check(
+                name,
+                "pass" if ok else "fail",
+                speeds,
+                f"> 0, G={sizes[-1]} faster than G={sizes[0]}",
+            )
+        )
     return rows
 
 
@@ -95,10 +109,15 @@ def logprob_mismatch(f: dict) -> list[Check]:
         if bad:
             rows.append(bad)
             continue
-        ok = part["mean_abs"] <= MAX_MEAN_LOGPROB_DELTA and \
-            part["max_abs"] <= MAX_MAX_LOGPROB_DELTA
-        rows.append(Check(name, "pass" if ok else "fail",
-                          f"mean {part['mean_abs']:.4f}, max {part['max_abs']:.3f}", want))
+        ok = part["mean_abs"] <= MAX_MEAN_LOGPROB_DELTA and part["max_abs"] <= MAX_MAX_LOGPROB_DELTA
+        rows.append(
+            Check(
+                name,
+                "pass" if ok else "fail",
+                f"mean {part['mean_abs']:.4f}, max {part['max_abs']:.3f}",
+                want,
+            )
+        )
     return rows
 
 
@@ -109,9 +128,14 @@ def memory(f: dict) -> list[Check]:
     if bad:
         return [bad]
     ratio = part["measured_mib"] / part["planned_mib"]
-    return [Check("peak memory vs plan-memory", "pass" if ratio <= MAX_MEMORY_OVER_PLAN
-                  else "fail", f"{part['measured_mib']:.0f} / {part['planned_mib']:.0f} MiB "
-                  f"({ratio:.2f}x)", want)]
+    return [
+        Check(
+            "peak memory vs plan-memory",
+            "pass" if ratio <= MAX_MEMORY_OVER_PLAN else "fail",
+            f"{part['measured_mib']:.0f} / {part['planned_mib']:.0f} MiB ({ratio:.2f}x)",
+            want,
+        )
+    ]
 
 
 def distributed(f: dict) -> list[Check]:
@@ -123,14 +147,26 @@ def distributed(f: dict) -> list[Check]:
             rows.append(bad)
             continue
         ok = part["exit_code"] == 0 and part.get("ranks_in_sync") is True
-        rows.append(Check(name, "pass" if ok else "fail",
-                          f"{part['world']} ranks, exit {part['exit_code']}, in sync: "
-                          f"{part.get('ranks_in_sync')}", "exit 0, ranks in sync"))
+        rows.append(
+            Check(
+                name,
+                "pass" if ok else "fail",
+                f"{part['world']} ranks, exit {part['exit_code']}, in sync: "
+                f"{part.get('ranks_in_sync')}",
+                "exit 0, ranks in sync",
+            )
+        )
     return rows
 
 
 CHECKS: tuple[Callable[[dict], list[Check]], ...] = (
-    gpu_tests, training, generation, logprob_mismatch, memory, distributed)
+    gpu_tests,
+    training,
+    generation,
+    logprob_mismatch,
+    memory,
+    distributed,
+)
 
 
 def judge(figures: dict) -> list[Check]:

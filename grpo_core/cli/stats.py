@@ -37,8 +37,11 @@ def mean_distribution(values, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if math.comb(2 * n - 1, n) <= EXACT_LIMIT:
         idx = np.array(list(itertools.combinations_with_replacement(range(n), n)))
         counts = np.stack([np.bincount(row, minlength=n) for row in idx])
-        log_w = (math.lgamma(n + 1) - n * math.log(n)
-                 - np.sum([[math.lgamma(c + 1) for c in row] for row in counts], axis=1))
+        log_w = (
+            math.lgamma(n + 1)
+            - n * math.log(n)
+            - np.sum([[math.lgamma(c + 1) for c in row] for row in counts], axis=1)
+        )
         return x[idx].mean(axis=1), np.exp(log_w)
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, n, size=(DRAWS, n))].mean(axis=1)
@@ -112,8 +115,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -130,8 +135,9 @@ def incomplete_beta(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1.0:
         return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     if x < (a + 1) / (a + b + 2):  # the fraction converges fast on this side
         return math.exp(log_front) * _betacf(a, b, x) / a
     return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
@@ -154,10 +160,9 @@ def welch(a, b) -> tuple[float, float, float]:
     va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
     diff = float(x.mean() - y.mean())
     if va + vb == 0:
-        return (0.0, math.nan, 1.0) if diff == 0 else (math.copysign(math.inf, diff),
-                                                         math.nan, 0.0)
+        return (0.0, math.nan, 1.0) if diff == 0 else (math.copysign(math.inf, diff), math.nan, 0.0)
     t = diff / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
     return t, df, t_two_sided(t, df)
 
 
@@ -188,32 +193,39 @@ def step_tokens(record: dict, prompts_per_step: int, greedy: bool) -> float:
     return sampled + (float(got) if got is not None else prompts_per_step * length)
 
 
-def run_figures(records: list[dict], prompts_per_step: int, greedy: bool, threshold: float,
-                window: int = 20) -> dict:
+def run_figures(
+    records: list[dict], prompts_per_step: int, greedy: bool, threshold: float, window: int = 20
+) -> dict:
     """Final reward (mean of the last 10% of steps), area under the reward curve per step
     (the mean reward over all steps), the last held-out ``eval/accuracy`` (NaN without one),
     cumulative generated tokens and seconds per step, and the step, tokens and seconds at
     which the trailing ``window``-step mean reward first reaches ``threshold`` (None if
     never)."""
-    rewards = np.array([np.nan if r.get("reward") is None else float(r["reward"])
-                        for r in records])
+    rewards = np.array([np.nan if r.get("reward") is None else float(r["reward"]) for r in records])
     tokens = np.cumsum([step_tokens(r, prompts_per_step, greedy) for r in records])
     seconds = np.cumsum([float(r.get("time/step") or 0.0) for r in records])
     if len(rewards) == 0 or np.all(np.isnan(rewards)):
         raise ValueError("no reward in the run's metrics")
     reach = None
     for i in range(len(rewards)):
-        recent = rewards[max(0, i - window + 1):i + 1]
+        recent = rewards[max(0, i - window + 1) : i + 1]
         if np.any(~np.isnan(recent)) and np.nanmean(recent) >= threshold:
-            reach = {"step": int(records[i]["step"]) + 1, "tokens": float(tokens[i]),
-                     "seconds": float(seconds[i])}
+            reach = {
+                "step": int(records[i]["step"]) + 1,
+                "tokens": float(tokens[i]),
+                "seconds": float(seconds[i]),
+            }
             break
     held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
-    return {"final": float(np.nanmean(rewards[-max(1, len(rewards) // 10):])),
-            "auc": float(np.nanmean(rewards)), "reach": reach,
-            "eval": float(held_out[-1]) if held_out else math.nan,
-            "tokens": tokens.tolist(), "seconds": seconds.tolist(),
-            "rewards": rewards.tolist()}
+    return {
+        "final": float(np.nanmean(rewards[-max(1, len(rewards) // 10) :])),
+        "auc": float(np.nanmean(rewards)),
+        "reach": reach,
+        "eval": float(held_out[-1]) if held_out else math.nan,
+        "tokens": tokens.tolist(),
+        "seconds": seconds.tolist(),
+        "rewards": rewards.tolist(),
+    }
 
 
 def area_until(rewards: list[float], cumulative: list[float], budget: float) -> float:
@@ -245,13 +257,26 @@ def pairwise(groups: dict[str, list[float]], test: str, alpha: float = 0.05) -> 
     for a, b in itertools.combinations(groups, 2):
         x, y = groups[a], groups[b]
         lo, hi = bootstrap_diff_ci(x, y)
-        rows.append({"a": a, "b": b, "diff": float(np.mean(x) - np.mean(y)), "lo": lo, "hi": hi,
-                     "p_permutation": permutation_p(x, y), "p_welch": welch(x, y)[2]})
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "diff": float(np.mean(x) - np.mean(y)),
+                "lo": lo,
+                "hi": hi,
+                "p_permutation": permutation_p(x, y),
+                "p_welch": welch(x, y)[2],
+            }
+        )
     for row, adj in zip(rows, holm([r[f"p_{test}"] for r in rows])):
         p = row[f"p_{test}"]
         higher = row["a"] if row["diff"] > 0 else row["b"]
         row["p_holm"] = adj
-        row["verdict"] = (f"{higher} higher" if adj < alpha else
-                          f"not distinguishable ({higher} higher before adjustment)"
-                          if p < alpha else "not distinguishable")
+        row["verdict"] = (
+            f"{higher} higher"
+            if adj < alpha
+            else f"not distinguishable ({higher} higher before adjustment)"
+            if p < alpha
+            else "not distinguishable"
+        )
     return rows

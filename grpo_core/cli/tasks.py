@@ -33,8 +33,9 @@ TASKS: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-def sum_rows(largest_a: int, largest_b: int, n_train: int, n_test: int, seed: int = 0
-             ) -> tuple[list[dict], list[dict]]:
+def sum_rows(
+    largest_a: int, largest_b: int, n_train: int, n_test: int, seed: int = 0
+) -> tuple[list[dict], list[dict]]:
     """``a+b=`` problems, a in 0..largest_a and b in 0..largest_b, without repeats:
     (train, held out)."""
     pairs = [(a, b) for a in range(largest_a + 1) for b in range(largest_b + 1)]
@@ -73,8 +74,12 @@ def task_config(task: str, out: str, steps: int, baseline: str = "grpo") -> dict
     cfg["reward"]["options"]["workers"] = 1
     cfg["output"].update({"progress": False, "checkpoint_every": 0, "save_model": False})
     if task != "demo":  # greedy accuracy on the held-out problems, once, after the last step
-        cfg["eval"] = {"data": os.path.join(out, "data"), "split": "test",
-                       "every_n_steps": steps, "temperature": 0.0}
+        cfg["eval"] = {
+            "data": os.path.join(out, "data"),
+            "split": "test",
+            "every_n_steps": steps,
+            "temperature": 0.0,
+        }
     return cfg
 
 

@@ -26,8 +26,10 @@ from grpo_core.registry import registry, unknown_name_message
 
 #: keys that moved, old path -> new path; old configs still load, with a notice
 MOVED: dict[str, str] = {
-    **{f"train.{k}": f"optimizer.{k}" for k in ("lr", "weight_decay", "betas", "lr_schedule",
-                                                 "warmup_steps", "max_grad_norm")},
+    **{
+        f"train.{k}": f"optimizer.{k}"
+        for k in ("lr", "weight_decay", "betas", "lr_schedule", "warmup_steps", "max_grad_norm")
+    },
     "train.clip_low": "objective.options.clip_low",
     "train.clip_high": "objective.options.clip_high",
     "train.aggregation": "objective.aggregation",
@@ -43,7 +45,8 @@ MOVED: dict[str, str] = {
 
 # JSON Schema counts 2.0 as an integer; a step count of 2.0 is more likely a mistake
 _TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)
+)
 Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
 
 _noticed: set[str] = set()
@@ -61,7 +64,7 @@ def moved_path(path: str) -> str:
     for old, new in MOVED.items():
         if path == old or path.startswith(old + "."):
             _notice(old, new)
-            return new + path[len(old):]
+            return new + path[len(old) :]
     return path
 
 
@@ -143,8 +146,9 @@ def _format(err: jsonschema.ValidationError, prefix: str) -> str:
         missing = err.message.split("'")[1]
         return f"{_path(where if where != '(top level)' else '', [missing])}: missing, required"
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
-               "exclusiveMaximum": "<"}[v]
+        sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[
+            v
+        ]
         return f"{where}: found {_describe(err.instance)}, expected a number {sym} {val}"
     if isinstance(err.instance, Resolved):  # jsonschema's own message would quote the value
         return f"{where}: found {_describe(err.instance)}, which fails {v} {json.dumps(val)}"
@@ -181,11 +185,15 @@ def _unknown_keys(err: jsonschema.ValidationError, prefix: str) -> list[str]:
     lines, rest = [], []
     for key in extra:
         place = _placed().get(key)
-        meant = f"did you mean {place}?" if place and not prefix and not err.absolute_path \
+        meant = (
+            f"did you mean {place}?"
+            if place and not prefix and not err.absolute_path
             else trl_names.hint(str(key))
+        )
         if meant:
-            lines.append(f"{_path(prefix, [*err.absolute_path, key])}: unknown key {key!r}: "
-                         f"{meant}")
+            lines.append(
+                f"{_path(prefix, [*err.absolute_path, key])}: unknown key {key!r}: {meant}"
+            )
         else:
             rest.append(key)
     if rest:
@@ -204,8 +212,10 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
             problems.append(f"{_path(prefix, ['name'])}: {exc}")
             return value
         if info is None:
-            problems.append(f"{_path(prefix, ['name'])}: "
-                            + unknown_name_message(kind, value["name"], reg.names(kind)))
+            problems.append(
+                f"{_path(prefix, ['name'])}: "
+                + unknown_name_message(kind, value["name"], reg.names(kind))
+            )
             return value
         options = value.get("options")
         if not isinstance(options, dict):
@@ -216,8 +226,11 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
         _validate_node(info.schema, options, opt_prefix, problems)
         if len(problems) == before:
             options = _walk_plugins(info.schema, options, opt_prefix, problems)
-        if len(problems) == before and isinstance(info.factory, type) \
-                and issubclass(info.factory, Component):
+        if (
+            len(problems) == before
+            and isinstance(info.factory, type)
+            and issubclass(info.factory, Component)
+        ):
             problems += [f"{opt_prefix}.{p}" for p in info.factory.check_options(options)]
         value["options"] = options
         return value
@@ -226,8 +239,10 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
             if key in value:
                 value[key] = _walk_plugins(sub, value[key], _path(prefix, [key]), problems)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        value = [_walk_plugins(schema["items"], v, _path(prefix, [i]), problems)
-                 for i, v in enumerate(value)]
+        value = [
+            _walk_plugins(schema["items"], v, _path(prefix, [i]), problems)
+            for i, v in enumerate(value)
+        ]
     return value
 
 

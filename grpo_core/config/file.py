@@ -44,8 +44,12 @@ class _Loader(yaml.SafeLoader):
             except TypeError:
                 continue  # the base class reports unhashable keys itself
             if key in seen:
-                raise ConfigError([f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
-                                   f"(first at line {seen[key] + 1}); keep one"])
+                raise ConfigError(
+                    [
+                        f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                        f"(first at line {seen[key] + 1}); keep one"
+                    ]
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
@@ -55,7 +59,8 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+    list("-+0123456789."),
+)
 
 
 def _expanded_size(root: yaml.Node) -> int:
@@ -106,10 +111,13 @@ def _check_values(value: Any, where: str, depth: int = 0) -> None:
         raise ConfigError([f"{where}: nesting deeper than {MAX_DEPTH} levels"])
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError([f"{where}: found {value}, expected a finite number"])
-    if isinstance(value, int) and not isinstance(value, bool) and \
-            abs(value) >= 10 ** MAX_INT_DIGITS:
-        raise ConfigError([f"{where}: found an integer of {len(str(abs(value)))} digits, "
-                           f"expected at most {MAX_INT_DIGITS}"])
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_INT_DIGITS:
+        raise ConfigError(
+            [
+                f"{where}: found an integer of {len(str(abs(value)))} digits, "
+                f"expected at most {MAX_INT_DIGITS}"
+            ]
+        )
     if isinstance(value, dict):
         for k, v in value.items():
             _check_values(v, f"{where}.{k}" if where else str(k), depth + 1)
@@ -132,8 +140,9 @@ def read_file(path: str) -> dict:
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config file ({exc.strerror or exc})"]) from exc
     if len(raw) > MAX_BYTES:
-        raise ConfigError([f"{path}: larger than {MAX_BYTES // 1024} KiB; a config file is "
-                           f"expected"])
+        raise ConfigError(
+            [f"{path}: larger than {MAX_BYTES // 1024} KiB; a config file is expected"]
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -153,15 +162,16 @@ def read_file(path: str) -> dict:
     except RecursionError as exc:
         raise ConfigError([f"{path}: nesting deeper than {MAX_DEPTH} levels"]) from exc
     except ValueError as exc:  # e.g. an integer past Python's digit limit
-        reason = "an integer too long to read" if "digits" in str(exc) else \
-            str(exc).splitlines()[0]
+        reason = "an integer too long to read" if "digits" in str(exc) else str(exc).splitlines()[0]
         raise ConfigError([f"{path}: invalid {kind}: {reason}"]) from exc
     if data is None:
-        raise ConfigError([f"{path}: config file is empty; expected a mapping with model, data, "
-                           f"reward"])
+        raise ConfigError(
+            [f"{path}: config file is empty; expected a mapping with model, data, reward"]
+        )
     if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected a mapping at the top level, found "
-                           f"{type(data).__name__}"])
+        raise ConfigError(
+            [f"{path}: expected a mapping at the top level, found {type(data).__name__}"]
+        )
     try:
         _check_values(data, "")
     except ConfigError as exc:
@@ -177,7 +187,7 @@ def split_path(key: str) -> list[str | int]:
     parts: list[str | int] = []
     pos = 0
     for m in _PART.finditer(key):
-        if m.start() != pos and key[pos:m.start()] != ".":
+        if m.start() != pos and key[pos : m.start()] != ".":
             break
         parts.append(int(m.group(2)) if m.group(2) is not None else m.group(1))
         pos = m.end()
@@ -203,11 +213,16 @@ def apply_overrides(config: dict, overrides: list[str], moved=lambda key: key) -
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[:i])
             if isinstance(node, list):
                 if not isinstance(part, int) or part >= len(node):
-                    raise ConfigError([f"--set {key}: {part!r} is not an index of the list at "
-                                       f"{where.lstrip('.')}"])
+                    raise ConfigError(
+                        [
+                            f"--set {key}: {part!r} is not an index of the list at "
+                            f"{where.lstrip('.')}"
+                        ]
+                    )
             elif not isinstance(node, dict) or isinstance(part, int):
-                raise ConfigError([f"--set {key}: {where.lstrip('.') or 'the config'} is not a "
-                                   f"mapping"])
+                raise ConfigError(
+                    [f"--set {key}: {where.lstrip('.') or 'the config'} is not a mapping"]
+                )
             if i == len(parts) - 1:
                 node[part] = value
             else:
@@ -275,8 +290,9 @@ def resolve_env(value: Any, where: str = "", problems: list[str] | None = None) 
 
 def _resolve(value: Any, where: str, problems: list[str]) -> Any:
     if isinstance(value, dict):
-        return {k: _resolve(v, f"{where}.{k}" if where else str(k), problems)
-                for k, v in value.items()}
+        return {
+            k: _resolve(v, f"{where}.{k}" if where else str(k), problems) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_resolve(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
     if not isinstance(value, str) or isinstance(value, Resolved) or "${env:" not in value:
@@ -285,12 +301,16 @@ def _resolve(value: Any, where: str, problems: list[str]) -> Any:
     def sub(m: re.Match) -> str:
         name = m.group(1)
         if not _ENV_NAME.match(name):
-            problems.append(f"{where}: ${{env:{name}}} does not name an environment variable "
-                            f"(letters, digits and _)")
+            problems.append(
+                f"{where}: ${{env:{name}}} does not name an environment variable "
+                f"(letters, digits and _)"
+            )
             return ""
         if name not in os.environ:
-            problems.append(f"{where}: environment variable {name} is not set (the config "
-                            f"reads ${{env:{name}}})")
+            problems.append(
+                f"{where}: environment variable {name} is not set (the config "
+                f"reads ${{env:{name}}})"
+            )
             return ""
         return os.environ[name]
 

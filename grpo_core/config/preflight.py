@@ -41,9 +41,11 @@ def check(cfg: dict) -> None:
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
     missing = [c for c in reward_columns(cfg["reward"]) if c not in passed.values()]
     if missing:
-        problems.append(f"data.columns: the reward reads {missing}; add them to data.columns "
-                        f"(a field of that name, or {{field: {missing[0]}}} to pass another "
-                        f"field under that name)")
+        problems.append(
+            f"data.columns: the reward reads {missing}; add them to data.columns "
+            f"(a field of that name, or {{field: {missing[0]}}} to pass another "
+            f"field under that name)"
+        )
     fields = [cfg["data"]["prompt_field"], *passed, *environment_columns(cfg)]
     problems += _rows(cfg, cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
     if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
@@ -84,17 +86,21 @@ def environment_columns(cfg: dict) -> tuple[str, ...]:
 def _model(model_cfg: dict, chat_template: str) -> list[str]:
     gguf = gguf_path(model_cfg)
     if gguf is not None:  # converted (and its chat template read) when the run loads it
-        return [] if os.path.isfile(gguf) else [
-            f"model.gguf_file: {gguf} not found (expected a .gguf file, by name inside "
-            f"model.name_or_path or as a path)"]
+        return (
+            []
+            if os.path.isfile(gguf)
+            else [
+                f"model.gguf_file: {gguf} not found (expected a .gguf file, by name inside "
+                f"model.name_or_path or as a path)"
+            ]
+        )
     path = model_cfg["name_or_path"]
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             return [f"model.name_or_path: {path} has no config.json (not a model directory)"]
         return _template(path) if chat_template == "always" else []
     if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") > 1:
-        return [f"model.name_or_path: {path} is not a model directory (nor a hub id like "
-                f"org/name)"]
+        return [f"model.name_or_path: {path} is not a model directory (nor a hub id like org/name)"]
     return _offline_hub(path, "model", "model.name_or_path")
 
 
@@ -112,8 +118,10 @@ def _offline_hub(repo: str, kind: str, key: str) -> list[str]:
         cached = None
     if isinstance(cached, str):
         return []
-    return [f"{key}: {repo} is a hub id that is not in the local Hugging Face cache, and "
-            f"HF_HUB_OFFLINE is set; download it first or give a local directory"]
+    return [
+        f"{key}: {repo} is a hub id that is not in the local Hugging Face cache, and "
+        f"HF_HUB_OFFLINE is set; download it first or give a local directory"
+    ]
 
 
 def _template(path: str) -> list[str]:
@@ -123,8 +131,11 @@ def _template(path: str) -> list[str]:
     except (OSError, ValueError):
         has = False
     has = has or os.path.isfile(os.path.join(path, "chat_template.jinja"))
-    return [] if has else [f"data.chat_template: 'always', but the tokenizer in {path} has no "
-                           f"chat template"]
+    return (
+        []
+        if has
+        else [f"data.chat_template: 'always', but the tokenizer in {path} has no chat template"]
+    )
 
 
 def _runtime(cfg: dict) -> list[str]:
@@ -135,8 +146,9 @@ def _runtime(cfg: dict) -> list[str]:
         problems.append("runtime.device: 'cuda', but CUDA is not available")
     on_gpu = cuda and device != "cpu"
     if cfg["model"]["quantization"] and not on_gpu:
-        problems.append(f"model.quantization: {cfg['model']['quantization']} base weights need "
-                        f"a CUDA device")
+        problems.append(
+            f"model.quantization: {cfg['model']['quantization']} base weights need a CUDA device"
+        )
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
     problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
@@ -158,16 +170,22 @@ def _runtime(cfg: dict) -> list[str]:
             problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
         for part in ("offload_optimizer", "offload_param"):
             if (zero.get(part) or {}).get("device") == "nvme":
-                problems.append(f"deepspeed.zero_optimization.{part}.device: nvme is not "
-                                f"supported (its swapping hooks run only in DeepSpeed's own "
-                                f"forward; grpo-core calls the model); use cpu or none")
+                problems.append(
+                    f"deepspeed.zero_optimization.{part}.device: nvme is not "
+                    f"supported (its swapping hooks run only in DeepSpeed's own "
+                    f"forward; grpo-core calls the model); use cpu or none"
+                )
         if (ds.get("checkpoint") or {}).get("writer"):
-            problems.append("deepspeed.checkpoint.writer: not supported (a checkpoint must be "
-                            "complete when its checksums are taken); remove it")
+            problems.append(
+                "deepspeed.checkpoint.writer: not supported (a checkpoint must be "
+                "complete when its checksums are taken); remove it"
+            )
         if stage == 3 and cfg["generator"]["name"] == "vllm":
-            problems.append("generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
-                            "weight sync would gather the whole model after every update); "
-                            "use distributed.strategy fsdp")
+            problems.append(
+                "generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
+                "weight sync would gather the whole model after every update); "
+                "use distributed.strategy fsdp"
+            )
     return problems
 
 
@@ -181,8 +199,11 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
             return [f"{key}: file not found: {path}"]
         if files:  # a builder (json, csv, ...) reading data_files: nothing on the hub
             return []
-        print(f"note: {key}: {path} is read from the Hugging Face Hub when training starts; "
-              f"its columns are checked then, not here", file=sys.stderr)
+        print(
+            f"note: {key}: {path} is read from the Hugging Face Hub when training starts; "
+            f"its columns are checked then, not here",
+            file=sys.stderr,
+        )
         return _offline_hub(path, "dataset", key)
     try:
         check_local(Source(path, split, name, files, key))
@@ -213,8 +234,9 @@ def long_rows(cfg: dict, rows: list[dict]) -> None:
     prompt limit, as train decides it (raises under ``data.long_prompts: error``). Needs the
     tokenizer: only for a local model whose repository code need not run."""
     mc, dc = cfg["model"], cfg["data"]
-    if mc["trust_remote_code"] or not os.path.isfile(os.path.join(mc["name_or_path"],
-                                                                  "config.json")):
+    if mc["trust_remote_code"] or not os.path.isfile(
+        os.path.join(mc["name_or_path"], "config.json")
+    ):
         return
     limit = dc["max_prompt_tokens"] or _context(mc["name_or_path"]) - completion_budget(cfg)[1]
     if limit < 1:
@@ -222,9 +244,12 @@ def long_rows(cfg: dict, rows: list[dict]) -> None:
     tokenizer = load_tokenizer(mc)
     long = sum(fit_prompt(row, i, tokenizer, dc, limit)[1] for i, row in enumerate(rows))
     if long:
-        print(f"notice: data.path: {long} of the first {len(rows)} rows have prompts longer "
-              f"than {limit} tokens; train will {_LONG[dc['long_prompts']]} "
-              f"(data.long_prompts: {dc['long_prompts']})", file=sys.stderr)
+        print(
+            f"notice: data.path: {long} of the first {len(rows)} rows have prompts longer "
+            f"than {limit} tokens; train will {_LONG[dc['long_prompts']]} "
+            f"(data.long_prompts: {dc['long_prompts']})",
+            file=sys.stderr,
+        )
 
 
 def _context(model_dir: str) -> int:

@@ -35,8 +35,9 @@ def register(value: str, shown: str) -> None:
     value = str(value)
     if len(value) >= MIN_LENGTH and value != shown and _secrets.get(value) != shown:
         _secrets[value] = shown
-        _pattern = re.compile("|".join(re.escape(v) for v in sorted(_secrets, key=len,
-                                                                        reverse=True)))
+        _pattern = re.compile(
+            "|".join(re.escape(v) for v in sorted(_secrets, key=len, reverse=True))
+        )
     if _secrets:
         install()  # again: sys.stderr may have been replaced since
 
@@ -47,7 +48,7 @@ def register_resolved(value: str, template: str) -> None:
     names: list[str] = []
     parts, last = [], 0
     for m in _ENV_REF.finditer(template):
-        parts.append(re.escape(template[last:m.start()]) + "(.*?)")
+        parts.append(re.escape(template[last : m.start()]) + "(.*?)")
         names.append(m.group(1))
         last = m.end()
     found = re.fullmatch("".join(parts) + re.escape(template[last:]), value, re.DOTALL)

@@ -29,23 +29,32 @@ TRL: dict[str, tuple[str, str]] = {
     "epsilon": ("objective.options.clip_low", ""),
     "epsilon_high": ("objective.options.clip_high", ""),
     "delta": ("objective.options.dual_clip", "a bound on the ratio of negative advantages"),
-    "loss_type": ("objective.aggregation",
-                  "grpo: seq_mean_token_mean; bnpo, dapo: token_mean; "
-                  "dr_grpo: seq_mean_token_sum_norm"),
+    "loss_type": (
+        "objective.aggregation",
+        "grpo: seq_mean_token_mean; bnpo, dapo: token_mean; dr_grpo: seq_mean_token_sum_norm",
+    ),
     "importance_sampling_level": ("objective.name", "token: grpo; sequence: gspo"),
     "scale_rewards": ("baseline.name", "true or group: grpo; false or none: dr_grpo"),
-    "reward_weights": ("reward.options.components",
-                       "reward: {name: weighted}, a weight per component"),
+    "reward_weights": (
+        "reward.options.components",
+        "reward: {name: weighted}, a weight per component",
+    ),
     "num_iterations": ("train.inner_iterations", ""),
     "max_steps": ("train.steps", "a step is one rollout of train.prompts_per_step prompts"),
-    "num_train_epochs": ("train.steps", "steps, not epochs: steps x prompts_per_step / "
-                                        "rows is the number of epochs"),
-    "per_device_train_batch_size": ("train.prompts_per_step",
-                                    "counts prompts over all processes, not completions per "
-                                    "device: P = batch x accumulation x devices / G"),
-    "gradient_accumulation_steps": ("train.micro_batch_groups",
-                                    "micro-batches are whole groups; accumulation follows "
-                                    "from prompts_per_step / micro_batch_groups"),
+    "num_train_epochs": (
+        "train.steps",
+        "steps, not epochs: steps x prompts_per_step / rows is the number of epochs",
+    ),
+    "per_device_train_batch_size": (
+        "train.prompts_per_step",
+        "counts prompts over all processes, not completions per "
+        "device: P = batch x accumulation x devices / G",
+    ),
+    "gradient_accumulation_steps": (
+        "train.micro_batch_groups",
+        "micro-batches are whole groups; accumulation follows "
+        "from prompts_per_step / micro_batch_groups",
+    ),
     "seed": ("train.seed", ""),
     "learning_rate": ("optimizer.lr", ""),
     "lr_scheduler_type": ("optimizer.lr_schedule", ""),
@@ -103,9 +112,9 @@ VERL: dict[str, tuple[str, str]] = {
 #: TRL settings with no counterpart here, and what to do instead
 MISSING: dict[str, str] = {
     "steps_per_generation": "one optimizer update per rollout, or train.inner_iterations "
-                            "passes over it",
+    "passes over it",
     "mask_truncated_completions": "a reward can score a truncated completion (the "
-                                  "completion_tokens column) or return None for it",
+    "completion_tokens column) or return None for it",
     "top_entropy_quantile": "every completion token is in the loss",
     "generation_kwargs": "sampling's own keys",
     "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",

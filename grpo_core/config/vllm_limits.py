@@ -31,13 +31,17 @@ def problems(cfg: dict, world: int, installed: str | None) -> list[str]:
         return []
     found = []
     if cfg["model"]["lora"]:
-        found.append("model.lora: not supported with generator vllm (the adapter's weight "
-                     "names do not map onto the engine's, so its weights could not be synced); "
-                     "use the hf generator, or train without LoRA")
+        found.append(
+            "model.lora: not supported with generator vllm (the adapter's weight "
+            "names do not map onto the engine's, so its weights could not be synced); "
+            "use the hf generator, or train without LoRA"
+        )
     if installed is not None and _version(installed) < PROCESSED_LOGPROBS_SINCE:
-        found.append(f"generator.name: vllm {installed} returns log-probs of the unprocessed "
-                     f"distribution (no logprobs_mode before 0.10.2), which would bias the "
-                     f"importance weights; install vllm >= 0.10.2")
+        found.append(
+            f"generator.name: vllm {installed} returns log-probs of the unprocessed "
+            f"distribution (no logprobs_mode before 0.10.2), which would bias the "
+            f"importance weights; install vllm >= 0.10.2"
+        )
     return found + _tensor_parallel(cfg, world)
 
 
@@ -50,14 +54,20 @@ def _tensor_parallel(cfg: dict, world: int) -> list[str]:
     key = "generator.options.tensor_parallel_size"
     found = []
     if world % tp:
-        found.append(f"{key}: {tp} needs the training processes in groups of {tp} (the "
-                     f"engine's shards are the ranks'); this launch starts {world}: launch a "
-                     f"multiple of {tp} with torchrun")
+        found.append(
+            f"{key}: {tp} needs the training processes in groups of {tp} (the "
+            f"engine's shards are the ranks'); this launch starts {world}: launch a "
+            f"multiple of {tp} with torchrun"
+        )
     if cfg["environment"]:
-        found.append(f"{key}: {tp} with an environment is not supported (a turn's requests "
-                     f"differ between the ranks that share an engine); use 1")
+        found.append(
+            f"{key}: {tp} with an environment is not supported (a turn's requests "
+            f"differ between the ranks that share an engine); use 1"
+        )
     if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
-        found.append(f"{key}: {tp} with validation (eval.every_n_steps) is not supported "
-                     f"(validation generates on rank 0 alone, an engine needs all its {tp} "
-                     f"ranks); use 1, or eval.every_n_steps: 0")
+        found.append(
+            f"{key}: {tp} with validation (eval.every_n_steps) is not supported "
+            f"(validation generates on rank 0 alone, an engine needs all its {tp} "
+            f"ranks); use 1, or eval.every_n_steps: 0"
+        )
     return found

@@ -35,12 +35,15 @@ def column_problems(data_cfg: dict) -> list[str]:
     problems = []
     twice = sorted({a for a in args if args.count(a) > 1})
     if twice:
-        problems.append(f"data.columns: several fields are passed as {twice}; a reward "
-                        f"argument takes one field")
+        problems.append(
+            f"data.columns: several fields are passed as {twice}; a reward argument takes one field"
+        )
     reserved = sorted(set(args) & set(RESERVED_COLUMNS))
     if reserved:
-        problems.append(f"data.columns: {reserved} are reserved names the trainer passes to "
-                        f"rewards; rename the dataset field (data.columns: {{field: name}})")
+        problems.append(
+            f"data.columns: {reserved} are reserved names the trainer passes to "
+            f"rewards; rename the dataset field (data.columns: {{field: name}})"
+        )
     return problems
 
 
@@ -59,8 +62,10 @@ def check_row(row, i: int, fields: list[str], source: str) -> None:
         raise UserError(f"{source}: row {i} is a {type(row).__name__}, expected an object")
     for f in fields:
         if f not in row:
-            raise UserError(f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
-                            f"set data.prompt_field / data.columns")
+            raise UserError(
+                f"{source}: row {i} has no field {f!r} (has {sorted(row)}); "
+                f"set data.prompt_field / data.columns"
+            )
     problem = _prompt_problem(row[fields[0]]) if fields else None
     if problem:
         raise UserError(f"{source}: row {i} field {fields[0]!r}: {problem}")
@@ -74,8 +79,11 @@ def _prompt_problem(prompt) -> str | None:
         if not prompt:
             return "empty list of messages"
         for m in prompt:
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)):
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            ):
                 return "a list prompt must hold chat messages {role: str, content: str}"
         return None
     return f"found {type(prompt).__name__}, expected text or a list of chat messages"
@@ -96,12 +104,18 @@ def fit_prompts(rows: list[dict], tokenizer, data_cfg: dict, limit: int) -> tupl
     return kept, long
 
 
-def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
-        -> tuple[dict | None, bool]:
+def fit_prompt(
+    row: dict, i: int, tokenizer, data_cfg: dict, limit: int
+) -> tuple[dict | None, bool]:
     """One row of :func:`fit_prompts`: (the row as kept or None when dropped, whether it was
     long)."""
-    text = render_prompt(tokenizer, row[data_cfg["prompt_field"]], data_cfg["chat_template"],
-                         data_cfg["system_prompt"], data_cfg.get("chat_template_kwargs"))
+    text = render_prompt(
+        tokenizer,
+        row[data_cfg["prompt_field"]],
+        data_cfg["chat_template"],
+        data_cfg["system_prompt"],
+        data_cfg.get("chat_template_kwargs"),
+    )
     if len(text) <= chars_bound(tokenizer, limit):
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if n <= limit:
@@ -110,11 +124,12 @@ def fit_prompt(row: dict, i: int, tokenizer, data_cfg: dict, limit: int) \
     else:  # over the limit for certain: never tokenized whole (memory grows with its length)
         size = f"{len(text)} characters (more than {limit} tokens)"
     if data_cfg["long_prompts"] == "error":
-        raise UserError(f"data: row {i} has a prompt of {size}, over the limit of "
-                        f"{limit} (data.max_prompt_tokens, or the model's context minus "
-                        f"sampling.max_new_tokens); set data.long_prompts: drop")
-    return ({**row, TRUNCATE: limit} if data_cfg["long_prompts"] == "truncate_left"
-            else None), True
+        raise UserError(
+            f"data: row {i} has a prompt of {size}, over the limit of "
+            f"{limit} (data.max_prompt_tokens, or the model's context minus "
+            f"sampling.max_new_tokens); set data.long_prompts: drop"
+        )
+    return ({**row, TRUNCATE: limit} if data_cfg["long_prompts"] == "truncate_left" else None), True
 
 
 #: a row field set by ``fit_prompts``: keep only this many tokens from the prompt's end
@@ -145,12 +160,17 @@ def prompt_ids(tokenizer, text: str, keep: int | None = None) -> list[int]:
     text's end than :func:`chars_bound` says can hold them."""
     if keep is None:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
-    tail = text[-chars_bound(tokenizer, keep):]
+    tail = text[-chars_bound(tokenizer, keep) :]
     return tokenizer(tail, add_special_tokens=False)["input_ids"][-keep:]
 
 
-def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = None,
-                  template_kwargs: dict | None = None) -> str:
+def render_prompt(
+    tokenizer,
+    prompt,
+    mode: str = "auto",
+    system: str | None = None,
+    template_kwargs: dict | None = None,
+) -> str:
     """The text the model sees: the chat template when it has one (and mode allows), given
     ``template_kwargs`` (``data.chat_template_kwargs``: ``enable_thinking`` and the like)."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -166,8 +186,9 @@ def render_prompt(tokenizer, prompt, mode: str = "auto", system: str | None = No
         raise UserError("data.chat_template: 'always' but the tokenizer has no chat template")
     if system and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system}] + messages
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         **(template_kwargs or {}))
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+    )
 
 
 class PromptStream:
@@ -175,8 +196,7 @@ class PromptStream:
     ``position`` counts prompts served, which is all a checkpoint needs to resume exactly.
     ``long_prompts``: rows found longer than the prompt limit (data.long_prompts)."""
 
-    def __init__(self, rows: list[dict], seed: int, shuffle: bool = True,
-                 long_prompts: int = 0):
+    def __init__(self, rows: list[dict], seed: int, shuffle: bool = True, long_prompts: int = 0):
         self.rows, self.n, self.seed, self.shuffle = rows, len(rows), seed, shuffle
         self.position, self.long_prompts = 0, long_prompts
         self._epoch, self._order = -1, []
@@ -215,9 +235,13 @@ class StreamedPrompts:
     uninterrupted one would, provided the source is unchanged (same files, same revision).
     ``long_prompts`` counts long rows met in the first epoch (each row once)."""
 
-    def __init__(self, open_epoch: Callable[[int], Iterable[dict]],
-                 fit: Callable[[dict, int], tuple[dict | None, bool]], fields: list[str],
-                 name: str):
+    def __init__(
+        self,
+        open_epoch: Callable[[int], Iterable[dict]],
+        fit: Callable[[dict, int], tuple[dict | None, bool]],
+        fields: list[str],
+        name: str,
+    ):
         self.open_epoch, self.fit, self.fields, self.name = open_epoch, fit, fields, name
         self.position, self.long_prompts = 0, 0
         self.epoch_rows: int | None = None  # known once the first epoch has been read
@@ -269,8 +293,11 @@ class StreamedPrompts:
         return out
 
     def state_dict(self) -> dict:
-        return {"position": self.position, "long_prompts": self.long_prompts,
-                "epoch_rows": self.epoch_rows}
+        return {
+            "position": self.position,
+            "long_prompts": self.long_prompts,
+            "epoch_rows": self.epoch_rows,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.position = state["position"]
@@ -291,33 +318,46 @@ class Batch:
 
     def select(self, idx: list[int]) -> Batch:
         """The prompts at ``idx``, in that order."""
-        return Batch([self.raw[i] for i in idx], [self.prompts[i] for i in idx],
-                     [self.prompt_ids[i] for i in idx],
-                     {k: [v[i] for i in idx] for k, v in self.columns.items()})
+        return Batch(
+            [self.raw[i] for i in idx],
+            [self.prompts[i] for i in idx],
+            [self.prompt_ids[i] for i in idx],
+            {k: [v[i] for i in idx] for k, v in self.columns.items()},
+        )
 
 
 def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
     """Render and tokenize dataset rows (``data`` config section) into a :class:`Batch`."""
     field = data_cfg["prompt_field"]
-    prompts = [render_prompt(tokenizer, r[field], data_cfg["chat_template"],
-                             data_cfg["system_prompt"], data_cfg.get("chat_template_kwargs"))
-               for r in rows]
+    prompts = [
+        render_prompt(
+            tokenizer,
+            r[field],
+            data_cfg["chat_template"],
+            data_cfg["system_prompt"],
+            data_cfg.get("chat_template_kwargs"),
+        )
+        for r in rows
+    ]
     ids = [prompt_ids(tokenizer, p, r.get(TRUNCATE)) for p, r in zip(prompts, rows)]
     columns = {arg: [r[f] for r in rows] for f, arg in column_map(data_cfg).items()}
     return Batch([r[field] for r in rows], prompts, ids, columns)
 
 
-def reward_inputs(tokenizer, batch: Batch, ro: Rollout,
-                  transcripts: list | None = None) -> tuple[list, list[str], dict]:
+def reward_inputs(
+    tokenizer, batch: Batch, ro: Rollout, transcripts: list | None = None
+) -> tuple[list, list[str], dict]:
     """What a reward is called with, one entry per completion: the dataset prompts, the
     decoded completions, and the columns (dataset fields plus the reserved ones). For
     environment episodes (``transcripts``, grpo_core.env.episodes) the completion is the last
     model turn's text, ``messages`` the whole trajectory, and ``completion_tokens`` counts
     the model's tokens only."""
     if transcripts is None:
-        texts = tokenizer.batch_decode(ro.completion_ids * ro.completion_mask
-                                       + tokenizer.pad_token_id * (1 - ro.completion_mask),
-                                       skip_special_tokens=True)
+        texts = tokenizer.batch_decode(
+            ro.completion_ids * ro.completion_mask
+            + tokenizer.pad_token_id * (1 - ro.completion_mask),
+            skip_special_tokens=True,
+        )
     else:
         texts = [t.final for t in transcripts]
     g = ro.group.cpu().tolist()

@@ -39,8 +39,9 @@ def parse_split(split: str, key: str = "data.split") -> tuple[str, str | None, s
     """``train[10:20%]`` -> ("train", "10", "20%"); a bare name has no bounds."""
     m = _SLICE.match(split.strip())
     if not m:
-        raise UserError(f"{key}: {split!r} is not a split name or a slice like train[:1000] "
-                        f"or train[:10%]")
+        raise UserError(
+            f"{key}: {split!r} is not a split name or a slice like train[:1000] or train[:10%]"
+        )
     return m.group(1), m.group(2), m.group(3)
 
 
@@ -54,14 +55,15 @@ def _bound(text: str | None, n: int, default: int) -> int:
 
 def _slice(rows: list, split: str) -> list:
     _, lo, hi = parse_split(split)
-    return rows[_bound(lo, len(rows), 0):_bound(hi, len(rows), len(rows))]
+    return rows[_bound(lo, len(rows), 0) : _bound(hi, len(rows), len(rows))]
 
 
 def is_saved_dataset(path: str) -> bool:
     """Whether ``path`` is a directory written by ``Dataset(Dict).save_to_disk``."""
     return os.path.isfile(os.path.join(path, "dataset_dict.json")) or (
         os.path.isfile(os.path.join(path, "state.json"))
-        and os.path.isfile(os.path.join(path, "dataset_info.json")))
+        and os.path.isfile(os.path.join(path, "dataset_info.json"))
+    )
 
 
 def split_file(path: str, split: str) -> str | None:
@@ -76,13 +78,19 @@ def split_file(path: str, split: str) -> str | None:
 def looks_like_hub_id(path: str) -> bool:
     """``name`` or ``org/name``: something ``datasets`` may find on the hub (or a builder
     such as ``json`` given ``data_files``), not a local path that is missing."""
-    return not (path.count("/") > 1 or path.startswith((".", "/", "~"))
-                or os.path.splitext(path)[1])
+    return not (
+        path.count("/") > 1 or path.startswith((".", "/", "~")) or os.path.splitext(path)[1]
+    )
 
 
-def read_rows(path: str, split: str = "train", name: str | None = None,
-              data_files: Any = None, limit: int | None = None, key: str = "data.path") \
-        -> list[dict]:
+def read_rows(
+    path: str,
+    split: str = "train",
+    name: str | None = None,
+    data_files: Any = None,
+    limit: int | None = None,
+    key: str = "data.path",
+) -> list[dict]:
     """The rows of a data set (the first ``limit`` only, when given)."""
     src = Source(path, split, name, data_files, key)
     check_local(src)
@@ -93,9 +101,11 @@ def read_rows(path: str, split: str = "train", name: str | None = None,
     if file is not None:
         return _slice(_read_file(file, parse_split(split)[0], key), split)[:limit]
     if os.path.isfile(path):
-        raise UserError(f"{key}: {path} is not a .jsonl, .json or .parquet file (for another "
-                        f"format, name its datasets builder: data.path: csv, data.data_files: "
-                        f"{path})")
+        raise UserError(
+            f"{key}: {path} is not a .jsonl, .json or .parquet file (for another "
+            f"format, name its datasets builder: data.path: csv, data.data_files: "
+            f"{path})"
+        )
     if not os.path.exists(path) and not looks_like_hub_id(path):
         raise UserError(f"{key}: file not found: {path}")
     datasets = _datasets(src, "reading it")
@@ -114,18 +124,22 @@ def open_stream(src: Source, seed: int | None, buffer: int = 10_000) -> Any:
     datasets = _datasets(src, "streaming it")
     base, lo, hi = parse_split(src.split)
     if any(b is not None and (b.endswith("%") or b.startswith("-")) for b in (lo, hi)):
-        raise UserError(f"data.split: {src.split!r}: a streamed split takes row ranges like "
-                        f"{base}[:1000] (no percentages or negative indices)")
+        raise UserError(
+            f"data.split: {src.split!r}: a streamed split takes row ranges like "
+            f"{base}[:1000] (no percentages or negative indices)"
+        )
     file = _own_file(src)
     try:
         if os.path.isdir(src.path) and is_saved_dataset(src.path):
             ds = _saved_split(src).to_iterable_dataset()
         elif file is not None:
-            ds = datasets.load_dataset(FILES[os.path.splitext(file)[1]], data_files=file,
-                                       split="train", streaming=True)
+            ds = datasets.load_dataset(
+                FILES[os.path.splitext(file)[1]], data_files=file, split="train", streaming=True
+            )
         else:
-            ds = datasets.load_dataset(src.path, src.name, data_files=src.data_files,
-                                       split=base, streaming=True)
+            ds = datasets.load_dataset(
+                src.path, src.name, data_files=src.data_files, split=base, streaming=True
+            )
     except UserError:
         raise
     except Exception as exc:
@@ -149,8 +163,9 @@ def check_local(src: Source) -> None:
         full = pattern if os.path.isabs(pattern) else os.path.join(base, pattern)
         matches = glob.glob(full, recursive=True)
         if not matches:
-            raise UserError(f"data.data_files: {pattern!r} matches no file (looked in "
-                            f"{os.path.abspath(base)})")
+            raise UserError(
+                f"data.data_files: {pattern!r} matches no file (looked in {os.path.abspath(base)})"
+            )
         odd = [f for f in matches if not (os.path.isfile(f) or os.path.isdir(f))]
         if odd:
             raise UserError(f"data.data_files: {odd[0]} is not a regular file")
@@ -175,9 +190,11 @@ def _own_file(src: Source) -> str | None:
     if os.path.isdir(src.path):
         file = split_file(src.path, src.split)
         if file is None and not _datasets_installed():
-            raise UserError(f"{src.key}: directory {src.path} has no "
-                            f"{parse_split(src.split)[0]}.jsonl/.json/.parquet and is not a "
-                            f"saved dataset (other layouts need pip install datasets)")
+            raise UserError(
+                f"{src.key}: directory {src.path} has no "
+                f"{parse_split(src.split)[0]}.jsonl/.json/.parquet and is not a "
+                f"saved dataset (other layouts need pip install datasets)"
+            )
         return file
     if os.path.splitext(src.path)[1] not in FILES:
         return None
@@ -198,18 +215,20 @@ def _saved_split(src: Source) -> Any:
     """The split of a directory written by ``save_to_disk`` (a Dataset, or a DatasetDict)."""
     datasets = _datasets(src, "reading it")
     if src.name is not None or src.data_files is not None:
-        raise UserError(f"{src.key}: {src.path} was written by save_to_disk; data.name and "
-                        f"data.data_files do not apply to it")
+        raise UserError(
+            f"{src.key}: {src.path} was written by save_to_disk; data.name and "
+            f"data.data_files do not apply to it"
+        )
     try:
         ds = datasets.load_from_disk(src.path)
     except Exception as exc:
-        raise UserError(f"{src.key}: cannot load the saved dataset {src.path} "
-                        f"({_one_line(exc)})") from exc
+        raise UserError(
+            f"{src.key}: cannot load the saved dataset {src.path} ({_one_line(exc)})"
+        ) from exc
     base, lo, hi = parse_split(src.split)
     if isinstance(ds, datasets.DatasetDict):
         if base not in ds:
-            raise UserError(f"data.split: {src.path} has no split {base!r} (has "
-                            f"{sorted(ds)})")
+            raise UserError(f"data.split: {src.path} has no split {base!r} (has {sorted(ds)})")
         ds = ds[base]
     n = len(ds)
     a, b = _bound(lo, n, 0), _bound(hi, n, n)
@@ -220,8 +239,10 @@ def _datasets(src: Source, doing: str) -> Any:
     try:
         import datasets
     except ImportError as exc:
-        raise UserError(f"{src.key}: {src.path} is not a file we read ourselves, and "
-                        f"{doing} needs the datasets package (pip install datasets)") from exc
+        raise UserError(
+            f"{src.key}: {src.path} is not a file we read ourselves, and "
+            f"{doing} needs the datasets package (pip install datasets)"
+        ) from exc
     return datasets
 
 
@@ -252,8 +273,9 @@ def _read_file(path: str, split: str, key: str) -> list[dict]:
     try:
         return pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow's errors have many types
-        raise UserError(f"{key}: {path} is not a readable parquet file "
-                        f"({str(exc).splitlines()[0]})") from exc
+        raise UserError(
+            f"{key}: {path} is not a readable parquet file ({str(exc).splitlines()[0]})"
+        ) from exc
 
 
 def _jsonl(path: str, key: str) -> list[dict]:
@@ -281,8 +303,10 @@ def _number_problem(exc: ValueError) -> str:
     """A JSON reader's ValueError in words: Python refuses integers of more than 4300
     digits (converting them costs quadratic time)."""
     if "digits" in str(exc):
-        return ("an integer too long to read (more than 4300 digits); write it as a string "
-                "if it is data")
+        return (
+            "an integer too long to read (more than 4300 digits); write it as a string "
+            "if it is data"
+        )
     return f"invalid JSON ({_one_line(exc)})"
 
 

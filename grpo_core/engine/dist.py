@@ -35,9 +35,11 @@ def own_device(device: torch.device) -> torch.device:
     index = local_rank() if launched_world() > 1 else (device.index or 0)
     count = torch.cuda.device_count()
     if index >= count:
-        raise UserError(f"runtime.device: this process needs CUDA device {index} (LOCAL_RANK "
-                        f"{local_rank()}), but {count} are visible; start at most {count} "
-                        f"processes per machine")
+        raise UserError(
+            f"runtime.device: this process needs CUDA device {index} (LOCAL_RANK "
+            f"{local_rank()}), but {count} are visible; start at most {count} "
+            f"processes per machine"
+        )
     chosen = torch.device("cuda", index)
     torch.cuda.set_device(chosen)
     return chosen
@@ -97,11 +99,11 @@ def gather_grid(grid: torch.Tensor) -> tuple[torch.Tensor, int]:
     td.all_gather(shapes, shape)
     rows, width = max(int(s[0]) for s in shapes), max(int(s[1]) for s in shapes)
     padded = torch.full((rows, width), torch.nan, dtype=torch.float64)
-    padded[:grid.shape[0], :grid.shape[1]] = grid
+    padded[: grid.shape[0], : grid.shape[1]] = grid
     parts = [torch.empty_like(padded) for _ in shapes]
     td.all_gather(parts, padded)
-    full = torch.cat([p[:int(s[0])] for p, s in zip(parts, shapes)])
-    start = sum(int(s[0]) for s in shapes[:td.get_rank()])
+    full = torch.cat([p[: int(s[0])] for p, s in zip(parts, shapes)])
+    start = sum(int(s[0]) for s in shapes[: td.get_rank()])
     return full.to(grid.dtype), start
 
 

@@ -42,8 +42,10 @@ def _layer_types(model) -> tuple[type, ...]:
         names |= set(getattr(m, "_no_split_modules", None) or [])
     found = tuple({type(m) for m in model.modules() if type(m).__name__ in names})
     if not found:
-        raise UserError("distributed.strategy: cannot find the model's decoder layers to shard "
-                        "(its class lists no _no_split_modules)")
+        raise UserError(
+            "distributed.strategy: cannot find the model's decoder layers to shard "
+            "(its class lists no _no_split_modules)"
+        )
     return found
 
 
@@ -60,8 +62,9 @@ def shard(model, how: str, dist_cfg: dict, device: torch.device) -> None:
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
     options: dict = {"mesh": mesh}
     if device.type == "cuda" and dist_cfg["mixed_precision"]:
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                    reduce_dtype=torch.float32)
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
     if how == "fsdp" and dist_cfg["cpu_offload"]:
         options["offload_policy"] = CPUOffloadPolicy()
     reshard = how == "fsdp" and dist_cfg["reshard_after_forward"]
@@ -116,5 +119,6 @@ def full_state_dict(model) -> dict:
     """The whole model's state on rank 0 (CPU), empty elsewhere: for the final save."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                cpu_offload=True))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )

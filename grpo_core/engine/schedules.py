@@ -17,8 +17,9 @@ from grpo_core.config.schema import SCHEDULES  # noqa: F401  (the names offered)
 from grpo_core.errors import UserError
 
 
-def build(optimizer: torch.optim.Optimizer, opt_cfg: dict,
-          total: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build(
+    optimizer: torch.optim.Optimizer, opt_cfg: dict, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """The ``optimizer`` section's schedule over ``total`` optimizer updates; a schedule
     missing one of its own options (``warmup_stable_decay`` without ``num_decay_steps``,
     ``cosine_with_min_lr`` without ``min_lr_rate``) is a one-line error."""
@@ -27,16 +28,24 @@ def build(optimizer: torch.optim.Optimizer, opt_cfg: dict,
     name = opt_cfg["lr_schedule"]
     options = dict(opt_cfg["scheduler_options"])
     if options and name in ("constant", "constant_with_warmup"):  # transformers ignores them
-        raise UserError(f"optimizer.scheduler_options: lr_schedule {name} takes no options "
-                        f"(found {sorted(options)})")
+        raise UserError(
+            f"optimizer.scheduler_options: lr_schedule {name} takes no options "
+            f"(found {sorted(options)})"
+        )
     try:
-        sched = get_scheduler("constant_with_warmup" if name == "constant" else name, optimizer,
-                              num_warmup_steps=warmup(opt_cfg, total),
-                              num_training_steps=total, scheduler_specific_kwargs=options)
+        sched = get_scheduler(
+            "constant_with_warmup" if name == "constant" else name,
+            optimizer,
+            num_warmup_steps=warmup(opt_cfg, total),
+            num_training_steps=total,
+            scheduler_specific_kwargs=options,
+        )
     except (TypeError, ValueError) as exc:
         reason = " ".join(str(exc).split())
-        raise UserError(f"optimizer.scheduler_options: lr_schedule {name} with "
-                        f"{options or 'no options'}: {reason}") from exc
+        raise UserError(
+            f"optimizer.scheduler_options: lr_schedule {name} with "
+            f"{options or 'no options'}: {reason}"
+        ) from exc
     if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
         raise UserError(f"optimizer.lr_schedule: {name} is not a per-update schedule")
     return sched
@@ -48,8 +57,10 @@ def warmup(opt_cfg: dict, total: int) -> int:
     if ratio is None:
         return opt_cfg["warmup_steps"]
     if opt_cfg["warmup_steps"]:
-        raise UserError(f"optimizer.warmup_ratio: {ratio} set beside optimizer.warmup_steps "
-                        f"{opt_cfg['warmup_steps']}; keep one")
+        raise UserError(
+            f"optimizer.warmup_ratio: {ratio} set beside optimizer.warmup_steps "
+            f"{opt_cfg['warmup_steps']}; keep one"
+        )
     return math.ceil(ratio * total)
 
 
@@ -64,8 +75,9 @@ def problems(opt_cfg: dict, total: int) -> list[str]:
     return []
 
 
-def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR,
-                optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_peak_lr(
+    scheduler: torch.optim.lr_scheduler.LambdaLR, optimizer: torch.optim.Optimizer, lr: float
+) -> None:
     """Give a resumed schedule a new peak learning rate, at the position it had reached."""
     scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
     for group, f in zip(optimizer.param_groups, scheduler.lr_lambdas):

@@ -29,8 +29,9 @@ class TorchUpdate:
     #: chunks from its weight: True where that weight is whole only inside the module's call
     head_module = False
 
-    def __init__(self, model, params, opt, sched, max_grad_norm: float | None,
-                 reshard: bool = False):
+    def __init__(
+        self, model, params, opt, sched, max_grad_norm: float | None, reshard: bool = False
+    ):
         self.model, self.params, self.opt, self.sched = model, params, opt, sched
         self.max_norm = max_grad_norm or float("inf")
         self.sharded = bool(parallel.units(model))
@@ -76,13 +77,21 @@ class TorchUpdate:
     def parameter_sums(self) -> torch.Tensor:
         """[parameters] float64: each whole parameter's sum (gathered one at a time)."""
         with torch.no_grad():
-            return torch.stack([(p.full_tensor() if isinstance(p, DTensor) else p).double().sum()
-                                for p in self.model.parameters()]).reshape(-1)
+            return torch.stack(
+                [
+                    (p.full_tensor() if isinstance(p, DTensor) else p).double().sum()
+                    for p in self.model.parameters()
+                ]
+            ).reshape(-1)
 
     def held(self) -> tuple[int, int]:
         """Parameter and optimizer-state elements this rank holds."""
-        state = sum(_local(v) for s in self.opt.state.values() for v in s.values()
-                    if isinstance(v, torch.Tensor) and v.dim() > 0)
+        state = sum(
+            _local(v)
+            for s in self.opt.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        )
         return sum(_local(p) for p in self.model.parameters()), state
 
     def save_shards(self, folder: str) -> None:

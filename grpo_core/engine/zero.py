@@ -35,28 +35,46 @@ from grpo_core.rollout import Rollout
 class DeepSpeedUpdate(TorchUpdate):
     """A DeepSpeed engine owns the reduction, the clipping and the optimizer step."""
 
-    def __init__(self, model, params, opt, sched, ds_config: dict, micro_batches: int,
-                 micro_batch_size: int, max_grad_norm: float | None, reference=None):
+    def __init__(
+        self,
+        model,
+        params,
+        opt,
+        sched,
+        ds_config: dict,
+        micro_batches: int,
+        micro_batch_size: int,
+        max_grad_norm: float | None,
+        reference=None,
+    ):
         try:
             import deepspeed
         except ImportError as exc:
-            raise UserError("deepspeed: configured but not installed "
-                            "(pip install 'grpo-core[deepspeed]')") from exc
+            raise UserError(
+                "deepspeed: configured but not installed (pip install 'grpo-core[deepspeed]')"
+            ) from exc
         cfg = dict(ds_config)
         self.stage = cfg.get("zero_optimization", {}).get("stage", 0)  # checked: preflight
-        cfg.update({"gradient_accumulation_steps": micro_batches,
-                    "train_micro_batch_size_per_gpu": micro_batch_size,
-                    "zero_allow_untested_optimizer": True})
+        cfg.update(
+            {
+                "gradient_accumulation_steps": micro_batches,
+                "train_micro_batch_size_per_gpu": micro_batch_size,
+                "zero_allow_untested_optimizer": True,
+            }
+        )
         cfg.pop("train_batch_size", None)
         if max_grad_norm:
             cfg.setdefault("gradient_clipping", max_grad_norm)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
-                                                    lr_scheduler=sched, config=cfg)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched, config=cfg
+        )
         self.reference = None  # kept: a dropped engine takes its partitioning hooks with it
         if self.stage == 3 and reference is not None and reference is not model:
             # the reference partitioned as the policy is, its layers gathered as they run
-            self.reference, _, _, _ = deepspeed.initialize(model=reference, config={
-                k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")})
+            self.reference, _, _, _ = deepspeed.initialize(
+                model=reference,
+                config={k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")},
+            )
         self.world = dist.world_size()
         super().__init__(model, params, opt, sched, None)
         self.head_module = self.stage == 3
@@ -74,9 +92,11 @@ class DeepSpeedUpdate(TorchUpdate):
         # DeepSpeed cannot skip an update, and a non-finite loss leaves NaN in the gradients
         # it would apply: every rank stops here together, the last checkpoint intact
         if dist.all_sum(torch.tensor([0.0 if torch.isfinite(loss) else 1.0])).item():
-            raise TrainingError("non-finite loss under deepspeed, which cannot skip an update: "
-                                "resume from the last checkpoint with a lower optimizer.lr, or "
-                                "check the rewards")
+            raise TrainingError(
+                "non-finite loss under deepspeed, which cannot skip an update: "
+                "resume from the last checkpoint with a lower optimizer.lr, or "
+                "check the rewards"
+            )
         # what engine.forward would arrange, as we call the model itself: whether this
         # micro-batch ends the update (ZeRO reads it during backward: partitioned gradients,
         # offload) ...
@@ -116,8 +136,12 @@ class DeepSpeedUpdate(TorchUpdate):
             own = list(module.named_parameters(recurse=False, remove_duplicate=False))
             with self._whole([p for _, p in own]):  # one module at a time
                 if main:
-                    whole.update({f"{prefix}.{name}" if prefix else name: p.detach().cpu().clone()
-                                  for name, p in own})
+                    whole.update(
+                        {
+                            f"{prefix}.{name}" if prefix else name: p.detach().cpu().clone()
+                            for name, p in own
+                        }
+                    )
         return whole
 
     def parameter_sums(self) -> torch.Tensor:
@@ -137,24 +161,29 @@ class DeepSpeedUpdate(TorchUpdate):
         return params, state
 
     def save_shards(self, folder: str) -> None:
-        self.engine.save_checkpoint(os.path.dirname(folder), tag=os.path.basename(folder),
-                                    save_latest=False)
+        self.engine.save_checkpoint(
+            os.path.dirname(folder), tag=os.path.basename(folder), save_latest=False
+        )
 
     def load_shards(self, folder: str) -> None:
         where = os.path.dirname(folder)
         try:
-            loaded, _ = self.engine.load_checkpoint(where, tag=os.path.basename(folder),
-                                                    load_lr_scheduler_states=False)  # trainer.pt
+            loaded, _ = self.engine.load_checkpoint(
+                where, tag=os.path.basename(folder), load_lr_scheduler_states=False
+            )  # trainer.pt
         except Exception as exc:  # another stage or number of processes, files missing
-            raise UserError(f"cannot resume from {where}: {str(exc).splitlines()[0][:300]} "
-                            f"(a DeepSpeed checkpoint resumes under the same ZeRO stage and "
-                            f"number of processes)") from exc
+            raise UserError(
+                f"cannot resume from {where}: {str(exc).splitlines()[0][:300]} "
+                f"(a DeepSpeed checkpoint resumes under the same ZeRO stage and "
+                f"number of processes)"
+            ) from exc
         if loaded is None:
             raise UserError(f"cannot resume from {where}: DeepSpeed found no checkpoint in it")
 
 
-def logprobs_through_head(model, inputs: dict, ro: Rollout, temperature: float,
-                          entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logprobs_through_head(
+    model, inputs: dict, ro: Rollout, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``grpo_core.loss.logprobs.completion_logprobs`` from one call of the whole model on
     ``inputs`` (each prompt + completion), its own LM head making the [B, T, V] logits: under
     ZeRO-3 a module's weights are whole only inside that module's call and its backward. No
@@ -162,9 +191,11 @@ def logprobs_through_head(model, inputs: dict, ro: Rollout, temperature: float,
     T = ro.completion_ids.shape[1]
     # called even with no completion tokens: the other ranks gather weights in this call
     # (logits_to_keep=0 would mean every position: keep one, then none)
-    logits = model(**inputs, logits_to_keep=max(T, 1)).logits[:, 1 if T == 0 else 0:]
-    logp = torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64
-                                       else torch.float32) / temperature, -1)
+    logits = model(**inputs, logits_to_keep=max(T, 1)).logits[:, 1 if T == 0 else 0 :]
+    logp = torch.log_softmax(
+        logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32) / temperature,
+        -1,
+    )
     mask = ro.completion_mask.to(logp.dtype)
     lp = logp.gather(2, ro.completion_ids[..., None]).squeeze(2) * mask
     return lp, ((-(logp.exp() * logp).sum(-1) * mask) if entropy else None)

@@ -58,16 +58,30 @@ class EpisodeRunner:
         self.pad = pad if pad is not None else tokenizer.eos_token_id
         self.seconds, self.problem = 0.0, None
 
-    def sample(self, batch: Batch, rows: list[dict], n: int, sampling: SamplingParams,
-               seed: int = 0, row_offset: int = 0) -> tuple[Rollout, list[Transcript]]:
+    def sample(
+        self,
+        batch: Batch,
+        rows: list[dict],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> tuple[Rollout, list[Transcript]]:
         """``n`` episodes of each prompt, in chunks of whole prompts of at most
         ``sampling.batch_size`` trajectories (at least one prompt's)."""
         self.seconds, self.problem = 0.0, None
         per = max(1, (sampling.batch_size or len(rows) * n) // n)
         out: list[tuple[list[int], list[int], list[float], Transcript]] = []
         for s in range(0, len(rows), per):
-            out += self._chunk(batch.prompt_ids[s:s + per], batch.raw[s:s + per],
-                               rows[s:s + per], n, sampling, seed, row_offset + s * n)
+            out += self._chunk(
+                batch.prompt_ids[s : s + per],
+                batch.raw[s : s + per],
+                rows[s : s + per],
+                n,
+                sampling,
+                seed,
+                row_offset + s * n,
+            )
         return self._rollout(batch.prompt_ids, n, out), [o[3] for o in out]
 
     def _chunk(self, prompt_ids, raws, rows, n, sampling, seed, row_offset):
@@ -105,8 +119,9 @@ class EpisodeRunner:
             sampler.close()
         return list(zip(ids, flags, lps, tr))
 
-    def _react(self, t: Transcript, state: Any, turn: Turn, used: int,
-               ec: dict) -> list[int] | None:
+    def _react(
+        self, t: Transcript, state: Any, turn: Turn, used: int, ec: dict
+    ) -> list[int] | None:
         """Record a model turn and get the environment's answer: the context tokens to
         append, or None when the episode is over."""
         text = self.tok.decode(turn.ids, skip_special_tokens=True)
@@ -120,8 +135,12 @@ class EpisodeRunner:
             return None
         t.tool_calls += bool(obs.tool_call)
         t.tool_errors += bool(obs.tool_error)
-        message = {"role": self.renderer.role, "content": obs.text,
-                   "tool_call": bool(obs.tool_call), "tool_error": bool(obs.tool_error)}
+        message = {
+            "role": self.renderer.role,
+            "content": obs.text,
+            "tool_call": bool(obs.tool_call),
+            "tool_error": bool(obs.tool_error),
+        }
         if obs.done:
             if obs.text:
                 t.messages.append(message)
@@ -129,8 +148,9 @@ class EpisodeRunner:
         if t.turns >= ec["max_turns"]:
             t.cut = "turns"
             return None
-        ctx = self.renderer.tokens(obs.text, turn.ids[-1] if turn.finish == "eos" and turn.ids
-                                   else None)
+        ctx = self.renderer.tokens(
+            obs.text, turn.ids[-1] if turn.finish == "eos" and turn.ids else None
+        )
         if used + len(ctx) >= ec["max_total_tokens"]:  # no room left for a model token
             t.cut = "tokens"
             return None
@@ -147,9 +167,11 @@ class EpisodeRunner:
                 raise TypeError(f"returned {type(out).__name__}, expected an Observation")
             return True, out
         except Exception as exc:  # a plugin's bug or hang, reported by name below
-            problem = (f"environment {self.ec['name']!r} {what} "
-                       f"{'' if isinstance(exc, TimeoutError) else type(exc).__name__ + ': '}"
-                       f"{str(exc)[:200]}")
+            problem = (
+                f"environment {self.ec['name']!r} {what} "
+                f"{'' if isinstance(exc, TimeoutError) else type(exc).__name__ + ': '}"
+                f"{str(exc)[:200]}"
+            )
             if self.ec["failure"] == "raise":
                 raise EnvironmentFailure(problem + " (environment.failure: raise)") from exc
             self.problem = self.problem or problem
@@ -165,9 +187,11 @@ class EpisodeRunner:
         mask, action = torch.zeros((B, T), dtype=torch.long), torch.zeros((B, T), dtype=torch.long)
         logps = torch.zeros((B, T), dtype=torch.float32)
         for b, (i, f, lp, _) in enumerate(out):
-            ids[b, :len(i)], mask[b, :len(i)] = torch.tensor(i, dtype=torch.long), 1
-            action[b, :len(i)], logps[b, :len(i)] = torch.tensor(f, dtype=torch.long), \
-                torch.tensor(lp, dtype=torch.float32)
+            ids[b, : len(i)], mask[b, : len(i)] = torch.tensor(i, dtype=torch.long), 1
+            action[b, : len(i)], logps[b, : len(i)] = (
+                torch.tensor(f, dtype=torch.long),
+                torch.tensor(lp, dtype=torch.float32),
+            )
         cut = torch.tensor([o[3].cut in ("turns", "tokens") for o in out])
         return Rollout(pids, pmask, ids, mask, logps, cut, torch.arange(B) // n, action)
 
@@ -175,27 +199,40 @@ class EpisodeRunner:
         self.env.close()
 
 
-def episode_metrics(transcripts: list[Transcript], seconds: float,
-                    device: torch.device) -> dict[str, float]:
+def episode_metrics(
+    transcripts: list[Transcript], seconds: float, device: torch.device
+) -> dict[str, float]:
     """The step's ``env/*`` metrics, summed over ranks: per-episode means of turns, tool
     calls, tool errors and tokens by source; the share of episodes that called a tool at
     least once, that were cut by the token budget or by max_turns, that failed."""
-    s = dist.sum_named({
-        "n": len(transcripts), "turns": sum(t.turns for t in transcripts),
-        "calls": sum(t.tool_calls for t in transcripts),
-        "callers": sum(t.tool_calls > 0 for t in transcripts),
-        "errors": sum(t.tool_errors for t in transcripts),
-        "model": sum(t.model_tokens for t in transcripts),
-        "env": sum(t.env_tokens for t in transcripts),
-        "tokens": sum(t.cut == "tokens" for t in transcripts),
-        "max_turns": sum(t.cut == "turns" for t in transcripts),
-        "failed": sum(t.cut == "failed" for t in transcripts)}, device)
+    s = dist.sum_named(
+        {
+            "n": len(transcripts),
+            "turns": sum(t.turns for t in transcripts),
+            "calls": sum(t.tool_calls for t in transcripts),
+            "callers": sum(t.tool_calls > 0 for t in transcripts),
+            "errors": sum(t.tool_errors for t in transcripts),
+            "model": sum(t.model_tokens for t in transcripts),
+            "env": sum(t.env_tokens for t in transcripts),
+            "tokens": sum(t.cut == "tokens" for t in transcripts),
+            "max_turns": sum(t.cut == "turns" for t in transcripts),
+            "failed": sum(t.cut == "failed" for t in transcripts),
+        },
+        device,
+    )
     n = max(s["n"], 1.0)
-    return {"env/turns": s["turns"] / n, "env/tool_calls": s["calls"] / n,
-            "env/tool_call_frac": s["callers"] / n, "env/tool_errors": s["errors"] / n,
-            "env/model_tokens": s["model"] / n, "env/env_tokens": s["env"] / n,
-            "env/cut_budget_frac": s["tokens"] / n, "env/cut_turns_frac": s["max_turns"] / n,
-            "env/failed_frac": s["failed"] / n, "time/environment": seconds}
+    return {
+        "env/turns": s["turns"] / n,
+        "env/tool_calls": s["calls"] / n,
+        "env/tool_call_frac": s["callers"] / n,
+        "env/tool_errors": s["errors"] / n,
+        "env/model_tokens": s["model"] / n,
+        "env/env_tokens": s["env"] / n,
+        "env/cut_budget_frac": s["tokens"] / n,
+        "env/cut_turns_frac": s["max_turns"] / n,
+        "env/failed_frac": s["failed"] / n,
+        "time/environment": seconds,
+    }
 
 
 def completion_budget(cfg: dict) -> tuple[str, int]:
@@ -213,18 +250,27 @@ def problems(cfg: dict) -> list[str]:
 
     if not cfg.get("environment"):
         return []
-    found = [f"data.columns: {c!r} is a reserved name the trainer passes to rewards with an "
-             f"environment; rename the dataset field" for c in EPISODE_COLUMNS
-             if c in cfg["data"]["columns"]]
+    found = [
+        f"data.columns: {c!r} is a reserved name the trainer passes to rewards with an "
+        f"environment; rename the dataset field"
+        for c in EPISODE_COLUMNS
+        if c in cfg["data"]["columns"]
+    ]
     gen = registry().get("generator", cfg["generator"]["name"]).factory
     if not (isinstance(gen, type) and issubclass(gen, Generator) and gen.supports_episodes):
-        found.append(f"generator.name: {cfg['generator']['name']!r} cannot sample "
-                     f"multi-turn episodes; use hf or vllm")
+        found.append(
+            f"generator.name: {cfg['generator']['name']!r} cannot sample "
+            f"multi-turn episodes; use hf or vllm"
+        )
     base = registry().get("baseline", cfg["baseline"]["name"]).factory
     if isinstance(base, type) and issubclass(base, Baseline) and base.needs_greedy:
-        found.append(f"baseline.name: {cfg['baseline']['name']!r} needs greedy completions, "
-                     f"not yet drawn for environment episodes")
+        found.append(
+            f"baseline.name: {cfg['baseline']['name']!r} needs greedy completions, "
+            f"not yet drawn for environment episodes"
+        )
     if cfg["groups"]["resample_zero_std_max"]:
-        found.append("groups.resample_zero_std_max: resampling flat groups is not yet "
-                     "supported with an environment; set it to 0")
+        found.append(
+            "groups.resample_zero_std_max: resampling flat groups is not yet "
+            "supported with an environment; set it to 0"
+        )
     return found

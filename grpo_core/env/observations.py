@@ -33,17 +33,21 @@ class Renderer:
             self.role = "user"  # the template has no such role
 
     def _after(self, role: str, content: str) -> str | None:
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
-                    {"role": role, "content": content}]
+        messages = [
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "content": SENTINEL},
+            {"role": role, "content": content},
+        ]
         try:
-            text = self.tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                tokenize=False)
+            text = self.tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
         except Exception:  # a template that refuses the role raises its own error type
             return None
         at = text.find(SENTINEL)
         if at < 0 or content not in text[at:]:
             return None
-        return text[at + len(SENTINEL):]
+        return text[at + len(SENTINEL) :]
 
     def tokens(self, text: str, eos: int | None) -> list[int]:
         """The context after a model turn (``eos``: the EOS token it ended with, if any)."""
@@ -52,19 +56,24 @@ class Renderer:
         else:
             out = self._after(self.role, text)
             if out is None:
-                raise EnvironmentFailure(f"the chat template cannot render an observation in "
-                                         f"role {self.role!r}")
+                raise EnvironmentFailure(
+                    f"the chat template cannot render an observation in role {self.role!r}"
+                )
             end = self.tok.decode([eos]) if eos is not None else ""
             if end and out.startswith(end):  # the model already closed its turn
-                out = out[len(end):]
+                out = out[len(end) :]
         return self.tok(out, add_special_tokens=False)["input_ids"] if out else []
 
 
 def first_messages(prompt: str | list, system: str | None = None) -> list[dict]:
     """The conversation an episode starts from: the dataset's prompt as chat messages."""
     if isinstance(prompt, list):
-        head = [{"role": "system", "content": system}] if system and (
-            not prompt or prompt[0].get("role") != "system") else []
+        head = (
+            [{"role": "system", "content": system}]
+            if system and (not prompt or prompt[0].get("role") != "system")
+            else []
+        )
         return head + [dict(m) for m in prompt]
-    return ([{"role": "system", "content": system}] if system else []) + \
-        [{"role": "user", "content": str(prompt)}]
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": str(prompt)}
+    ]

@@ -34,8 +34,9 @@ def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) backwards over the tokens:
 
         delta_t = r_t + gamma V_{t'} - V_t,   A_t = delta_t + gamma lam A_{t'}
@@ -67,8 +68,9 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * m
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss per token (Schulman et al. 2017, as in verl and TRL):
 
         l_t = 1/2 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2)
@@ -99,5 +101,5 @@ class ValueModel(torch.nn.Module):
     def forward(self, ro: Rollout) -> torch.Tensor:
         """[B, T] float32 values, 0 on padding."""
         T, Lp = ro.completion_ids.shape[1], ro.prompt_ids.shape[1]
-        h = self.decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1:Lp - 1 + T]
+        h = self.decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1 : Lp - 1 + T]
         return self.head(h).squeeze(-1).float() * ro.completion_mask

@@ -23,16 +23,22 @@ def problems(cfg: dict) -> list[str]:
     """Settings of the ``groups`` section that cannot be combined (one line each)."""
     gc, found = cfg["groups"], []
     if gc["dynamic_sampling"] and gc["resample_zero_std_max"]:
-        found.append("groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
-                     "replaces flat groups with new prompts instead; set one of them")
+        found.append(
+            "groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
+            "replaces flat groups with new prompts instead; set one of them"
+        )
     first = gc["adaptive_first"]
     if first is not None:
         if first >= cfg["sampling"]["group_size"]:
-            found.append(f"groups.adaptive_first: {first} leaves no completions to allocate "
-                         f"(sampling.group_size: {cfg['sampling']['group_size']})")
+            found.append(
+                f"groups.adaptive_first: {first} leaves no completions to allocate "
+                f"(sampling.group_size: {cfg['sampling']['group_size']})"
+            )
         if gc["resample_zero_std_max"] or gc["dynamic_sampling"] or cfg["environment"]:
-            found.append("groups.adaptive_first: not with groups.resample_zero_std_max, "
-                         "groups.dynamic_sampling or an environment")
+            found.append(
+                "groups.adaptive_first: not with groups.resample_zero_std_max, "
+                "groups.dynamic_sampling or an environment"
+            )
     return found
 
 
@@ -74,8 +80,7 @@ def group_std(rewards: torch.Tensor) -> torch.Tensor:
     return (torch.where(ok, x - mean, 0.0).pow(2).sum(-1) / n).sqrt()
 
 
-def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor,
-                                                                         torch.Tensor]:
+def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows [B] -> [P, Gmax] with NaN where a group has fewer rows; also each row's slot
     (counted in Python: per-element tensor updates cost a millisecond a call)."""
     counts, slots = [0] * P, []
@@ -96,23 +101,43 @@ def micro_batches(group: torch.Tensor, P: int, per: int) -> Iterator[torch.Tenso
             yield rows
 
 
-def resample(gen: Generator, score: Callable[[Batch, Rollout], Scored], batch: Batch,
-             ro: Rollout, scored: Scored, flat: torch.Tensor, n: int, sampling: SamplingParams,
-             seed: int, row_offset: int) -> tuple[Rollout, Scored, int]:
+def resample(
+    gen: Generator,
+    score: Callable[[Batch, Rollout], Scored],
+    batch: Batch,
+    ro: Rollout,
+    scored: Scored,
+    flat: torch.Tensor,
+    n: int,
+    sampling: SamplingParams,
+    seed: int,
+    row_offset: int,
+) -> tuple[Rollout, Scored, int]:
     """Draw ``n`` more completions for each flat group (``flat`` [P] bool), score them and
     append them; returns the new rollout, its scores and how many completions were added."""
     idx = torch.nonzero(flat).squeeze(1).tolist()
     sub = batch.select(idx)
-    extra = gen.generate(sub.prompt_ids, n, sampling, seed=seed ^ 0x5BD1E995,
-                         row_offset=row_offset).to(ro.group.device)
+    extra = gen.generate(
+        sub.prompt_ids, n, sampling, seed=seed ^ 0x5BD1E995, row_offset=row_offset
+    ).to(ro.group.device)
     extra_scored = score(sub, extra)
-    extra = replace(extra, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask,
-                    group=torch.tensor(idx, device=ro.group.device)[extra.group])
+    extra = replace(
+        extra,
+        prompt_ids=ro.prompt_ids,
+        prompt_mask=ro.prompt_mask,
+        group=torch.tensor(idx, device=ro.group.device)[extra.group],
+    )
 
     def cat(a: dict, b: dict, fill) -> dict:
         return {k: list(v) + list(b.get(k, [fill] * extra.size)) for k, v in a.items()}
 
-    return merge(ro, extra), Scored(torch.cat([scored.rewards, extra_scored.rewards]),
-                                    cat(scored.dimensions, extra_scored.dimensions, math.nan),
-                                    cat(scored.extras, extra_scored.extras, None),
-                                    scored.problem or extra_scored.problem), extra.size
+    return (
+        merge(ro, extra),
+        Scored(
+            torch.cat([scored.rewards, extra_scored.rewards]),
+            cat(scored.dimensions, extra_scored.dimensions, math.nan),
+            cat(scored.extras, extra_scored.extras, None),
+            scored.problem or extra_scored.problem,
+        ),
+        extra.size,
+    )

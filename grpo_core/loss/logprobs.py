@@ -55,8 +55,17 @@ class _LMHeadLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp: float, chunk: int, with_entropy: bool,
-                need_h: bool, need_w: bool):
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        targets,
+        inv_temp: float,
+        chunk: int,
+        with_entropy: bool,
+        need_h: bool,
+        need_w: bool,
+    ):
         n, acc = hidden.shape[0], _acc(hidden)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
         ent = torch.zeros_like(logp)
@@ -64,16 +73,19 @@ class _LMHeadLogProb(torch.autograd.Function):
         rows = max(min(chunk, n), 1)
         buf = torch.empty(rows, weight.shape[0], dtype=acc, device=hidden.device)
         exp_buf = torch.empty_like(buf) if with_entropy else None
-        dlogp_dh = torch.empty(n, hidden.shape[1], dtype=acc, device=hidden.device) \
-            if need_h and not need_w else None
+        dlogp_dh = (
+            torch.empty(n, hidden.shape[1], dtype=acc, device=hidden.device)
+            if need_h and not need_w
+            else None
+        )
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            z = _logits(hidden[s:e], weight, inv_temp, buf[:e - s])
+            z = _logits(hidden[s:e], weight, inv_temp, buf[: e - s])
             top = z.amax(-1)
             z.sub_(top[:, None])  # z' = z - max; lse = max + log sum exp z'
             logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1)
             if with_entropy:  # H = log S - sum exp(z') z' / S
-                x = torch.exp(z, out=exp_buf[:e - s])
+                x = torch.exp(z, out=exp_buf[: e - s])
                 tot = x.sum(-1)
                 ent[s:e] = tot.log() - torch.bmm(x[:, None, :], z[:, :, None]).view(-1) / tot
             else:
@@ -95,8 +107,9 @@ class _LMHeadLogProb(torch.autograd.Function):
         acc, n = _acc(hidden), hidden.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) \
-            if need_w else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=_acc(weight), device=weight.device) if need_w else None
+        )
         if dlogp_dh is not None and g_logp is not None and not need_w:
             grad_h += g_logp[:, None].to(acc) * dlogp_dh
             g_logp = None  # done: only the entropy's part (if any) needs the logits again
@@ -107,10 +120,10 @@ class _LMHeadLogProb(torch.autograd.Function):
             for s in range(0, n, ctx.chunk):
                 e = min(s + ctx.chunk, n)
                 h = hidden[s:e]
-                g = _logits(h, weight, ctx.inv_temp, buf[:e - s])
+                g = _logits(h, weight, ctx.inv_temp, buf[: e - s])
                 g.sub_(lse_all[s:e, None])  # log p
                 if g_ent is not None:  # d H / dz = -p (log p + H)
-                    p = torch.exp(g, out=p_buf[:e - s])
+                    p = torch.exp(g, out=p_buf[: e - s])
                     g.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None])
                     if g_logp is not None:  # d logp / dz = onehot - p
                         g.addcmul_(p, g_logp[s:e, None], value=-1.0)
@@ -125,14 +138,26 @@ class _LMHeadLogProb(torch.autograd.Function):
                     grad_h[s:e] += g @ weight
                 if grad_w is not None:
                     grad_w.addmm_(g.T.to(grad_w.dtype), h.to(grad_w.dtype))
-        return (grad_h.to(hidden.dtype) if grad_h is not None else None,
-                grad_w.to(weight.dtype) if grad_w is not None else None,
-                None, None, None, None, None, None)
+        return (
+            grad_h.to(hidden.dtype) if grad_h is not None else None,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0, chunk: int = 1024,
-                   entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token and the entropy at that position.
 
     hidden [N, H], weight [V, H] (the LM head), targets [N] -> (logp [N], entropy [N]), fp32
@@ -141,9 +166,16 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     pass over the logits.
     """
     grad = torch.is_grad_enabled()
-    return _LMHeadLogProb.apply(hidden, weight, targets, 1.0 / temperature, max(int(chunk), 1),
-                                entropy, grad and hidden.requires_grad,
-                                grad and weight.requires_grad)
+    return _LMHeadLogProb.apply(
+        hidden,
+        weight,
+        targets,
+        1.0 / temperature,
+        max(int(chunk), 1),
+        entropy,
+        grad and hidden.requires_grad,
+        grad and weight.requires_grad,
+    )
 
 
 _CACHE_KW: dict[type, str] = {}
@@ -234,16 +266,19 @@ def repeated_inputs(ro: Rollout) -> dict:
     predicts nothing we need."""
     fed = max(ro.completion_ids.shape[1] - 1, 0)
     attn = torch.cat([ro.prompt_mask[ro.group], ro.completion_mask[:, :fed]], 1)
-    return {"input_ids": torch.cat([ro.prompt_ids[ro.group], ro.completion_ids[:, :fed]], 1),
-            "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-            "use_cache": False}
+    return {
+        "input_ids": torch.cat([ro.prompt_ids[ro.group], ro.completion_ids[:, :fed]], 1),
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+        "use_cache": False,
+    }
 
 
 def _repeated_hidden(decoder, ro: Rollout) -> torch.Tensor:
     """[B, T, H]: the hidden state that predicts each completion token, with the decoder run
     over prompt + completion for every completion (the prompt repeated)."""
     T, Lp = ro.completion_ids.shape[1], ro.prompt_ids.shape[1]
-    return decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1:Lp - 1 + T]
+    return decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1 : Lp - 1 + T]
 
 
 def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
@@ -252,8 +287,12 @@ def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
     it. The first completion token is predicted by the prompt's last hidden state."""
     prompts, local = torch.unique(ro.group, return_inverse=True)
     pmask = ro.prompt_mask[prompts]
-    out = decoder(input_ids=ro.prompt_ids[prompts], attention_mask=pmask,
-                  position_ids=(pmask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+    out = decoder(
+        input_ids=ro.prompt_ids[prompts],
+        attention_mask=pmask,
+        position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+    )
     first = out.last_hidden_state[local, -1:]
     T = ro.completion_ids.shape[1]
     if T == 1:
@@ -263,15 +302,21 @@ def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
     if cache is None:  # the model declined to cache (a switch _can_share does not know)
         return _repeated_hidden(decoder, ro)
     cache.batch_select_indices(local)
-    attn = torch.cat([pmask[local], ro.completion_mask[:, :T - 1]], 1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, pmask.shape[1]:]
-    rest = decoder(input_ids=ro.completion_ids[:, :T - 1], attention_mask=attn,
-                   position_ids=pos, use_cache=True, **{kw: cache}).last_hidden_state
+    attn = torch.cat([pmask[local], ro.completion_mask[:, : T - 1]], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, pmask.shape[1] :]
+    rest = decoder(
+        input_ids=ro.completion_ids[:, : T - 1],
+        attention_mask=attn,
+        position_ids=pos,
+        use_cache=True,
+        **{kw: cache},
+    ).last_hidden_state
     return torch.cat([first, rest], 1)
 
 
-def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int | None,
-                        entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def completion_logprobs(
+    model, rollout: Rollout, temperature: float, chunk: int | None, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the completion tokens under ``model``: [B, T] each.
 
     Runs the decoder once over each prompt and its KV cache under the completions when that
@@ -282,8 +327,7 @@ def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int 
     gradients.
     """
     if chunk is None:
-        return logprobs_through_head(model, repeated_inputs(rollout), rollout, temperature,
-                                     entropy)
+        return logprobs_through_head(model, repeated_inputs(rollout), rollout, temperature, entropy)
     base = model.get_base_model() if is_peft(model) else model
     decoder = base.get_decoder()
     run = _ThroughModel(model, decoder)
@@ -293,15 +337,22 @@ def completion_logprobs(model, rollout: Rollout, temperature: float, chunk: int 
         h = _repeated_hidden(run, rollout)
     sel = rollout.completion_mask.bool()
     with _head_in_place(model):
-        lp, ent = token_logprobs(h[sel], base.get_output_embeddings().weight,
-                                 rollout.completion_ids[sel], temperature, chunk, entropy)
+        lp, ent = token_logprobs(
+            h[sel],
+            base.get_output_embeddings().weight,
+            rollout.completion_ids[sel],
+            temperature,
+            chunk,
+            entropy,
+        )
     lp = lp + run.anchor
     zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(sel, lp), (zeros.masked_scatter(sel, ent) if entropy else None)
 
 
-def reference_logprobs(reference, ro: Rollout, temperature: float, chunk: int | None,
-                       autocast) -> torch.Tensor:
+def reference_logprobs(
+    reference, ro: Rollout, temperature: float, chunk: int | None, autocast
+) -> torch.Tensor:
     """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
     policy itself with its adapter disabled. Runs in inference mode (less per-op bookkeeping
     than no_grad; plain no_grad for a sharded model, FSDP's or ZeRO-3's (``chunk`` None),

@@ -44,8 +44,9 @@ class Normaliser:
         return cls(float(mask.sum().clamp(min=1)), float(max(mask.shape[0], 1)), float(max_len))
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
-              norm: Normaliser) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: Normaliser
+) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     token_mean:              sum(l * m) / tokens              (DAPO; every token counts equally)
@@ -62,11 +63,20 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
-def objective_loss(term: PolicyTerm, mask: torch.Tensor, aggregation: str, norm: Normaliser, *,
-                   logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
-                   kl_coef: float = 0.0, kl_estimator: str = "k3",
-                   entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                   is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def objective_loss(
+    term: PolicyTerm,
+    mask: torch.Tensor,
+    aggregation: str,
+    norm: Normaliser,
+    *,
+    logp: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """The loss of one micro-batch: policy term (times the truncated importance weight when
     the sampler's numerics differ), plus KL to the reference, minus the entropy bonus:
 

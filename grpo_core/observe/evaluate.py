@@ -30,28 +30,46 @@ def ks_for(n: int) -> list[int]:
     return [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n]
 
 
-def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg: dict,
-             reward_fn: Reward,
-             n: int = 1, temperature: float = 0.0, max_new_tokens: int = 64,
-             batch_prompts: int = 16, pass_threshold: float = 1.0,
-             correct_dimension: str | None = None, seed: int = 1234,
-             progress: bool = False, episodes: EpisodeRunner | None = None,
-             settings: SamplingParams | None = None) -> tuple[dict, list[dict]]:
+def evaluate(
+    model,
+    tokenizer,
+    generator: Generator,
+    rows: list[dict],
+    data_cfg: dict,
+    reward_fn: Reward,
+    n: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 64,
+    batch_prompts: int = 16,
+    pass_threshold: float = 1.0,
+    correct_dimension: str | None = None,
+    seed: int = 1234,
+    progress: bool = False,
+    episodes: EpisodeRunner | None = None,
+    settings: SamplingParams | None = None,
+) -> tuple[dict, list[dict]]:
     """Generate ``n`` completions per problem (with ``episodes``: ``n`` environment episodes,
     each scored on its last turn) and score them; returns (report, records). ``settings``:
     the run's sampling (top-k/p, min-p, repetition penalty, stop strings), whose
     temperature, token budget and batch size are replaced by this evaluation's."""
-    sampling = replace(settings or SamplingParams(), max_new_tokens=max_new_tokens,
-                       temperature=temperature or 1.0, greedy=temperature == 0, batch_size=None)
+    sampling = replace(
+        settings or SamplingParams(),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature or 1.0,
+        greedy=temperature == 0,
+        batch_size=None,
+    )
     records, per_problem = [], []
     dims: dict[str, list[float]] = {}
     t0 = time.time()
     for s in range(0, len(rows), batch_prompts):
-        chunk = rows[s:s + batch_prompts]
+        chunk = rows[s : s + batch_prompts]
         batch = make_batch(chunk, data_cfg, tokenizer)
         if episodes is None:
-            ro, transcripts = generator.generate(batch.prompt_ids, n, sampling, seed=seed,
-                                                 row_offset=s * n), None
+            ro, transcripts = (
+                generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n),
+                None,
+            )
         else:
             ro, transcripts = episodes.sample(batch, chunk, n, sampling, seed, s * n)
         prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
@@ -63,28 +81,44 @@ def evaluate(model, tokenizer, generator: Generator, rows: list[dict], data_cfg:
         for i, text in enumerate(texts):
             ok = float(judged[i]) >= pass_threshold
             correct_by_prompt[g[i]] += ok
-            records.append({"problem": s + g[i], "prompt": batch.raw[g[i]], "completion": text,
-                            "reward": float(scores[i]), "correct": ok, "tokens": lengths[i],
-                            "dimensions": {k: float(v[i]) for k, v in dimensions.items()},
-                            **{k: columns[k][i] for k in batch.columns},
-                            **({"messages": columns["messages"][i]} if transcripts else {})})
+            records.append(
+                {
+                    "problem": s + g[i],
+                    "prompt": batch.raw[g[i]],
+                    "completion": text,
+                    "reward": float(scores[i]),
+                    "correct": ok,
+                    "tokens": lengths[i],
+                    "dimensions": {k: float(v[i]) for k, v in dimensions.items()},
+                    **{k: columns[k][i] for k in batch.columns},
+                    **({"messages": columns["messages"][i]} if transcripts else {}),
+                }
+            )
             for k, v in dimensions.items():
                 dims.setdefault(k, []).append(float(v[i]))
         per_problem += correct_by_prompt
         if progress:
             done = min(s + batch_prompts, len(rows))
-            print(f"\reval [{done}/{len(rows)}] {time.time() - t0:.0f}s", end="",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\reval [{done}/{len(rows)}] {time.time() - t0:.0f}s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
     if progress:
         print(file=sys.stderr)
     total = len(records)
     report = {
-        "problems": len(rows), "samples_per_problem": n, "temperature": temperature,
+        "problems": len(rows),
+        "samples_per_problem": n,
+        "temperature": temperature,
         "accuracy": sum(r["correct"] for r in records) / max(total, 1),
         "reward": sum(r["reward"] for r in records) / max(total, 1),
         "completion_len": sum(r["tokens"] for r in records) / max(total, 1),
-        **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in per_problem) / max(len(rows), 1)
-           for k in ks_for(n)},
+        **{
+            f"pass@{k}": sum(pass_at_k(n, c, k) for c in per_problem) / max(len(rows), 1)
+            for k in ks_for(n)
+        },
         **{f"reward/{k}": sum(v) / len(v) for k, v in dims.items()},
         "seconds": time.time() - t0,
     }

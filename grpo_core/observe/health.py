@@ -49,57 +49,57 @@ DEFAULTS = {
 
 ADVICE = {
     "nan": "non-finite values: {what}. Lower optimizer.lr, check the reward for NaN/inf, "
-           "keep optimizer.max_grad_norm set",
+    "keep optimizer.max_grad_norm set",
     "no_signal": "every completion got the same reward ({value:g}) for {window} steps, so "
-                 "every advantage is 0 and nothing is learned: check that the reward can be "
-                 "earned (data.columns and the reward's answer column, the expected format, "
-                 "a task the model can sometimes solve) before tuning anything else",
+    "every advantage is 0 and nothing is learned: check that the reward can be "
+    "earned (data.columns and the reward's answer column, the expected format, "
+    "a task the model can sometimes solve) before tuning anything else",
     "no_signal_temperature": "every completion got the same reward ({value:g}) for {window} "
-                             "steps, so every advantage is 0 and nothing is learned: {cause}",
+    "steps, so every advantage is 0 and nothing is learned: {cause}",
     "zero_std": "{value:.0%} of groups have identical, unsolved rewards (no signal): raise "
-                "sampling.temperature or sampling.group_size, or use prompts of mixed difficulty "
-                "(or groups.resample_zero_std_max)",
+    "sampling.temperature or sampling.group_size, or use prompts of mixed difficulty "
+    "(or groups.resample_zero_std_max)",
     "zero_std_temperature": "{value:.0%} of groups have identical, unsolved rewards (no "
-                            "signal): {cause}",
+    "signal): {cause}",
     "tiny_std": "{value:.0%} of groups have rewards that differ only by noise (std > 0 but "
-                "under {eps:g}): dividing by that std turns noise into full-size advantages; "
-                "round the reward, raise the baseline's eps, or use a baseline without the std "
-                "division (dr_grpo, rloo)",
+    "under {eps:g}): dividing by that std turns noise into full-size advantages; "
+    "round the reward, raise the baseline's eps, or use a baseline without the std "
+    "division (dr_grpo, rloo)",
     "kl_low": "KL stayed below {value:g} for {window} steps: the KL coefficient is too large "
-              "for the policy to move; lower kl.options.coef or use kl: adaptive",
+    "for the policy to move; lower kl.options.coef or use kl: adaptive",
     "kl_high": "KL is {value:.3g}: the policy is running away from the reference; {advice}",
     "kl_growth": "KL grew {value:.1f}x ({early:.3g} -> {late:.3g}) in {window} steps: {advice}",
     "kl_oscillation": "KL swings up and down ({lo:.3g} to {hi:.3g}) from step to step: the "
-                      "updates overshoot; lower optimizer.lr or objective clip bounds, or use "
-                      "a steadier KL controller",
+    "updates overshoot; lower optimizer.lr or objective clip bounds, or use "
+    "a steadier KL controller",
     "kl_coef": "the KL coefficient grew {value:.1f}x in {window} steps to {coef:.3g} while KL "
-               "stays at {kl:.3g}: the controller cannot reach its target and the KL term is "
-               "taking over the loss; raise kl.options.target or lower optimizer.lr",
+    "stays at {kl:.3g}: the controller cannot reach its target and the KL term is "
+    "taking over the loss; raise kl.options.target or lower optimizer.lr",
     "loss_oscillation": "the loss flips sign with growing swings ({value:.3g} at most): the "
-                        "updates overshoot; lower optimizer.lr or train.inner_iterations",
+    "updates overshoot; lower optimizer.lr or train.inner_iterations",
     "entropy_temperature": "entropy is {value:.3g} at the sampling temperature: {cause}",
     "entropy": "entropy fell to {value:.3g}: the policy is collapsing to deterministic outputs; "
-               "raise sampling.temperature or objective.entropy_coef, lower optimizer.lr, or "
-               "raise objective.options.clip_high (DAPO clip-higher)",
+    "raise sampling.temperature or objective.entropy_coef, lower optimizer.lr, or "
+    "raise objective.options.clip_high (DAPO clip-higher)",
     "grad_spike": "grad norm {value:.3g} is over {factor:g}x the recent median: lower "
-                  "optimizer.lr or optimizer.max_grad_norm",
+    "optimizer.lr or optimizer.max_grad_norm",
     "reward_flat": "reward has not moved (range {value:.3g}) for {window} steps: check that "
-                   "the reward can be earned, raise optimizer.lr, or check zero_std_frac",
+    "the reward can be earned, raise optimizer.lr, or check zero_std_frac",
     "format_hacking": "reward/{up} rose by {rise:.2f} in {window} steps while reward/{flat} "
-                      "stayed at {value:.3g}: the policy is learning {up} alone (format hacking "
-                      "when {flat} is correctness); gate {up} on {flat} (a weighted reward's "
-                      "`requires`) or give {flat} more weight",
+    "stayed at {value:.3g}: the policy is learning {up} alone (format hacking "
+    "when {flat} is correctness); gate {up} on {flat} (a weighted reward's "
+    "`requires`) or give {flat} more weight",
     "truncated": "{value:.0%} of completions hit sampling.max_new_tokens: their answers are "
-                 "cut off and score as wrong; raise max_new_tokens or add a length reward",
+    "cut off and score as wrong; raise max_new_tokens or add a length reward",
     "truncated_hacking": "{value:.0%} of completions hit sampling.max_new_tokens while the "
-                         "reward is being gamed ({hack}): fix the reward first; a larger "
-                         "max_new_tokens only gives the policy more room to game it",
+    "reward is being gamed ({hack}): fix the reward first; a larger "
+    "max_new_tokens only gives the policy more room to game it",
     "length": "completion length grew {value:.1f}x in {window} steps with {trunc:.0%} truncated: "
-              "possible reward hacking by length; add a length reward (DAPO overlong penalty) "
-              "or use objective.aggregation: seq_mean_token_sum_norm",
+    "possible reward hacking by length; add a length reward (DAPO overlong penalty) "
+    "or use objective.aggregation: seq_mean_token_sum_norm",
     "memory": "peak memory {value:.0f} MiB is {frac:.0%} of the {limit:.0f} MiB available: a "
-              "longer batch will run out; lower sampling.generation_batch_size or "
-              "train.micro_batch_groups, or turn on model.gradient_checkpointing",
+    "longer batch will run out; lower sampling.generation_batch_size or "
+    "train.micro_batch_groups, or turn on model.gradient_checkpointing",
 }
 
 
@@ -137,12 +137,14 @@ class HealthMonitor:
         time, and those whose figure moved materially since they were last shown, a window or
         more ago."""
         self.records.append(record)
-        self.records = self.records[-2 * max(self.window, OSCILLATION_STEPS):]
+        self.records = self.records[-2 * max(self.window, OSCILLATION_STEPS) :]
         out = []
         step = record.get("step", len(self.records))
         for key, message, figure in self._checks(record):
-            if key not in self.shown or (step - self.shown[key][0] >= self.window and _moved(
-                    self.shown[key][1], figure, self.t["repeat_change"])):
+            if key not in self.shown or (
+                step - self.shown[key][0] >= self.window
+                and _moved(self.shown[key][1], figure, self.t["repeat_change"])
+            ):
                 self.shown[key] = (step, figure)
                 out.append(message)
             self.first.setdefault(key, step)
@@ -154,14 +156,21 @@ class HealthMonitor:
         """One line per signature seen, in the order they started: first step, how many
         steps it fired, the latest advice."""
         order = sorted(self.counts, key=lambda k: (self.first[k], k))
-        return [f"{k} from step {self.first[k]} ({self.counts[k]} steps): {self.messages[k]}"
-                for k in order]
+        return [
+            f"{k} from step {self.first[k]} ({self.counts[k]} steps): {self.messages[k]}"
+            for k in order
+        ]
 
     def series(self, key: str, n: int | None = None) -> list[float]:
         """The last ``n`` (default: a window of) finite values of ``key``."""
-        recent = self.records[-(n or self.window):]
-        return [x[key] for x in recent if isinstance(x.get(key), (int, float))
-                and not isinstance(x.get(key), bool) and math.isfinite(x[key])]
+        recent = self.records[-(n or self.window) :]
+        return [
+            x[key]
+            for x in recent
+            if isinstance(x.get(key), (int, float))
+            and not isinstance(x.get(key), bool)
+            and math.isfinite(x[key])
+        ]
 
     def _checks(self, r: dict):
         found = list(self._all_checks(r))
@@ -180,12 +189,22 @@ class HealthMonitor:
         solved = self.series("solved_frac")
         converged = bool(solved) and solved[-1] > 0.5  # most groups all at the top reward
         rw = self.series("reward")
-        no_signal = full and bool(rw) and max(rw) == min(rw) and \
-            min(self.series("zero_std_frac") or [0]) >= 1.0 and not any(solved)
+        no_signal = (
+            full
+            and bool(rw)
+            and max(rw) == min(rw)
+            and min(self.series("zero_std_frac") or [0]) >= 1.0
+            and not any(solved)
+        )
         if no_signal:
             cause = pitfalls.low_temperature(self)
-            yield "no_signal", ADVICE["no_signal_temperature" if cause else "no_signal"].format(
-                value=rw[-1], window=w, cause=cause), rw[-1]
+            yield (
+                "no_signal",
+                ADVICE["no_signal_temperature" if cause else "no_signal"].format(
+                    value=rw[-1], window=w, cause=cause
+                ),
+                rw[-1],
+            )
         else:
             yield from self._signal(r, full, converged, rw, solved)
         yield from pitfalls.reward_hacking(self, r)
@@ -195,14 +214,22 @@ class HealthMonitor:
         yield from self._dynamics(full, converged)
         yield from self._lengths(r, full)
         if isinstance(r.get("memory_frac"), float) and r["memory_frac"] > t["memory_frac"]:
-            yield "memory", ADVICE["memory"].format(value=r["peak_memory_mb"],
-                                                    frac=r["memory_frac"],
-                                                    limit=r["peak_memory_mb"] / r["memory_frac"]), \
-                r["peak_memory_mb"]
+            yield (
+                "memory",
+                ADVICE["memory"].format(
+                    value=r["peak_memory_mb"],
+                    frac=r["memory_frac"],
+                    limit=r["peak_memory_mb"] / r["memory_frac"],
+                ),
+                r["peak_memory_mb"],
+            )
 
     def _nonfinite(self, r: dict):
-        bad = [k for k in ("reward", "kl", "entropy", "grad_norm", "loss")
-               if isinstance(r.get(k), float) and not math.isfinite(r[k])]
+        bad = [
+            k
+            for k in ("reward", "kl", "entropy", "grad_norm", "loss")
+            if isinstance(r.get(k), float) and not math.isfinite(r[k])
+        ]
         if r.get("skipped_updates"):
             bad.append("skipped updates")
         if bad:
@@ -210,32 +237,48 @@ class HealthMonitor:
 
     def _signal(self, r: dict, full: bool, converged: bool, rw: list, solved: list):
         t, w = self.t, self.window
-        zs = [z - s for z, s in zip(self.series("zero_std_frac"), solved)] if solved \
+        zs = (
+            [z - s for z, s in zip(self.series("zero_std_frac"), solved)]
+            if solved
             else self.series("zero_std_frac")
+        )
         half = len(rw) // 2
-        rising = half and statistics.fmean(rw[half:]) - statistics.fmean(rw[:half]) \
-            > t["reward_flat"]
+        rising = (
+            half and statistics.fmean(rw[half:]) - statistics.fmean(rw[:half]) > t["reward_flat"]
+        )
         if full and zs and statistics.fmean(zs) > t["zero_std_frac"] and not rising:
             cause = pitfalls.low_temperature(self)
             share = statistics.fmean(zs)
-            yield "zero_std", ADVICE["zero_std_temperature" if cause else "zero_std"].format(
-                value=share, cause=cause), share
+            yield (
+                "zero_std",
+                ADVICE["zero_std_temperature" if cause else "zero_std"].format(
+                    value=share, cause=cause
+                ),
+                share,
+            )
         tiny = self.series("tiny_std_frac")
         if full and tiny and statistics.fmean(tiny) > t["tiny_std_frac"]:
             share = statistics.fmean(tiny)
             yield "tiny_std", ADVICE["tiny_std"].format(value=share, eps=1e-4), share
         if full and rw and max(rw) - min(rw) < t["reward_flat"] and not converged:
-            yield "reward_flat", ADVICE["reward_flat"].format(value=max(rw) - min(rw),
-                                                              window=w), statistics.fmean(rw)
+            yield (
+                "reward_flat",
+                ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w),
+                statistics.fmean(rw),
+            )
         dims = {k[7:]: self.series(k) for k in r if k.startswith("reward/")}
         dims = {k: v for k, v in dims.items() if len(v) >= w}
         for up, a in dims.items():
-            rise = statistics.fmean(a[len(a) // 2:]) - statistics.fmean(a[:len(a) // 2])
+            rise = statistics.fmean(a[len(a) // 2 :]) - statistics.fmean(a[: len(a) // 2])
             for flat, b in dims.items():
-                if flat != up and rise > t["dimension_rise"] and max(b) - min(b) < \
-                        t["reward_flat"]:
-                    yield "format_hacking", ADVICE["format_hacking"].format(
-                        up=up, flat=flat, rise=rise, window=w, value=b[-1]), rise
+                if flat != up and rise > t["dimension_rise"] and max(b) - min(b) < t["reward_flat"]:
+                    yield (
+                        "format_hacking",
+                        ADVICE["format_hacking"].format(
+                            up=up, flat=flat, rise=rise, window=w, value=b[-1]
+                        ),
+                        rise,
+                    )
                     return
 
     def _kl(self, r: dict, full: bool, no_signal: bool):
@@ -248,9 +291,13 @@ class HealthMonitor:
         long = self.series("kl", 2 * OSCILLATION_STEPS)
         coefs = self.series("kl_coef")
         if full and coefs and coefs[0] > 0 and coefs[-1] > t["coef_growth"] * coefs[0]:
-            yield "kl_coef", ADVICE["kl_coef"].format(value=coefs[-1] / coefs[0], window=w,
-                                                      coef=coefs[-1], kl=kl[-1] if kl else 0), \
-                coefs[-1]
+            yield (
+                "kl_coef",
+                ADVICE["kl_coef"].format(
+                    value=coefs[-1] / coefs[0], window=w, coef=coefs[-1], kl=kl[-1] if kl else 0
+                ),
+                coefs[-1],
+            )
         # growth is judged against a baseline: a first half that is not the run's first steps
         # (KL starts at 0 and rises as the policy moves) and is itself measurable
         baseline = len(self.records) >= 2 * w and early >= t["kl_baseline"]
@@ -258,29 +305,46 @@ class HealthMonitor:
         if kl and kl[-1] > t["kl_high"]:
             yield "kl_high", ADVICE["kl_high"].format(value=kl[-1], advice=advice), kl[-1]
         elif baseline and late > t["kl_floor"] and late > t["kl_growth"] * early:
-            yield "kl_growth", ADVICE["kl_growth"].format(
-                value=late / early, early=early, late=late, window=w,
-                advice=advice), late / early
-        elif len(long) >= OSCILLATION_STEPS and min(long) > 1e-3 and \
-                _alternates(long, t["oscillation"]) and max(long) > 3 * min(long):
-            yield "kl_oscillation", ADVICE["kl_oscillation"].format(lo=min(long), hi=max(long)), \
-                max(long) / min(long)
+            yield (
+                "kl_growth",
+                ADVICE["kl_growth"].format(
+                    value=late / early, early=early, late=late, window=w, advice=advice
+                ),
+                late / early,
+            )
+        elif (
+            len(long) >= OSCILLATION_STEPS
+            and min(long) > 1e-3
+            and _alternates(long, t["oscillation"])
+            and max(long) > 3 * min(long)
+        ):
+            yield (
+                "kl_oscillation",
+                ADVICE["kl_oscillation"].format(lo=min(long), hi=max(long)),
+                max(long) / min(long),
+            )
 
     def _dynamics(self, full: bool, converged: bool):
         t = self.t
         ent = self.series("entropy")
         cause = pitfalls.low_temperature(self)
         if ent and ent[-1] < t["entropy_low"] and cause:  # the figure: the temperature's
-            yield "entropy", ADVICE["entropy_temperature"].format(value=ent[-1], cause=cause), \
-                self.settings["temperature"]
+            yield (
+                "entropy",
+                ADVICE["entropy_temperature"].format(value=ent[-1], cause=cause),
+                self.settings["temperature"],
+            )
         elif ent and ent[-1] < t["entropy_low"] and not converged:
             yield "entropy", ADVICE["entropy"].format(value=ent[-1]), ent[-1]
         gn = self.series("grad_norm")
         if len(gn) >= 3 and not converged:  # once solved, the median norm falls towards 0
             med = statistics.median(gn[:-1])
             if med > 0 and gn[-1] > t["grad_spike"] * med:
-                yield "grad_spike", ADVICE["grad_spike"].format(value=gn[-1],
-                                                                factor=t["grad_spike"]), gn[-1]
+                yield (
+                    "grad_spike",
+                    ADVICE["grad_spike"].format(value=gn[-1], factor=t["grad_spike"]),
+                    gn[-1],
+                )
         loss = self.series("loss", 2 * OSCILLATION_STEPS)
         if len(loss) >= OSCILLATION_STEPS and _alternates(loss, t["oscillation"], signs=True):
             half = len(loss) // 2
@@ -294,10 +358,19 @@ class HealthMonitor:
         if full and tr and statistics.fmean(tr) > t["truncated_high"]:
             share = statistics.fmean(tr)
             yield "truncated", ADVICE["truncated"].format(value=share), share
-        elif full and ln and ln[0] > 0 and ln[-1] > t["length_growth"] * ln[0] and tr \
-                and tr[-1] > t["truncated"]:
-            yield "length", ADVICE["length"].format(value=ln[-1] / ln[0], window=w,
-                                                    trunc=tr[-1]), ln[-1] / ln[0]
+        elif (
+            full
+            and ln
+            and ln[0] > 0
+            and ln[-1] > t["length_growth"] * ln[0]
+            and tr
+            and tr[-1] > t["truncated"]
+        ):
+            yield (
+                "length",
+                ADVICE["length"].format(value=ln[-1] / ln[0], window=w, trunc=tr[-1]),
+                ln[-1] / ln[0],
+            )
 
 
 def _moved(shown: float, now: float, share: float) -> bool:

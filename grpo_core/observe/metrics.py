@@ -28,8 +28,13 @@ class MetricsWriter:
     """``metrics.jsonl`` always (our metric names); each step also goes to the run's
     experiment trackers (logger plugins, grpo_core.observe.tracking), and samples too."""
 
-    def __init__(self, run_dir: str, total_steps: int, progress: bool = True,
-                 trackers: Trackers | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        total_steps: int,
+        progress: bool = True,
+        trackers: Trackers | None = None,
+    ):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.total, self.progress, self.start = total_steps, progress, time.time()
         self.tty = sys.stderr.isatty()
@@ -71,10 +76,15 @@ class MetricsWriter:
         per = (time.time() - self.start) / ran if ran else 0.0
         left = per * (self.total - step)
         done = int(20 * step / self.total)
-        parts = " ".join(f"{k}={r[k]:.3g}" for k in SHOWN if isinstance(r.get(k), (int, float))
-                         and not isinstance(r.get(k), bool))
-        text = (f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} "
-                f"{per:.2f}s/step ETA {_clock(left)} {parts}")
+        parts = " ".join(
+            f"{k}={r[k]:.3g}"
+            for k in SHOWN
+            if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+        )
+        text = (
+            f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} "
+            f"{per:.2f}s/step ETA {_clock(left)} {parts}"
+        )
         end = "\r" if self.tty and step < self.total else "\n"
         print(text + ("\033[K" if self.tty else ""), end=end, file=sys.stderr, flush=True)
 
@@ -119,17 +129,26 @@ def read(run_dir: str) -> list[dict]:
                 raise ValueError("not a metrics record")
         except (ValueError, RecursionError) as exc:
             if n == len(lines) and not line.endswith("\n"):
-                print(f"warning: {path}: last line is incomplete (cut off mid-write); "
-                      f"skipped", file=sys.stderr)
+                print(
+                    f"warning: {path}: last line is incomplete (cut off mid-write); skipped",
+                    file=sys.stderr,
+                )
                 break
             raise UserError(f"{path}:{n}: not a metrics record ({exc})") from exc
         records.append(record)
     return records
 
 
-def rollout_metrics(rewards: torch.Tensor, grid: torch.Tensor, flat: torch.Tensor, ro: Rollout,
-                    dimensions: dict, extra: int, max_reward: float | None,
-                    device: torch.device) -> dict:
+def rollout_metrics(
+    rewards: torch.Tensor,
+    grid: torch.Tensor,
+    flat: torch.Tensor,
+    ro: Rollout,
+    dimensions: dict,
+    extra: int,
+    max_reward: float | None,
+    device: torch.device,
+) -> dict:
     """Reward, group and length statistics of a step's rollout.
 
     rewards [B] (NaN = missing), grid [P, Gmax] the same by group, flat [P] groups whose
@@ -139,25 +158,44 @@ def rollout_metrics(rewards: torch.Tensor, grid: torch.Tensor, flat: torch.Tenso
     ok = torch.isfinite(rewards)
     r = torch.where(ok, rewards, 0.0).double()
     gok = torch.isfinite(grid)
-    within = torch.tensor([float(g[k].double().std(unbiased=False)) if k.any() else 0.0
-                           for g, k in zip(grid, gok)])
-    scale = torch.tensor([float(g[k].double().abs().mean()) if k.any() else 0.0
-                          for g, k in zip(grid, gok)]).clamp(min=1.0)
+    within = torch.tensor(
+        [float(g[k].double().std(unbiased=False)) if k.any() else 0.0 for g, k in zip(grid, gok)]
+    )
+    scale = torch.tensor(
+        [float(g[k].double().abs().mean()) if k.any() else 0.0 for g, k in zip(grid, gok)]
+    ).clamp(min=1.0)
     tiny = (within > 0) & (within < TINY_STD * scale)  # differences that are only noise
     lengths = ro.completion_mask.sum(-1).double().cpu()
-    solved = torch.zeros_like(flat) if max_reward is None else \
-        flat & (torch.where(gok, grid, -torch.inf).amax(-1) >= max_reward)
-    s = dist.sum_named({"r": r.sum(), "r2": (r * r).sum(), "valid": ok.sum(), "n": len(rewards),
-                        "within": within.sum(), "groups": len(grid), "flat": flat.sum(),
-                        "length": lengths.sum(), "truncated": ro.truncated.sum().cpu(),
-                        "extra": extra, "solved": solved.sum(), "tiny": tiny.sum()}, device)
+    solved = (
+        torch.zeros_like(flat)
+        if max_reward is None
+        else flat & (torch.where(gok, grid, -torch.inf).amax(-1) >= max_reward)
+    )
+    s = dist.sum_named(
+        {
+            "r": r.sum(),
+            "r2": (r * r).sum(),
+            "valid": ok.sum(),
+            "n": len(rewards),
+            "within": within.sum(),
+            "groups": len(grid),
+            "flat": flat.sum(),
+            "length": lengths.sum(),
+            "truncated": ro.truncated.sum().cpu(),
+            "extra": extra,
+            "solved": solved.sum(),
+            "tiny": tiny.sum(),
+        },
+        device,
+    )
     longest = dist.all_max(lengths.max().to(device)) if lengths.numel() else 0.0
     n, valid, groups = max(s["n"], 1.0), max(s["valid"], 1.0), max(s["groups"], 1.0)
     mean = s["r"] / valid
     record = {
         "samples": int(s["n"]),
         "reward": mean if s["valid"] else math.nan,
-        "reward_std": math.sqrt(max(s["r2"] / valid - mean * mean, 0.0)) if s["valid"]
+        "reward_std": math.sqrt(max(s["r2"] / valid - mean * mean, 0.0))
+        if s["valid"]
         else math.nan,
         "reward_within_group_std": s["within"] / groups,
         "zero_std_frac": s["flat"] / groups,
@@ -226,25 +264,43 @@ def memory_limit_mb(device: torch.device) -> float | None:
     return min(limits) if limits else None
 
 
-def write_samples(run_dir: str, step: int, batch: Batch, ro: Rollout, dimensions: dict,
-                  extras: dict, rewards: torch.Tensor, adv: torch.Tensor, tokenizer,
-                  k: int = 2) -> list[dict]:
+def write_samples(
+    run_dir: str,
+    step: int,
+    batch: Batch,
+    ro: Rollout,
+    dimensions: dict,
+    extras: dict,
+    rewards: torch.Tensor,
+    adv: torch.Tensor,
+    tokenizer,
+    k: int = 2,
+) -> list[dict]:
     """The first ``k`` groups of a step, as JSONL and as readable text; returns the records
     (for the trackers' tables)."""
     lines, text, records = [], [], []
     for p in range(min(k, len(batch.prompts))):
         for i in torch.nonzero(ro.group == p).squeeze(1).tolist():
-            comp = tokenizer.decode(ro.completion_ids[i][ro.completion_mask[i].bool()],
-                                    skip_special_tokens=True)
-            rec = {"step": step, "group": p, "prompt": batch.prompts[p], "completion": comp,
-                   "reward": float(rewards[i]), "advantage": float(adv[i]),
-                   "dimensions": {n: float(v[i]) for n, v in dimensions.items()},
-                   "extras": {n: str(v[i]) for n, v in extras.items()}}
+            comp = tokenizer.decode(
+                ro.completion_ids[i][ro.completion_mask[i].bool()], skip_special_tokens=True
+            )
+            rec = {
+                "step": step,
+                "group": p,
+                "prompt": batch.prompts[p],
+                "completion": comp,
+                "reward": float(rewards[i]),
+                "advantage": float(adv[i]),
+                "dimensions": {n: float(v[i]) for n, v in dimensions.items()},
+                "extras": {n: str(v[i]) for n, v in extras.items()},
+            }
             records.append(rec)
             lines.append(json.dumps(_finite(rec)))  # valid JSON: null, never a bare NaN
-            text.append(f"--- step {step} group {p} reward {rec['reward']:.3f} "
-                        f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
-                        f"PROMPT: {batch.prompts[p]}\nCOMPLETION: {comp}\n")
+            text.append(
+                f"--- step {step} group {p} reward {rec['reward']:.3f} "
+                f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
+                f"PROMPT: {batch.prompts[p]}\nCOMPLETION: {comp}\n"
+            )
     try:
         with open(os.path.join(run_dir, "samples.jsonl"), "a", encoding="utf-8") as f:
             f.write(redact("\n".join(lines)) + "\n")

@@ -38,17 +38,23 @@ def run_settings(cfg: dict) -> dict:
     lr, sampling temperature and token budget, the KL coefficient's option name, and a
     weighted reward's components (weight, ``requires``, the best score its class declares)."""
     coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(
-        cfg["kl"]["name"])
+        cfg["kl"]["name"]
+    )
     components = {}
     if cfg["reward"]["name"] == "weighted":
         for c in cfg["reward"]["options"]["components"]:
             components[c.get("as") or c["name"]] = {
-                "weight": c.get("weight", 1.0), "requires": c.get("requires", []),
-                "max": _declared_best(c["name"])}
-    return {"lr": cfg["optimizer"]["lr"], "temperature": cfg["sampling"]["temperature"],
-            "max_new_tokens": cfg["sampling"]["max_new_tokens"],
-            "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
-            "components": components}
+                "weight": c.get("weight", 1.0),
+                "requires": c.get("requires", []),
+                "max": _declared_best(c["name"]),
+            }
+    return {
+        "lr": cfg["optimizer"]["lr"],
+        "temperature": cfg["sampling"]["temperature"],
+        "max_new_tokens": cfg["sampling"]["max_new_tokens"],
+        "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
+        "components": components,
+    }
 
 
 def _declared_best(name: str) -> float | None:
@@ -92,10 +98,15 @@ def _part_falls(m: HealthMonitor, r: dict) -> Iterator[Finding]:
     for dim, v in _dims(m, r).items():
         d0, d1 = halves(v)
         if r1 - r0 > t["hack_rise"] and d0 - d1 > t["hack_fall"] and d1 < 0.5 * d0:
-            yield "reward_hacking", (
-                f"the reward rose {r0:.3g} -> {r1:.3g} in {m.window} steps while reward/{dim} "
-                f"fell {d0:.3g} -> {d1:.3g}: the policy earns the other parts of the reward at "
-                f"{dim}'s expense (reward hacking); {_protect(m.settings, dim)}"), d0 - d1
+            yield (
+                "reward_hacking",
+                (
+                    f"the reward rose {r0:.3g} -> {r1:.3g} in {m.window} steps while reward/{dim} "
+                    f"fell {d0:.3g} -> {d1:.3g}: the policy earns the other parts of the reward at "
+                    f"{dim}'s expense (reward hacking); {_protect(m.settings, dim)}"
+                ),
+                d0 - d1,
+            )
             return
 
 
@@ -104,10 +115,16 @@ def _protect(settings: dict, dim: str) -> str:
     parts = settings.get("components", {})
     others = [k for k, c in parts.items() if k != dim and dim not in c["requires"]]
     weight = parts.get(dim, {}).get("weight")
-    advice = f"make {', '.join(others)} require {dim} (the component's `requires`)" if others \
+    advice = (
+        f"make {', '.join(others)} require {dim} (the component's `requires`)"
+        if others
         else f"gate the parts that pay without {dim} on it"
-    return advice + (f", or raise {dim}'s weight (now {weight:g})" if weight is not None else
-                     f", or give {dim} more weight")
+    )
+    return advice + (
+        f", or raise {dim}'s weight (now {weight:g})"
+        if weight is not None
+        else f", or give {dim} more weight"
+    )
 
 
 def _saturated(m: HealthMonitor, r: dict) -> Iterator[Finding]:
@@ -119,14 +136,20 @@ def _saturated(m: HealthMonitor, r: dict) -> Iterator[Finding]:
         for zero, z in dims.items():
             if zero != full and max(z) == 0 == min(z):
                 gated = parts.get(zero, {}).get("requires")
-                yield "saturated", (
-                    f"reward/{full} is at its best ({v[-1]:.3g} of {best:g}) for {m.window} steps "
-                    f"while reward/{zero}{' (gated on ' + ', '.join(gated) + ')' if gated else ''}"
-                    f" stayed at 0: the policy has learned {full} alone (reward hacking), and "
-                    f"{full} no longer tells completions apart; lower {full}'s weight (now "
-                    f"{parts[full]['weight']:g}) or make it require {zero}, and check that {zero} "
-                    f"can be earned at all; a larger sampling.max_new_tokens will not help"), \
-                    v[-1]
+                yield (
+                    "saturated",
+                    (
+                        f"reward/{full} is at its best ({v[-1]:.3g} of {best:g}) for {m.window} "
+                        f"steps while reward/{zero}"
+                        f"{' (gated on ' + ', '.join(gated) + ')' if gated else ''}"
+                        f" stayed at 0: the policy has learned {full} alone (reward hacking), and "
+                        f"{full} no longer tells completions apart; lower {full}'s weight (now "
+                        f"{parts[full]['weight']:g}) or make it require {zero}, and check that "
+                        f"{zero} can be earned at all; a larger sampling.max_new_tokens will not "
+                        f"help"
+                    ),
+                    v[-1],
+                )
                 return
 
 
@@ -136,11 +159,16 @@ def _length_paid(m: HealthMonitor) -> Iterator[Finding]:
         return
     (l0, l1), (r0, r1) = halves(ln), halves(rw)
     if l0 > 0 and l1 > m.t["length_rise"] * l0 and r1 - r0 > m.t["hack_rise"]:
-        yield "length_hacking", (
-            f"completion length rose {l0:.3g} -> {l1:.3g} tokens in {m.window} steps with the "
-            f"reward ({r0:.3g} -> {r1:.3g}): the reward may be paying for length (reward "
-            f"hacking); read samples.txt, and add a length penalty (reward `length`) or use "
-            f"objective.aggregation: seq_mean_token_sum_norm"), l1 / l0
+        yield (
+            "length_hacking",
+            (
+                f"completion length rose {l0:.3g} -> {l1:.3g} tokens in {m.window} steps with the "
+                f"reward ({r0:.3g} -> {r1:.3g}): the reward may be paying for length (reward "
+                f"hacking); read samples.txt, and add a length penalty (reward `length`) or use "
+                f"objective.aggregation: seq_mean_token_sum_norm"
+            ),
+            l1 / l0,
+        )
 
 
 def kl_dominates(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
@@ -156,11 +184,16 @@ def kl_dominates(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     ratio = term / policy
     name = m.settings.get("kl_option", "the KL coefficient")
     if coef > 0 and ratio > m.t["kl_dominance"] and r1 - r0 < m.t["reward_rise"]:
-        yield "kl_dominates", (
-            f"the KL term is {ratio:.0f}x the policy term ({term:.3g} vs {policy:.3g}) and the "
-            f"reward stayed flat ({r0:.3g} -> {r1:.3g}) for {m.window} steps: the KL penalty "
-            f"holds the policy at the reference; lower {name} from {coef:g} (e.g. to "
-            f"{suggest(coef, 1 / min(ratio, 100))})"), ratio
+        yield (
+            "kl_dominates",
+            (
+                f"the KL term is {ratio:.0f}x the policy term ({term:.3g} vs {policy:.3g}) and the "
+                f"reward stayed flat ({r0:.3g} -> {r1:.3g}) for {m.window} steps: the KL penalty "
+                f"holds the policy at the reference; lower {name} from {coef:g} (e.g. to "
+                f"{suggest(coef, 1 / min(ratio, 100))})"
+            ),
+            ratio,
+        )
 
 
 def kl_runaway_advice(m: HealthMonitor, r: dict) -> str:
@@ -169,11 +202,15 @@ def kl_runaway_advice(m: HealthMonitor, r: dict) -> str:
     coef, lr = r.get("kl_coef") or 0.0, m.settings.get("lr")
     now = f" from {lr:g} (e.g. to {suggest(lr, 0.3)})" if lr else ""
     if coef >= m.t["kl_coef_large"]:
-        return (f"the KL coefficient is already {coef:g}, so lower optimizer.lr{now} rather "
-                f"than raising it")
+        return (
+            f"the KL coefficient is already {coef:g}, so lower optimizer.lr{now} rather "
+            f"than raising it"
+        )
     name = m.settings.get("kl_option", "the KL coefficient")
-    return (f"raise {name} from {coef:g} (e.g. to {suggest(max(coef, 0.01), 3)}) "
-            f"or lower optimizer.lr{now}")
+    return (
+        f"raise {name} from {coef:g} (e.g. to {suggest(max(coef, 0.01), 3)}) "
+        f"or lower optimizer.lr{now}"
+    )
 
 
 def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
@@ -181,7 +218,7 @@ def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     down), after which the reward fell below ``collapse`` of what it was, or the entropy
     stayed collapsed: the learning rate is too high. Adam moves every weight by about the
     learning rate whatever the gradient's size, so a clipped grad norm does not prevent it."""
-    n, recent = m.t["collapse_steps"], m.records[-m.window:]
+    n, recent = m.t["collapse_steps"], m.records[-m.window :]
     pairs = [(x.get("reward"), x.get("entropy"), x.get("grad_norm")) for x in recent]
     if converged or any(not _finite(a) or not _finite(b) for a, b, _ in pairs):
         return
@@ -198,11 +235,17 @@ def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
         else:
             continue
         lr, norm = m.settings.get("lr"), pairs[k - 1][2]
-        yield "lr_high", (
-            f"{what} right after one update (step {recent[k - 1].get('step', k - 1)}, grad norm "
-            f"{norm:.3g}) that changed the entropy {ent[k - 1]:.3g} -> {ent[k]:.3g}: the "
-            f"learning rate is too high and the update overshot; lower optimizer.lr"
-            + (f" from {lr:g} (e.g. to {suggest(lr, 0.1)})" if lr else "")), jump
+        yield (
+            "lr_high",
+            (
+                f"{what} right after one update (step {recent[k - 1].get('step', k - 1)}, "
+                f"grad norm "
+                f"{norm:.3g}) that changed the entropy {ent[k - 1]:.3g} -> {ent[k]:.3g}: the "
+                f"learning rate is too high and the update overshot; lower optimizer.lr"
+                + (f" from {lr:g} (e.g. to {suggest(lr, 0.1)})" if lr else "")
+            ),
+            jump,
+        )
         return
 
 
@@ -221,5 +264,7 @@ def low_temperature(m: HealthMonitor) -> str | None:
     temp = m.settings.get("temperature")
     if temp is None or temp >= m.t["temperature_low"]:
         return None
-    return (f"sampling.temperature is {temp:g}: a group's completions are near copies of one "
-            f"another, so their rewards are equal; raise sampling.temperature (e.g. to 1.0)")
+    return (
+        f"sampling.temperature is {temp:g}: a group's completions are near copies of one "
+        f"another, so their rewards are equal; raise sampling.temperature (e.g. to 1.0)"
+    )

@@ -54,8 +54,12 @@ def logger_refs(output_cfg: dict) -> list[tuple[str, dict]]:
     if output_cfg["tensorboard"] == "auto" and _installed("tensorboard"):
         refs.append(("output.tensorboard", {"name": "tensorboard", "options": {}}))
     if output_cfg["wandb_project"]:
-        refs.append(("output.wandb_project", {"name": "wandb", "options": {
-            "project": output_cfg["wandb_project"]}}))
+        refs.append(
+            (
+                "output.wandb_project",
+                {"name": "wandb", "options": {"project": output_cfg["wandb_project"]}},
+            )
+        )
     return refs
 
 
@@ -64,17 +68,22 @@ def problems(output_cfg: dict) -> list[str]:
     line naming it), the older keys set beside ``output.loggers``."""
     out = []
     if output_cfg["loggers"] is not None and output_cfg["wandb_project"]:
-        out.append("output.wandb_project: not read when output.loggers is set; list "
-                   "{name: wandb, options: {project: ...}} there instead")
+        out.append(
+            "output.wandb_project: not read when output.loggers is set; list "
+            "{name: wandb, options: {project: ...}} there instead"
+        )
     for where, ref in logger_refs(output_cfg):
         info = registry().plugins.get(("logger", ref["name"]))
-        if info is None or not (isinstance(info.factory, type)
-                                and issubclass(info.factory, Logger)):
+        if info is None or not (
+            isinstance(info.factory, type) and issubclass(info.factory, Logger)
+        ):
             continue  # an unknown name is the config validator's to report
         missing = [p for p in info.factory.packages if not _installed(p)]
         if missing:
-            out.append(f"{where}: the {ref['name']} logger needs {', '.join(missing)} "
-                       f"(pip install {' '.join(missing)})")
+            out.append(
+                f"{where}: the {ref['name']} logger needs {', '.join(missing)} "
+                f"(pip install {' '.join(missing)})"
+            )
     return out
 
 
@@ -108,24 +117,36 @@ class Trackers:
             except UserError:
                 raise
             except Exception as exc:  # a tracker that cannot start (login, server) stops here
-                raise UserError(f"{where}: the {ref['name']} logger could not start: "
-                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") \
-                    from exc
+                raise UserError(
+                    f"{where}: the {ref['name']} logger could not start: "
+                    f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                ) from exc
             loggers.append((ref["name"], lg))
         return cls(loggers, cfg["output"]["metric_names"])
 
     def log(self, record: dict) -> None:
         """A step's scalars (numbers other than ``step``), renamed for the trackers."""
-        scalars = {metric_name(k, self.naming): float(v) for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        scalars = {
+            metric_name(k, self.naming): float(v)
+            for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         for name, lg in self.loggers:
             self._call(name, lg.log, scalars, record["step"])
 
     def log_samples(self, samples: list[dict], step: int) -> None:
         """The samples of ``metrics.write_samples`` as flat rows (one per completion)."""
-        rows = [{"group": s["group"], "prompt": s["prompt"], "completion": s["completion"],
-                 "reward": s["reward"], "advantage": s["advantage"],
-                 **{f"reward/{k}": v for k, v in s["dimensions"].items()}} for s in samples]
+        rows = [
+            {
+                "group": s["group"],
+                "prompt": s["prompt"],
+                "completion": s["completion"],
+                "reward": s["reward"],
+                "advantage": s["advantage"],
+                **{f"reward/{k}": v for k, v in s["dimensions"].items()},
+            }
+            for s in samples
+        ]
         for name, lg in self.loggers:
             self._call(name, lg.log_samples, rows, step)
 
@@ -141,7 +162,8 @@ class Trackers:
         except Exception as exc:  # third-party trackers raise anything
             if name not in self.failed:
                 self.failed.add(name)
-                print(f"\nwarning: logger {name}: {type(exc).__name__}: "
-                      f"{' '.join(str(exc).split())[:200]} (further failures not shown)",
-                      file=sys.stderr)
-
+                print(
+                    f"\nwarning: logger {name}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())[:200]} (further failures not shown)",
+                    file=sys.stderr,
+                )

@@ -44,8 +44,7 @@ class Scored:
     problem: str | None = None  # first failure, for the warning
 
 
-def call_bounded(fn: Callable, args: tuple, kwargs: dict, timeout: float | None,
-                 key: str) -> Any:
+def call_bounded(fn: Callable, args: tuple, kwargs: dict, timeout: float | None, key: str) -> Any:
     """``fn(*args, **kwargs)`` in a daemon thread, waiting at most ``timeout`` seconds (None:
     forever); past it a TimeoutError names the config ``key``. Python cannot stop a thread: a
     hung call (a reward, an environment) is abandoned, not killed, and the run goes on."""
@@ -69,19 +68,30 @@ def call_bounded(fn: Callable, args: tuple, kwargs: dict, timeout: float | None,
     return box["out"]
 
 
-def score(fn: Reward, name: str, prompts: list[str], completions: list[str], columns: dict,
-          group: torch.Tensor, policy: str = "raise", timeout: float | None = None) -> Scored:
+def score(
+    fn: Reward,
+    name: str,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict,
+    group: torch.Tensor,
+    policy: str = "raise",
+    timeout: float | None = None,
+) -> Scored:
     """Score completions; ``group`` [B] maps each completion to its prompt's group."""
     B = len(completions)
     try:
         out = call_bounded(fn, (prompts, completions), columns, timeout, "reward.timeout")
     except (Exception, SystemExit) as exc:  # a plugin's bug must not end the run silently
         fault = describe(exc, ("reward", name))
-        return _fail(f"reward {name!r} raised {fault.within(f'reward {name!r}')}", B, group,
-                     policy, fault)
+        return _fail(
+            f"reward {name!r} raised {fault.within(f'reward {name!r}')}", B, group, policy, fault
+        )
     if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
-        problem = (f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "
-                   f"numbers")  # list("1111") would score one character per completion
+        problem = (
+            f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "
+            f"numbers"
+        )  # list("1111") would score one character per completion
         return _fail(problem, B, group, policy)
     try:
         values = list(out)
@@ -103,8 +113,10 @@ def score(fn: Reward, name: str, prompts: list[str], completions: list[str], col
     rewards = torch.tensor(values, dtype=torch.float32)
     problem = None
     if bad:
-        problem = (f"reward {name!r} returned {values[bad[0]]} for completion {bad[0]} "
-                   f"({len(bad)} non-finite of {B})")
+        problem = (
+            f"reward {name!r} returned {values[bad[0]]} for completion {bad[0]} "
+            f"({len(bad)} non-finite of {B})"
+        )
         rewards = _apply(problem, rewards, torch.tensor(bad), group, policy)
     if isinstance(out, Scores):
         dims, dim_problem = _per_item(out.dimensions, B, numeric=True)
@@ -122,13 +134,17 @@ def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
     kept, problem = {}, None
     for key, values in named.items():
         if not isinstance(values, (list, tuple)) or len(values) != B:
-            problem = problem or (f"{'dimension' if numeric else 'extra'} {str(key)[:40]!r} is "
-                                  f"not a list of {B}; left out")
+            problem = problem or (
+                f"{'dimension' if numeric else 'extra'} {str(key)[:40]!r} is "
+                f"not a list of {B}; left out"
+            )
             continue
         odd = [v for v in values if not _numeric(v)] if numeric else []
         if odd:
-            problem = problem or (f"dimension {str(key)[:40]!r} holds {type(odd[0]).__name__} "
-                                  f"{str(odd[0])[:40]!r}, expected numbers; left out")
+            problem = problem or (
+                f"dimension {str(key)[:40]!r} holds {type(odd[0]).__name__} "
+                f"{str(odd[0])[:40]!r}, expected numbers; left out"
+            )
             continue
         kept[str(key)] = [_number(v) for v in values] if numeric else list(values)
     return kept, problem
@@ -136,8 +152,11 @@ def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
 
 def _numeric(v) -> bool:
     """A number, or None (a missing score); not text that happens to parse as one."""
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
-        hasattr(v, "__float__") and not isinstance(v, (str, bytes)))
+    return (
+        v is None
+        or (isinstance(v, (int, float)) and not isinstance(v, bool))
+        or (hasattr(v, "__float__") and not isinstance(v, (str, bytes)))
+    )
 
 
 def _number(v) -> float:
@@ -148,23 +167,38 @@ def _number(v) -> float:
     return v if math.isfinite(v) else math.nan
 
 
-def score_rollout(fn: Reward, reward_cfg: dict, tokenizer, batch: Batch,
-                  ro: Rollout, transcripts: list | None = None) -> Scored:
+def score_rollout(
+    fn: Reward,
+    reward_cfg: dict,
+    tokenizer,
+    batch: Batch,
+    ro: Rollout,
+    transcripts: list | None = None,
+) -> Scored:
     """Decode a rollout and score it as the ``reward`` config section says (failure policy,
     time limit). Episodes (``transcripts``) that failed under ``environment.failure: drop``
     get no reward (NaN: left out of their group's statistics and of the loss)."""
     prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
     timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
-    scored = score(fn, reward_cfg["name"], prompts, texts, columns, ro.group.cpu(),
-                   reward_cfg["failure"], timeout)
+    scored = score(
+        fn,
+        reward_cfg["name"],
+        prompts,
+        texts,
+        columns,
+        ro.group.cpu(),
+        reward_cfg["failure"],
+        timeout,
+    )
     dropped = [i for i, t in enumerate(transcripts or []) if t.dropped]
     if dropped:
         scored.rewards[dropped] = torch.nan
     return scored
 
 
-def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,
-                     factor: float = 1.0) -> torch.Tensor:
+def overlong_penalty(
+    lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float = 1.0
+) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), a reward added to the task's:
     0 up to ``L_max - L_cache`` tokens, then falling linearly to ``-factor`` at ``L_max``
     (and ``-factor`` past it), so a long answer is discouraged before the budget cuts it:
@@ -186,21 +220,34 @@ def with_overlong(scored: Scored, ro: Rollout, overlong: dict | None, budget: in
     if not overlong:
         return scored
     lengths = ro.action_mask.sum(-1).cpu()
-    pen = overlong_penalty(lengths, overlong["max_tokens"] or budget, overlong["buffer"],
-                           overlong["factor"])
-    return Scored(scored.rewards + pen, {**scored.dimensions, "overlong": pen.tolist()},
-                  scored.extras, scored.problem)
+    pen = overlong_penalty(
+        lengths, overlong["max_tokens"] or budget, overlong["buffer"], overlong["factor"]
+    )
+    return Scored(
+        scored.rewards + pen,
+        {**scored.dimensions, "overlong": pen.tolist()},
+        scored.extras,
+        scored.problem,
+    )
 
 
-def _fail(problem: str, B: int, group: torch.Tensor, policy: str,
-          fault: Fault | None = None) -> Scored:
+def _fail(
+    problem: str, B: int, group: torch.Tensor, policy: str, fault: Fault | None = None
+) -> Scored:
     """Every completion failed (the call raised or gave the wrong length)."""
-    return Scored(_apply(problem, torch.zeros(B), torch.arange(B), group, policy, fault),
-                  problem=problem)
+    return Scored(
+        _apply(problem, torch.zeros(B), torch.arange(B), group, policy, fault), problem=problem
+    )
 
 
-def _apply(problem: str, rewards: torch.Tensor, bad: torch.Tensor, group: torch.Tensor,
-           policy: str, fault: Fault | None = None) -> torch.Tensor:
+def _apply(
+    problem: str,
+    rewards: torch.Tensor,
+    bad: torch.Tensor,
+    group: torch.Tensor,
+    policy: str,
+    fault: Fault | None = None,
+) -> torch.Tensor:
     if policy == "raise":
         raise RewardFailure(problem + " (reward.failure: raise)", fault)
     rewards = rewards.clone()

@@ -68,8 +68,9 @@ class KeywordReward(Reward):
 def declared_columns(factory: Any, options: dict) -> tuple[str, ...]:
     """The dataset columns a reward factory declares it reads with ``options`` (a Reward
     class's ``columns_for``, or a function's ``columns`` attribute)."""
-    if isinstance(factory, FunctionFactory) or (isinstance(factory, type)
-                                               and issubclass(factory, Reward)):
+    if isinstance(factory, FunctionFactory) or (
+        isinstance(factory, type) and issubclass(factory, Reward)
+    ):
         return tuple(factory.columns_for(options))
     return ()
 
@@ -84,17 +85,23 @@ def register(name: str, fn: Callable[..., Any]) -> None:
     """Register ``fn`` as reward plugin ``name``; a later call with the same name replaces
     it, but an installed plugin's name is refused."""
     if not callable(fn) or isinstance(fn, type):
-        raise PluginError(f"rewards[{name!r}]: expected a function, found "
-                          f"{type(fn).__name__}")
+        raise PluginError(f"rewards[{name!r}]: expected a function, found {type(fn).__name__}")
     reg = registry()
     old = reg.plugins.get(("reward", name))
     if old is not None and not isinstance(old.factory, FunctionFactory):
-        raise PluginError(f"rewards[{name!r}]: the name of the reward plugin from "
-                          f"{old.distribution}; give the function another name")
+        raise PluginError(
+            f"rewards[{name!r}]: the name of the reward plugin from "
+            f"{old.distribution}; give the function another name"
+        )
     doc = (inspect.getdoc(fn) or "").split("\n")[0]
     reg.plugins[("reward", name)] = PluginInfo(
-        "reward", name, FunctionFactory(fn), NO_OPTIONS, doc or f"function at {where(fn)}",
-        DISTRIBUTION)
+        "reward",
+        name,
+        FunctionFactory(fn),
+        NO_OPTIONS,
+        doc or f"function at {where(fn)}",
+        DISTRIBUTION,
+    )
 
 
 def is_reference(name: str) -> bool:
@@ -110,8 +117,14 @@ def resolve(name: str) -> PluginInfo:
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise PluginError(f"reward {name!r}: {target} has no function {attr!r}")
-    info = PluginInfo("reward", name, FunctionFactory(fn), NO_OPTIONS,
-                      f"function at {where(fn)}", f"{DISTRIBUTION} {target}")
+    info = PluginInfo(
+        "reward",
+        name,
+        FunctionFactory(fn),
+        NO_OPTIONS,
+        f"function at {where(fn)}",
+        f"{DISTRIBUTION} {target}",
+    )
     registry().plugins[("reward", name)] = info
     return info
 

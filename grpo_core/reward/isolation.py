@@ -30,17 +30,25 @@ BUILD_TIMEOUT = 600.0
 def build_reward(reward_cfg: dict) -> Reward:
     """The configured reward, where its time limit can be enforced (see the module doc)."""
     info = registry().get("reward", reward_cfg["name"])
-    inline = isinstance(info.factory, type) and issubclass(info.factory, Reward) and \
-        info.factory.inline
+    inline = (
+        isinstance(info.factory, type) and issubclass(info.factory, Reward) and info.factory.inline
+    )
     payload, stays, why = functions.shipped(reward_cfg)
     if why and reward_cfg["isolation"] == "process" and not inline:
-        print(f"notice: the reward runs in the trainer's process, not a worker process "
-              f"({why}); reward.timeout can abandon a call there but not stop it",
-              file=sys.stderr)
+        print(
+            f"notice: the reward runs in the trainer's process, not a worker process "
+            f"({why}); reward.timeout can abandon a call there but not stop it",
+            file=sys.stderr,
+        )
     if reward_cfg["isolation"] == "inline" or inline or stays:
         return create("reward", reward_cfg["name"], reward_cfg["options"])
-    return IsolatedReward(reward_cfg["name"], reward_cfg["options"], reward_cfg["timeout"],
-                          reward_cfg["memory_mb"], payload)
+    return IsolatedReward(
+        reward_cfg["name"],
+        reward_cfg["options"],
+        reward_cfg["timeout"],
+        reward_cfg["memory_mb"],
+        payload,
+    )
 
 
 def preload() -> None:
@@ -72,32 +80,46 @@ def call(state: tuple[str, Reward], payload: Any) -> Any:
 class IsolatedReward(Reward):
     """A reward that lives in a worker process; calls past ``timeout`` seconds kill it."""
 
-    def __init__(self, name: str, options: dict, timeout: float | None,
-                 memory_mb: int | None = None, shipped: bytes | None = None):
+    def __init__(
+        self,
+        name: str,
+        options: dict,
+        timeout: float | None,
+        memory_mb: int | None = None,
+        shipped: bytes | None = None,
+    ):
         self.name, self.timeout = name, timeout
-        self.pool = WorkerPool("grpo_core.reward.isolation:call",
-                               setup="grpo_core.reward.isolation:build",
-                               setup_args=(name, options, shipped), size=1, memory_mb=memory_mb,
-                               preload=("grpo_core.reward.isolation:preload",))
+        self.pool = WorkerPool(
+            "grpo_core.reward.isolation:call",
+            setup="grpo_core.reward.isolation:build",
+            setup_args=(name, options, shipped),
+            size=1,
+            memory_mb=memory_mb,
+            preload=("grpo_core.reward.isolation:preload",),
+        )
         try:
             described = self.pool.map(["describe"], timeout=BUILD_TIMEOUT)[0]
         except RuntimeError as exc:  # the worker could not even build the reward
             self.pool.close()
             why = (self.pool.boot_error or str(exc)).splitlines()[0]
-            raise PluginError(f"reward {name!r} could not be built in its worker process: "
-                              f"{why}") from exc
+            raise PluginError(
+                f"reward {name!r} could not be built in its worker process: {why}"
+            ) from exc
         if isinstance(described, Exception):
             self.pool.close()
-            raise PluginError(f"reward {name!r} could not be built in its worker process: "
-                              f"{_why(described)}")
+            raise PluginError(
+                f"reward {name!r} could not be built in its worker process: {_why(described)}"
+            )
         self.max_value = described["max_value"]
 
     def __call__(self, prompts, completions, **columns):
-        budget = self.timeout if self.timeout is not None else 10.0 ** 9
+        budget = self.timeout if self.timeout is not None else 10.0**9
         out = self.pool.map([(list(prompts), list(completions), columns)], timeout=budget)[0]
         if isinstance(out, WorkerTimeout):
-            raise TimeoutError(f"did not return within {budget:g} s (reward.timeout); its "
-                               f"worker process was killed and replaced")
+            raise TimeoutError(
+                f"did not return within {budget:g} s (reward.timeout); its "
+                f"worker process was killed and replaced"
+            )
         if isinstance(out, (WorkerCrashed, WorkerError)):
             raise RuntimeError(_why(out))
         if isinstance(out, faults.Fault):

@@ -38,12 +38,27 @@ BASELINE = "baseline.pt"  # the baseline's state, when it has any
 #: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
 #: how many threads, how the run is spread over processes); any other difference is refused
 #: unless forced.
-MAY_CHANGE = ("train.steps", "train.max_nonfinite_steps", "output.", "eval.", "health.",
-              "runtime.threads", "reward.timeout", "reward.failure", "reward.isolation",
-              "distributed.", "optimizer.fused")
+MAY_CHANGE = (
+    "train.steps",
+    "train.max_nonfinite_steps",
+    "output.",
+    "eval.",
+    "health.",
+    "runtime.threads",
+    "reward.timeout",
+    "reward.failure",
+    "reward.isolation",
+    "distributed.",
+    "optimizer.fused",
+)
 #: What checkpoints written before the full config was stored are compared on.
-COMPATIBILITY_KEYS = (("model", "name_or_path"), ("sampling", "group_size"), ("baseline", "name"),
-                      ("train", "prompts_per_step"), ("train", "seed"))
+COMPATIBILITY_KEYS = (
+    ("model", "name_or_path"),
+    ("sampling", "group_size"),
+    ("baseline", "name"),
+    ("train", "prompts_per_step"),
+    ("train", "seed"),
+)
 
 
 def config_fingerprint(cfg: dict) -> dict:
@@ -73,8 +88,10 @@ def _digest(path: str) -> str:
 
 def rng_state() -> dict:
     np_state = np.random.get_state()
-    return {"python": repr(random.getstate()),
-            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
+    return {
+        "python": repr(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+    }
 
 
 def set_rng_state(state: dict, torch_state: torch.Tensor) -> None:
@@ -99,8 +116,17 @@ def rng_problem(state) -> str | None:
     try:
         random.Random().setstate(_python_rng(state))
         np.random.RandomState().set_state(_numpy_rng(state))
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, SyntaxError,
-            MemoryError, RecursionError, OverflowError) as exc:
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        SyntaxError,
+        MemoryError,
+        RecursionError,
+        OverflowError,
+    ) as exc:
         return f"its rng entry is malformed ({type(exc).__name__})"
     return None
 
@@ -109,8 +135,19 @@ def _tuples(x):
     return tuple(_tuples(i) for i in x) if isinstance(x, (list, tuple)) else x
 
 
-def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: dict, scheduler,
-         meta: dict, keep_last: int, dtype: torch.dtype, baseline: dict | None = None) -> str:
+def save(
+    root: str,
+    step: int,
+    run_id: str,
+    model,
+    tokenizer,
+    optimizer_state: dict,
+    scheduler,
+    meta: dict,
+    keep_last: int,
+    dtype: torch.dtype,
+    baseline: dict | None = None,
+) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
     ``keep_last``; another run's checkpoints are never counted or removed."""
     os.makedirs(root, exist_ok=True)
@@ -122,26 +159,57 @@ def save(root: str, step: int, run_id: str, model, tokenizer, optimizer_state: d
         save_model(model, None, tmp, dtype)
         trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
         if is_peft(model) or any(v.dtype != dtype for v in trainable.values()):
-            save_file({k: v.detach().contiguous().cpu() for k, v in trainable.items()},
-                      os.path.join(tmp, MASTER))
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in trainable.items()},
+                os.path.join(tmp, MASTER),
+            )
         _fault_pause()
     except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, quota, permissions
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
-                        f"earlier checkpoints are intact") from exc
-    return finish_save(root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last,
-                       optimizer_state, baseline)
+        raise UserError(
+            f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
+            f"earlier checkpoints are intact"
+        ) from exc
+    return finish_save(
+        root,
+        tmp,
+        final,
+        step,
+        run_id,
+        tokenizer,
+        scheduler,
+        meta,
+        keep_last,
+        optimizer_state,
+        baseline,
+    )
 
 
-def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokenizer, scheduler,
-                meta: dict, keep_last: int, optimizer_state: dict | None = None,
-                baseline: dict | None = None) -> str:
+def finish_save(
+    root: str,
+    tmp: str,
+    final: str,
+    step: int,
+    run_id: str,
+    tokenizer,
+    scheduler,
+    meta: dict,
+    keep_last: int,
+    optimizer_state: dict | None = None,
+    baseline: dict | None = None,
+) -> str:
     """The part every checkpoint shares, once its weights are in ``tmp``: trainer state, the
     baseline's (``baseline.pt``: a running mean, a critic's weights and optimizer), tokenizer,
     checksums of every file, then the rename that makes it exist."""
     try:
-        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, os.path.join(tmp, "trainer.pt"))
+        torch.save(
+            {
+                "optimizer": optimizer_state,
+                "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+            },
+            os.path.join(tmp, "trainer.pt"),
+        )
         if baseline:
             torch.save(baseline, os.path.join(tmp, BASELINE))
         tokenizer.save_pretrained(tmp)
@@ -150,8 +218,10 @@ def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokeniz
             for name in sorted(names):
                 path = os.path.join(folder, name)
                 _fsync(path)
-                files[os.path.relpath(path, tmp)] = {"size": os.path.getsize(path),
-                                                     "sha256": _digest(path)}
+                files[os.path.relpath(path, tmp)] = {
+                    "size": os.path.getsize(path),
+                    "sha256": _digest(path),
+                }
         state = {**meta, "step": step, "run_id": run_id, "rng": rng_state(), "files": files}
         with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
             json.dump(state, f)
@@ -164,8 +234,10 @@ def finish_save(root: str, tmp: str, final: str, step: int, run_id: str, tokeniz
         _fsync(root)
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
-                        f"earlier checkpoints are intact") from exc
+        raise UserError(
+            f"cannot write checkpoint {final}: {write_failure(exc, root)}; "
+            f"earlier checkpoints are intact"
+        ) from exc
     for old in list_checkpoints(root, run_id)[:-keep_last]:
         gone = os.path.join(root, ".del-" + os.path.basename(old))
         shutil.rmtree(gone, ignore_errors=True)
@@ -181,7 +253,8 @@ def clear_leftovers(root: str) -> None:
     for name in os.listdir(root):
         path = os.path.join(root, name)
         if name.startswith((".tmp-", ".del-")) or (
-                name.startswith(PREFIX) and not os.path.isfile(os.path.join(path, "state.json"))):
+            name.startswith(PREFIX) and not os.path.isfile(os.path.join(path, "state.json"))
+        ):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -209,8 +282,11 @@ def list_checkpoints(root: str, run_id: str | None = None) -> list[str]:
     """Complete checkpoints under ``root``, oldest first (only run ``run_id``'s, if given)."""
     if not os.path.isdir(root):
         return []
-    found = sorted(os.path.join(root, d) for d in os.listdir(root)
-                   if d.startswith(PREFIX) and os.path.isfile(os.path.join(root, d, "state.json")))
+    found = sorted(
+        os.path.join(root, d)
+        for d in os.listdir(root)
+        if d.startswith(PREFIX) and os.path.isfile(os.path.join(root, d, "state.json"))
+    )
     if run_id is None:
         return found
     return [p for p in found if (read_state(p) or {}).get("run_id") in (run_id, None)]
@@ -255,8 +331,11 @@ def _weights(path: str) -> list[str]:
     """The files holding the trainable weights as trained."""
     if os.path.isfile(os.path.join(path, MASTER)):
         return [os.path.join(path, MASTER)]
-    return sorted(os.path.join(path, f) for f in os.listdir(path)
-                  if f.startswith("model") and f.endswith(".safetensors"))
+    return sorted(
+        os.path.join(path, f)
+        for f in os.listdir(path)
+        if f.startswith("model") and f.endswith(".safetensors")
+    )
 
 
 def check_fits(path: str, model) -> None:
@@ -272,15 +351,20 @@ def check_fits(path: str, model) -> None:
     for file in files:
         with safe_open(file, "pt") as f:
             for key in f.keys():
-                have = state_shapes.get(key) or (tuple(params[key].shape) if key in params
-                                                 else None)
+                have = state_shapes.get(key) or (
+                    tuple(params[key].shape) if key in params else None
+                )
                 shape = tuple(f.get_slice(key).get_shape())
                 if have is None:
-                    raise UserError(f"cannot resume from {path}: its weight {key} is not in this "
-                                    f"model (LoRA switched on or off, or another model?)")
+                    raise UserError(
+                        f"cannot resume from {path}: its weight {key} is not in this "
+                        f"model (LoRA switched on or off, or another model?)"
+                    )
                 if have != shape:
-                    raise UserError(f"cannot resume from {path}: weight {key} has shape "
-                                    f"{list(shape)} there and {list(have)} in this model")
+                    raise UserError(
+                        f"cannot resume from {path}: weight {key} has shape "
+                        f"{list(shape)} there and {list(have)} in this model"
+                    )
 
 
 def read_weights(path: str) -> dict:
@@ -310,8 +394,10 @@ def load(path: str, model, optimizer, scheduler) -> None:
         missing = set(model.load_state_dict(read_weights(path), strict=False).missing_keys)
         lost = [n for n, p in model.named_parameters() if p.requires_grad and n in missing]
         if lost:
-            raise UserError(f"cannot resume from {path}: no saved value for {lost[0]}"
-                            f"{f' and {len(lost) - 1} more' if len(lost) > 1 else ''}")
+            raise UserError(
+                f"cannot resume from {path}: no saved value for {lost[0]}"
+                f"{f' and {len(lost) - 1} more' if len(lost) > 1 else ''}"
+            )
         trainer = trainer_state(path)
         optimizer_from_state(model, optimizer, trainer["optimizer"])
         scheduler.load_state_dict(trainer["scheduler"])
@@ -325,8 +411,9 @@ def optimizer_from_state(model, optimizer, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if state.get("state") and all(isinstance(k, str) for k in state["state"]):
-        set_optimizer_state_dict(model, optimizer, state,
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+        )
     else:
         optimizer.load_state_dict(state)
 
@@ -341,12 +428,18 @@ def config_differences(state: dict, cfg: dict) -> list[str]:
     if saved is None:  # written before configs were stored: compare the fingerprint
         now = config_fingerprint(cfg)
         old = state.get("fingerprint", {})
-        return [f"{k}: checkpoint {old.get(k)!r}, config {now[k]!r}" for k in now
-                if old.get(k) != now[k]]
+        return [
+            f"{k}: checkpoint {old.get(k)!r}, config {now[k]!r}"
+            for k in now
+            if old.get(k) != now[k]
+        ]
     # keys added since the checkpoint was written read as their defaults there
     a, b = _flat(fill_defaults(CORE_SCHEMA, copy.deepcopy(saved))), _flat(cfg)
-    return [f"{k}: checkpoint {a.get(k)!r}, config {b.get(k)!r}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k) and not k.startswith(MAY_CHANGE)]
+    return [
+        f"{k}: checkpoint {a.get(k)!r}, config {b.get(k)!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not k.startswith(MAY_CHANGE)
+    ]
 
 
 def _flat(cfg, prefix: str = "") -> dict:

@@ -53,12 +53,17 @@ def model_dir(model_cfg: dict) -> str:
     if path is None:
         return model_cfg["name_or_path"]
     if not os.path.isfile(path):
-        raise UserError(f"model.gguf_file: {path} not found (expected a .gguf file, by name "
-                        f"inside model.name_or_path or as a path)")
+        raise UserError(
+            f"model.gguf_file: {path} not found (expected a .gguf file, by name "
+            f"inside model.name_or_path or as a path)"
+        )
     out = os.path.join(cache_root(), "gguf", cache_key(path))
     if not os.path.isfile(os.path.join(out, "config.json")):
-        print(f"note: converting {path} to float weights once, into {out}", file=sys.stderr,
-              flush=True)
+        print(
+            f"note: converting {path} to float weights once, into {out}",
+            file=sys.stderr,
+            flush=True,
+        )
         convert(path, out)
     return out
 
@@ -85,8 +90,16 @@ def convert(path: str, out: str) -> None:
         tokenizer.save_pretrained(tmp)
         st = os.stat(path)
         with open(os.path.join(tmp, "gguf_source.json"), "w", encoding="utf-8") as f:
-            json.dump({"file": os.path.realpath(path), "size": st.st_size,
-                       "mtime_ns": st.st_mtime_ns, "format": FORMAT}, f, indent=2)
+            json.dump(
+                {
+                    "file": os.path.realpath(path),
+                    "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns,
+                    "format": FORMAT,
+                },
+                f,
+                indent=2,
+            )
         try:
             os.rename(tmp, out)
         except OSError:  # another process renamed its conversion first
@@ -104,19 +117,19 @@ def _read(path: str):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as exc:
-        raise UserError("model.gguf_file: reading GGUF needs the gguf and accelerate packages "
-                        "(pip install 'grpo-core[gguf]')") from exc
+        raise UserError(
+            "model.gguf_file: reading GGUF needs the gguf and accelerate packages "
+            "(pip install 'grpo-core[gguf]')"
+        ) from exc
     hf_logging.disable_progress_bar()
     folder, name = os.path.split(os.path.abspath(path))
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                      dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # a truncated file, an unknown architecture or tensor type
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"model.gguf_file: cannot load {path} as a GGUF model: {first}") \
-            from exc
+        raise UserError(f"model.gguf_file: cannot load {path} as a GGUF model: {first}") from exc
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.float32

@@ -30,8 +30,9 @@ def load_tokenizer(model_cfg: dict):
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg["trust_remote_code"])
     except Exception as exc:  # whatever a broken directory raises, it is the input's fault
-        raise UserError(f"model.name_or_path: cannot load a tokenizer from {path!r}: "
-                        f"{str(exc).splitlines()[0]}") from exc
+        raise UserError(
+            f"model.name_or_path: cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}"
+        ) from exc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -48,19 +49,27 @@ def load_model(model_cfg: dict, device: torch.device):
     if os.path.isdir(path) and not model_cfg["allow_unsafe_weights"]:
         files = os.listdir(path)
         if not any(f.endswith(".safetensors") for f in files) and any(
-                f.endswith((".bin", ".pt", ".pth")) for f in files):
-            raise UserError(f"model.name_or_path: {path} has only pickle weights (.bin); "
-                            f"convert to safetensors or set model.allow_unsafe_weights: true")
+            f.endswith((".bin", ".pt", ".pth")) for f in files
+        ):
+            raise UserError(
+                f"model.name_or_path: {path} has only pickle weights (.bin); "
+                f"convert to safetensors or set model.allow_unsafe_weights: true"
+            )
     extra = {}
     if model_cfg.get("quantization"):
         extra["quantization_config"] = _quantization(model_cfg["quantization"], device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=model_cfg["trust_remote_code"],
-            use_safetensors=None if model_cfg["allow_unsafe_weights"] else True, **extra)
+            path,
+            dtype=dtype,
+            trust_remote_code=model_cfg["trust_remote_code"],
+            use_safetensors=None if model_cfg["allow_unsafe_weights"] else True,
+            **extra,
+        )
     except Exception as exc:  # corrupt weights raise safetensors', torch's or OS errors
-        raise UserError(f"model.name_or_path: cannot load a model from {path!r}: "
-                        f"{str(exc).splitlines()[0]}") from exc
+        raise UserError(
+            f"model.name_or_path: cannot load a model from {path!r}: {str(exc).splitlines()[0]}"
+        ) from exc
     if not extra:
         model = model.to(device)
     if model_cfg.get("gradient_checkpointing"):
@@ -81,11 +90,13 @@ def _quantization(kind: str, device: torch.device):
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig
     except ImportError as exc:
-        raise UserError("model.quantization: needs bitsandbytes (pip install bitsandbytes)") \
-            from exc
+        raise UserError(
+            "model.quantization: needs bitsandbytes (pip install bitsandbytes)"
+        ) from exc
     if kind == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                  bnb_4bit_compute_dtype=torch.bfloat16)
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        )
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
@@ -95,8 +106,13 @@ def add_lora(model, lora: dict):
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise UserError("model.lora: needs peft (pip install 'grpo-core[lora]')") from exc
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                     target_modules=lora["target_modules"], task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, cfg)
     except ValueError as exc:
@@ -115,16 +131,16 @@ def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
     from transformers import AutoConfig
 
     try:
-        cfg = AutoConfig.from_pretrained(model_dir(model_cfg),
-                                         trust_remote_code=model_cfg["trust_remote_code"])
+        cfg = AutoConfig.from_pretrained(
+            model_dir(model_cfg), trust_remote_code=model_cfg["trust_remote_code"]
+        )
     except (OSError, ValueError):
         return torch.float32
     dtype = getattr(cfg, "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def save_model(model, tokenizer, path: str, dtype: torch.dtype,
-               state: dict | None = None) -> None:
+def save_model(model, tokenizer, path: str, dtype: torch.dtype, state: dict | None = None) -> None:
     """A directory ``from_pretrained`` loads: weights in ``dtype`` (each shared tensor once),
     config saying so, tokenizer (when given). A LoRA model writes its adapter. ``state``: the
     whole model's weights when the model itself holds only shards (FSDP)."""
@@ -132,17 +148,20 @@ def save_model(model, tokenizer, path: str, dtype: torch.dtype,
         model.save_pretrained(path, **({"state_dict": state} if state is not None else {}))
     else:
         tied = _tied_names(model)
-        whole = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach()
-                 for k, v in (state if state is not None else model.state_dict()).items()
-                 if k not in tied}  # from_pretrained ties those again
+        whole = {
+            k: v.detach().to(dtype) if v.is_floating_point() else v.detach()
+            for k, v in (state if state is not None else model.state_dict()).items()
+            if k not in tied
+        }  # from_pretrained ties those again
         model.save_pretrained(path, state_dict=whole)
         config = os.path.join(path, "config.json")
         with open(config, encoding="utf-8") as f:
             written = json.load(f)
         written["dtype"] = str(dtype).removeprefix("torch.")
         # a sharded model's class is FSDP's subclass of the real one: name the real one
-        written["architectures"] = [next(c.__name__ for c in type(model).__mro__
-                                         if not c.__name__.startswith("FSDP"))]
+        written["architectures"] = [
+            next(c.__name__ for c in type(model).__mro__ if not c.__name__.startswith("FSDP"))
+        ]
         with open(config, "w", encoding="utf-8") as f:
             json.dump(written, f, indent=2)
     if tokenizer is not None:
@@ -157,9 +176,13 @@ def context_length(model) -> int | None:
 
 
 #: the range a generation_config value must be in to be taken (as the config schema's)
-_VALID = {"temperature": lambda v: v > 0, "top_p": lambda v: 0 < v <= 1,
-          "top_k": lambda v: v >= 0 and v == int(v), "min_p": lambda v: 0 <= v <= 1,
-          "repetition_penalty": lambda v: v > 0}
+_VALID = {
+    "temperature": lambda v: v > 0,
+    "top_p": lambda v: 0 < v <= 1,
+    "top_k": lambda v: v >= 0 and v == int(v),
+    "min_p": lambda v: 0 <= v <= 1,
+    "repetition_penalty": lambda v: v > 0,
+}
 
 
 def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
@@ -171,8 +194,12 @@ def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
     taken = {}
     for key in MODEL_DEFAULTED:
         value = given.get(key)
-        if sampling_cfg.get(key) is None and isinstance(value, (int, float)) and \
-                not isinstance(value, bool) and _VALID[key](value):
+        if (
+            sampling_cfg.get(key) is None
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and _VALID[key](value)
+        ):
             taken[key] = int(value) if key == "top_k" else float(value)
     return taken
 
@@ -187,8 +214,11 @@ def resolve_sampling(model, sampling_cfg: dict, announce: bool) -> None:
             sampling_cfg[key] = taken.get(key, NEUTRAL[key])
     if taken and announce:
         said = ", ".join(f"{k}={v}" for k, v in taken.items())
-        print(f"note: sampling settings from the model's generation_config: {said} (set them "
-              f"in the config's sampling section to override)", file=sys.stderr)
+        print(
+            f"note: sampling settings from the model's generation_config: {said} (set them "
+            f"in the config's sampling section to override)",
+            file=sys.stderr,
+        )
 
 
 def _tied_names(model) -> set[str]:

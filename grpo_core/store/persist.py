@@ -33,10 +33,12 @@ from grpo_core.store import checkpoint
 
 KINDS = ("dcp", "deepspeed")  # the folders of checkpoints every rank wrote (engine.shards)
 
+
 def optimizer_state(model, optimizer) -> dict:
     """The optimizer's state keyed by parameter name, whole: loads into any sharding."""
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=StateDictOptions(full_state_dict=True))
+    return get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 def save(run, step: int, now: bool = False) -> str | None:
@@ -47,16 +49,30 @@ def save(run, step: int, now: bool = False) -> str | None:
         return None
     root = os.path.join(run.dir, "checkpoints")
     written = unresolved(run.cfg)  # a checkpoint holds ${env:NAME}, never the value
-    meta = {"config": written, "config_hash": checkpoint.config_hash(written),
-            "kl": run.kl.state_dict(),
-            "data_position": run.stream.position, "data": run.stream.state_dict()}
+    meta = {
+        "config": written,
+        "config_hash": checkpoint.config_hash(written),
+        "kl": run.kl.state_dict(),
+        "data_position": run.stream.position,
+        "data": run.stream.state_dict(),
+    }
     baseline = run.baseline.state_dict()  # baseline.pt: a critic's tensors too
     if run.engine.shards:
         _save_sharded(run, root, step + 1, meta, baseline)
     elif run.main:
-        checkpoint.save(root, step + 1, run.run_id, run.policy, run.tokenizer,
-                        optimizer_state(run.policy, run.optimizer), run.scheduler, meta,
-                        run.cfg["output"]["keep_last"], run.save_dtype, baseline)
+        checkpoint.save(
+            root,
+            step + 1,
+            run.run_id,
+            run.policy,
+            run.tokenizer,
+            optimizer_state(run.policy, run.optimizer),
+            run.scheduler,
+            meta,
+            run.cfg["output"]["keep_last"],
+            run.save_dtype,
+            baseline,
+        )
     dist.barrier()
     return os.path.join(root, f"{checkpoint.PREFIX}{step + 1:08d}")
 
@@ -78,9 +94,12 @@ def stopped(run, step: int, path: str, signum: int) -> Stopped:
         run.episodes.close()
     if run.main:
         run.metrics.close()
-    return Stopped(f"stopped by {signal.Signals(signum).name} after step {step + 1} of "
-                   f"{run.cfg['train']['steps']}; checkpoint saved in {path}; continue with "
-                   f"--resume", signum)
+    return Stopped(
+        f"stopped by {signal.Signals(signum).name} after step {step + 1} of "
+        f"{run.cfg['train']['steps']}; checkpoint saved in {path}; continue with "
+        f"--resume",
+        signum,
+    )
 
 
 def _save_sharded(run, root: str, step: int, meta: dict, baseline: dict) -> None:
@@ -96,13 +115,24 @@ def _save_sharded(run, root: str, step: int, meta: dict, baseline: dict) -> None
     except Exception as exc:  # a rank's disk failed: every rank hears of it
         if run.main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write checkpoint {final}: {str(exc).splitlines()[0][:300]}; "
-                        f"earlier checkpoints are intact") from exc
+        raise UserError(
+            f"cannot write checkpoint {final}: {str(exc).splitlines()[0][:300]}; "
+            f"earlier checkpoints are intact"
+        ) from exc
     dist.barrier()
     if run.main:
-        checkpoint.finish_save(root, tmp, final, step, run.run_id, run.tokenizer,
-                               run.scheduler, meta, run.cfg["output"]["keep_last"],
-                               baseline=baseline)
+        checkpoint.finish_save(
+            root,
+            tmp,
+            final,
+            step,
+            run.run_id,
+            run.tokenizer,
+            run.scheduler,
+            meta,
+            run.cfg["output"]["keep_last"],
+            baseline=baseline,
+        )
 
 
 def resume(run, target: str | bool, force: bool) -> None:
@@ -124,12 +154,17 @@ def resume(run, target: str | bool, force: bool) -> None:
         (state.get("config") or {}).get("sampling", {}).setdefault(key, value)
     diffs = checkpoint.config_differences(state, unresolved(run.cfg))
     if diffs and not force:
-        raise UserError("cannot resume: the config differs from the checkpoint's in "
-                        + "; ".join(diffs) + " (use --force to resume anyway)")
+        raise UserError(
+            "cannot resume: the config differs from the checkpoint's in "
+            + "; ".join(diffs)
+            + " (use --force to resume anyway)"
+        )
     _load(path, run)
     checkpoint.restore_rng(path, state)
     if force and (state.get("config") or {}).get("optimizer", {}).get("lr") not in (
-            None, run.cfg["optimizer"]["lr"]):  # forced with a new learning rate: apply it
+        None,
+        run.cfg["optimizer"]["lr"],
+    ):  # forced with a new learning rate: apply it
         schedules.set_peak_lr(run.scheduler, run.optimizer, run.cfg["optimizer"]["lr"])
     run.kl.load_state_dict(state["kl"])
     baseline = checkpoint.baseline_state(path, state)
@@ -138,8 +173,11 @@ def resume(run, target: str | bool, force: bool) -> None:
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
     run.start_step = state["step"]
     if run.main:
-        print(f"resumed from {path}: {run.start_step} steps done; the next is step "
-              f"{run.start_step} in metrics.jsonl (which counts from 0)", file=sys.stderr)
+        print(
+            f"resumed from {path}: {run.start_step} steps done; the next is step "
+            f"{run.start_step} in metrics.jsonl (which counts from 0)",
+            file=sys.stderr,
+        )
         _schedule_notice(run, (state.get("config") or {}).get("train", {}).get("steps"))
 
 
@@ -147,34 +185,42 @@ def _schedule_notice(run, steps_then: int | None) -> None:
     """Say so when a changed ``train.steps`` re-spreads a schedule over the new length: the
     learning rate then moves from where the checkpoint left it."""
     steps_now, schedule = run.cfg["train"]["steps"], run.cfg["optimizer"]["lr_schedule"]
-    if steps_then in (None, steps_now) or schedule in ("constant", "constant_with_warmup",
-                                                       "inverse_sqrt"):
+    if steps_then in (None, steps_now) or schedule in (
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ):
         return
     sched = run.scheduler
     was = run.optimizer.param_groups[0]["lr"]
     now = sched.base_lrs[0] * sched.lr_lambdas[0](sched.last_epoch)
-    print(f"notice: train.steps changed from {steps_then} to {steps_now} on resume: the "
-          f"{schedule} schedule now spans {steps_now} steps, so the learning rate goes from "
-          f"{was:.3g} (where the checkpoint left it) to {now:.3g} at step {run.start_step}",
-          file=sys.stderr)
+    print(
+        f"notice: train.steps changed from {steps_then} to {steps_now} on resume: the "
+        f"{schedule} schedule now spans {steps_now} steps, so the learning rate goes from "
+        f"{was:.3g} (where the checkpoint left it) to {now:.3g} at step {run.start_step}",
+        file=sys.stderr,
+    )
 
 
 def _load(path: str, run) -> None:
     """Weights, optimizer and schedule, in whatever layout the checkpoint and run have."""
     written = next((k for k in KINDS if os.path.isdir(os.path.join(path, k))), None)
     if "deepspeed" in (written, run.engine.shards) and written != run.engine.shards:
-        raise UserError(f"cannot resume from {path}: " + (
-            "it was written by a DeepSpeed run and resumes only under deepspeed"
-            if written == "deepspeed" else "a DeepSpeed run resumes only from checkpoints "
-                                           "DeepSpeed wrote"))
+        raise UserError(
+            f"cannot resume from {path}: "
+            + (
+                "it was written by a DeepSpeed run and resumes only under deepspeed"
+                if written == "deepspeed"
+                else "a DeepSpeed run resumes only from checkpoints DeepSpeed wrote"
+            )
+        )
     if written:
         try:
             run.engine.load_shards(os.path.join(path, written))
         except UserError:
             raise
         except Exception as exc:  # another model, or shards missing
-            raise UserError(f"cannot resume from {path}: "
-                            f"{str(exc).splitlines()[0][:300]}") from exc
+            raise UserError(f"cannot resume from {path}: {str(exc).splitlines()[0][:300]}") from exc
         run.scheduler.load_state_dict(checkpoint.trainer_state(path)["scheduler"])
     elif run.engine.sharded:
         _load_whole_into_shards(path, run)
@@ -188,12 +234,15 @@ def _load_whole_into_shards(path: str, run) -> None:
     checkpoint.check_fits(path, run.policy)
     weights = checkpoint.read_weights(path)
     whole = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(run.policy, weights, options=StateDictOptions(full_state_dict=True,
-                                                                       strict=False))
+    set_model_state_dict(
+        run.policy, weights, options=StateDictOptions(full_state_dict=True, strict=False)
+    )
     trainer = checkpoint.trainer_state(path)
     if not all(isinstance(k, str) for k in trainer["optimizer"].get("state", {})):
-        raise UserError(f"cannot resume from {path} on several processes: it was written "
-                        f"before optimizer state was stored by parameter name")
+        raise UserError(
+            f"cannot resume from {path} on several processes: it was written "
+            f"before optimizer state was stored by parameter name"
+        )
     set_optimizer_state_dict(run.policy, run.optimizer, trainer["optimizer"], options=whole)
     run.scheduler.load_state_dict(trainer["scheduler"])
 

@@ -53,8 +53,10 @@ def _in_use(path: str, fd: int) -> UserError:
     """The refusal naming the process that holds the lock open on ``fd`` (closed here)."""
     holder = _holder(fd)
     os.close(fd)
-    return UserError(f"output.dir: {path} is in use by another grpo process (PID {holder}); "
-                     f"wait for it to finish or choose another directory")
+    return UserError(
+        f"output.dir: {path} is in use by another grpo process (PID {holder}); "
+        f"wait for it to finish or choose another directory"
+    )
 
 
 def _holder(fd: int) -> str:
@@ -89,14 +91,19 @@ def problems(path: str) -> list[str]:
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         return [f"{path} exists and is not a directory"]
-    if os.path.isdir(path) and _marker(path) is None and set(os.listdir(path)) - {LOCK} \
-            and not _has_checkpoints(path):
+    if (
+        os.path.isdir(path)
+        and _marker(path) is None
+        and set(os.listdir(path)) - {LOCK}
+        and not _has_checkpoints(path)
+    ):
         return [f"{path} is not empty and is not a grpo run directory"]
     return []
 
 
-def claim(path: str, resume: bool = False, overwrite: bool = False,
-          inputs: list[tuple[str, str]] = ()) -> str:
+def claim(
+    path: str, resume: bool = False, overwrite: bool = False, inputs: list[tuple[str, str]] = ()
+) -> str:
     """Make ``path`` this run's directory (locked); returns the run's id.
 
     Fresh: ``path`` absent or empty. ``resume``: an earlier run's directory, kept. ``overwrite``:
@@ -121,8 +128,10 @@ def claim(path: str, resume: bool = False, overwrite: bool = False,
     if others and marker is None:
         _refuse_if_in_use(path)
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
-        raise UserError(f"output.dir: {path} is not empty ({shown}) and is not a grpo run "
-                        f"directory; choose a new or empty directory")
+        raise UserError(
+            f"output.dir: {path} is not empty ({shown}) and is not a grpo run "
+            f"directory; choose a new or empty directory"
+        )
     try:
         _lock(path)
     except OSError as exc:
@@ -132,15 +141,19 @@ def claim(path: str, resume: bool = False, overwrite: bool = False,
             marker = _write_marker(path)
         return str(marker["run_id"])
     if marker is not None and not overwrite and _has_results(path):
-        raise UserError(f"output.dir: {path} holds an earlier run (started "
-                        f"{marker.get('started', '?')}); use --resume to continue it or "
-                        f"--overwrite to replace it")
+        raise UserError(
+            f"output.dir: {path} holds an earlier run (started "
+            f"{marker.get('started', '?')}); use --resume to continue it or "
+            f"--overwrite to replace it"
+        )
     inside = [(key, p) for key, p in inputs if _within(p, path)]
     if others and inside:
         key, p = inside[0]
-        raise UserError(f"--overwrite: {key} ({p}) lies inside {path}, which --overwrite would "
-                        f"empty; nothing was deleted: copy it out or choose another "
-                        f"output.dir")
+        raise UserError(
+            f"--overwrite: {key} ({p}) lies inside {path}, which --overwrite would "
+            f"empty; nothing was deleted: copy it out or choose another "
+            f"output.dir"
+        )
     for name in others:  # overwrite: ours to clear (the marker says so)
         target = os.path.join(path, name)
         if os.path.isdir(target) and not os.path.islink(target):
@@ -205,7 +218,8 @@ def _has_checkpoints(path: str) -> bool:
     root = os.path.join(path, "checkpoints")
     return os.path.isdir(root) and any(
         d.startswith("step-") and os.path.isfile(os.path.join(root, d, "state.json"))
-        for d in os.listdir(root))
+        for d in os.listdir(root)
+    )
 
 
 def run_id(path: str) -> str:

@@ -37,13 +37,19 @@ Workers start in the background when the pool is made. POSIX only.
 from __future__ import annotations
 
 from grpo_core.workers.common import (
-                                      WorkerCrashed,
-                                      WorkerError,
-                                      WorkerFailure,
-                                      WorkerTimeout,
-                                      resolve,
+    WorkerCrashed,
+    WorkerError,
+    WorkerFailure,
+    WorkerTimeout,
+    resolve,
 )
 from grpo_core.workers.pool import WorkerPool
 
-__all__ = ["WorkerPool", "WorkerFailure", "WorkerTimeout", "WorkerCrashed", "WorkerError",
-           "resolve"]
+__all__ = [
+    "WorkerPool",
+    "WorkerFailure",
+    "WorkerTimeout",
+    "WorkerCrashed",
+    "WorkerError",
+    "resolve",
+]

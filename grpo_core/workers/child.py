@@ -56,8 +56,11 @@ def _work(conn: Connection, config: dict) -> None:
             except MemoryError:
                 reply = (j, False, ("MemoryError", "out of memory", ""))
             except Exception as exc:
-                reply = (j, False, (type(exc).__name__, str(exc)[:2000],
-                                    traceback.format_exc(limit=8)[-4000:]))
+                reply = (
+                    j,
+                    False,
+                    (type(exc).__name__, str(exc)[:2000], traceback.format_exc(limit=8)[-4000:]),
+                )
             try:
                 conn.send(reply)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -162,5 +165,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         conn.close()
     return 0
-
-

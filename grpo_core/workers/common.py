@@ -58,11 +58,13 @@ def _start_interpreter(mode: str, config: dict) -> tuple[subprocess.Popen, Conne
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_core.workers", mode, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
     finally:
         theirs.close()
     conn = Connection(ours.detach())
     conn.send(config)
     return proc, conn
-
-

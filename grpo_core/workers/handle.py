@@ -13,8 +13,9 @@ from multiprocessing.connection import Connection
 class Handle:
     """One worker process, its channel, and the items it has been handed."""
 
-    def __init__(self, conn: Connection, pid: int, pidfd: int = -1,
-                 proc: subprocess.Popen | None = None):
+    def __init__(
+        self, conn: Connection, pid: int, pidfd: int = -1, proc: subprocess.Popen | None = None
+    ):
         self.conn, self.pid, self.pidfd, self.proc = conn, pid, pidfd, proc
         self.started = time.monotonic()
         self.ready = self.dead = False

@@ -63,16 +63,29 @@ class WorkerPool:
     interpreter exit) ends every process; a closed pool starts again on the next ``map``.
     """
 
-    def __init__(self, target: str, setup: str | None = None, setup_args: tuple = (),
-                 size: int = 2, memory_mb: int | None = None, boot_timeout: float = BOOT_TIMEOUT,
-                 preload: Sequence[str] = (), fork_server: bool = True):
+    def __init__(
+        self,
+        target: str,
+        setup: str | None = None,
+        setup_args: tuple = (),
+        size: int = 2,
+        memory_mb: int | None = None,
+        boot_timeout: float = BOOT_TIMEOUT,
+        preload: Sequence[str] = (),
+        fork_server: bool = True,
+    ):
         if size < 1:
             raise ValueError("size must be at least 1")
         pickle.dumps(setup_args)  # fail here, not in a worker, on unpicklable arguments
         self.size, self.boot_timeout, self.fork_server = size, boot_timeout, fork_server
-        self.config = {"path": list(sys.path), "target": target, "setup": setup,
-                       "setup_args": tuple(setup_args), "preload": list(preload),
-                       "memory_bytes": None if memory_mb is None else int(memory_mb) << 20}
+        self.config = {
+            "path": list(sys.path),
+            "target": target,
+            "setup": setup,
+            "setup_args": tuple(setup_args),
+            "preload": list(preload),
+            "memory_bytes": None if memory_mb is None else int(memory_mb) << 20,
+        }
         self.workers: list[Handle] = []
         self.server: tuple[subprocess.Popen, Connection] | None = None
         self.server_ready, self.server_started, self.requested = False, 0.0, 0
@@ -216,8 +229,9 @@ class WorkerPool:
     # -- running -----------------------------------------------------------------------------
     def _pump(self, wait_for: float, out: list[Any] | None, timeout: float) -> int:
         """Wait up to ``wait_for`` s for any message, handle it, enforce boot deadlines."""
-        watched: dict[Any, Any] = {w.conn: w for w in self.workers if not w.dead and
-                                   (w.pending or not w.ready)}
+        watched: dict[Any, Any] = {
+            w.conn: w for w in self.workers if not w.dead and (w.pending or not w.ready)
+        }
         if self.server is not None:
             watched[self.server[1]] = None
         finished = 0
@@ -237,8 +251,11 @@ class WorkerPool:
                 self.boot_error = f"worker did not start within {self.boot_timeout:g} s"
                 self.boot_failures += 1
                 w.kill()
-        if self.server is not None and not self.server_ready and \
-                now - self.server_started > self.boot_timeout:
+        if (
+            self.server is not None
+            and not self.server_ready
+            and now - self.server_started > self.boot_timeout
+        ):
             self.boot_error = f"fork server did not start within {self.boot_timeout:g} s"
             self._drop_server()
         return finished
@@ -252,8 +269,9 @@ class WorkerPool:
                     queue.extendleft(reversed(w.pending))  # not started: back to the queue
                     w.pending.clear()
             if self.boot_failures - failures > 2 * self.size + 2:
-                raise RuntimeError(f"worker pool for {self.config['target']} could not start: "
-                                   f"{self.boot_error}")
+                raise RuntimeError(
+                    f"worker pool for {self.config['target']} could not start: {self.boot_error}"
+                )
             self._fill()
             for w in [w for w in self.workers if w.ready and not w.dead and not w.pending]:
                 if queue:
@@ -272,8 +290,9 @@ class WorkerPool:
                     w.kill()
         self._fill()  # ask for replacements now, so the next call finds them up
 
-    def _hand_out(self, w: Handle, queue: deque[int], payloads: Sequence[Any],
-                  out: list[Any]) -> int:
+    def _hand_out(
+        self, w: Handle, queue: deque[int], payloads: Sequence[Any], out: list[Any]
+    ) -> int:
         """Send the next chunk to an idle worker; returns items that failed to send."""
         n = max(1, min(CHUNK, len(queue) // (2 * self.size)))
         chunk = [queue.popleft() for _ in range(min(n, len(queue)))]
@@ -315,5 +334,3 @@ class WorkerPool:
 
 
 # -- the child side -------------------------------------------------------------------------
-
-

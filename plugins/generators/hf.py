@@ -33,7 +33,7 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 def _prepared_mask_key(model) -> str | None:
-    """"full_attention" when a decode step can be given its attention mask ready-made: SDPA
+    """ "full_attention" when a decode step can be given its attention mask ready-made: SDPA
     attention, every layer full attention, and a decoder that takes a prepared mask mapping
     (transformers' models name it ``causal_mask_mapping``). A decode step's mask is then the
     padding mask itself (every key so far precedes the query), so transformers' per-call
@@ -63,12 +63,12 @@ class _InPlace:
         self.n, self.layer = k.shape[-2], weakref.ref(layer)
         self.k = k.new_empty((*k.shape[:-2], self.n + room, k.shape[-1]))
         self.v = v.new_empty((*v.shape[:-2], self.n + room, v.shape[-1]))
-        self.k[..., :self.n, :], self.v[..., :self.n, :] = k, v
+        self.k[..., : self.n, :], self.v[..., : self.n, :] = k, v
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` (the layer's ``batch_select_indices``)."""
         self.k, self.v, layer = self.k[rows], self.v[rows], self.layer()
-        layer.keys, layer.values = self.k[..., :self.n, :], self.v[..., :self.n, :]
+        layer.keys, layer.values = self.k[..., : self.n, :], self.v[..., : self.n, :]
 
     def __call__(self, key_states, value_states, *args, **kwargs):
         end = self.n + key_states.shape[-2]
@@ -76,7 +76,7 @@ class _InPlace:
             self.k = torch.cat([self.k, torch.empty_like(self.k)], -2)
             self.v = torch.cat([self.v, torch.empty_like(self.v)], -2)
             return self(key_states, value_states)
-        self.k[..., self.n:end, :], self.v[..., self.n:end, :] = key_states, value_states
+        self.k[..., self.n : end, :], self.v[..., self.n : end, :] = key_states, value_states
         self.n, layer = end, self.layer()
         layer.keys, layer.values = self.k[..., :end, :], self.v[..., :end, :]
         return layer.keys, layer.values
@@ -86,8 +86,11 @@ def _make_room(cache, room: int) -> None:
     """Give every plain growing (full-attention) layer of ``cache`` room for ``room`` more
     tokens; other layer kinds (sliding windows, quantized, ...) keep their own ``update``."""
     for layer in getattr(cache, "layers", ()):
-        if type(layer).__name__ == "DynamicLayer" and \
-                isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4:
+        if (
+            type(layer).__name__ == "DynamicLayer"
+            and isinstance(getattr(layer, "keys", None), torch.Tensor)
+            and layer.keys.dim() == 4
+        ):
             layer.update = _InPlace(layer, room)
             layer.batch_select_indices = layer.update.select
 
@@ -142,35 +145,67 @@ class HFGenerator(Generator):
         """Nothing to do: this backend samples from the training model itself."""
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 seed: int = 0, row_offset: int = 0) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> Rollout:
         """``n`` completions of each prompt. Row ids (for noise) are row_offset + p * n + j."""
         P = len(prompt_ids)
         pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, self.pad))
         rows = torch.arange(P * n, device=self.device)
         cap = sampling.batch_size or P * n
-        parts = [self._decode(pids, pmask, rows[s:s + cap], n, sampling, seed, row_offset)
-                 for s in range(0, P * n, cap)]
+        parts = [
+            self._decode(pids, pmask, rows[s : s + cap], n, sampling, seed, row_offset)
+            for s in range(0, P * n, cap)
+        ]
         ids = pad_right([p[0] for p in parts], self.pad)
-        return Rollout(pids, pmask, ids, pad_right([p[1] for p in parts], 0),
-                       pad_right([p[2] for p in parts], 0.0), torch.cat([p[3] for p in parts]),
-                       rows // n)
+        return Rollout(
+            pids,
+            pmask,
+            ids,
+            pad_right([p[1] for p in parts], 0),
+            pad_right([p[2] for p in parts], 0.0),
+            torch.cat([p[3] for p in parts]),
+            rows // n,
+        )
 
     def _step(self, input_ids, attention_mask, position_ids, cache=None):
         """(logits at the last position [R, V], the KV cache) of one forward."""
         kw = {} if cache is None else {self._cache_kw: cache}
         if self.decoder is not None:
-            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=True, **kw)
+            out = self.decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **kw,
+            )
             logits = self.head(out.last_hidden_state[:, -1])
         else:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids, use_cache=True, logits_to_keep=1, **kw)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **kw,
+            )
             logits = out.logits[:, -1]
         new = getattr(out, "cache", None)
         return logits, new if new is not None else out.past_key_values
-    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+
+    def start_episodes(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> TurnSampler:
         """Trajectories sampled turn by turn on one growing KV cache
         (plugins/generators/hf_turns.py)."""
         from grpo_core_plugins.generators.hf_turns import HFTurns
@@ -214,8 +249,11 @@ class HFGenerator(Generator):
         if self.mask_key:  # to this in every layer of every step
             keep = torch.zeros(attn.shape, dtype=logits.dtype, device=attn.device)
             keep = keep.masked_fill_(attn == 0, float("-inf"))[:, None, None, :]
-        noise = None if sp.greedy else \
-            uniform(seed, rows + row_offset, torch.arange(T, device=rows.device)[:, None])
+        noise = (
+            None
+            if sp.greedy
+            else uniform(seed, rows + row_offset, torch.arange(T, device=rows.device)[:, None])
+        )
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
         used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
         if sp.repetition_penalty != 1.0:
@@ -228,8 +266,11 @@ class HFGenerator(Generator):
             raw, scale = logits.float(), 1.0 if sp.greedy else sp.temperature
             z = raw / scale if scale != 1.0 else raw
             # penalized logits pick the token; the log-prob kept is the policy's (see Rollout)
-            picked = z if used is None else \
-                apply_repetition_penalty(raw, used, sp.repetition_penalty) / scale
+            picked = (
+                z
+                if used is None
+                else apply_repetition_penalty(raw, used, sp.repetition_penalty) / scale
+            )
             if sp.greedy:
                 tok = torch.argmax(picked, dim=-1)
             else:
@@ -240,8 +281,13 @@ class HFGenerator(Generator):
             out_lp[at, t] = lp.masked_fill(done, 0.0)
             if used is not None:
                 used.scatter_(1, tok[:, None], True)
-            stopped = self._stopped(out_tok[at, max(t + 1 - stop_window(sp.stop), 0):t + 1],
-                                    done, sp.stop) if sp.stop else False
+            stopped = (
+                self._stopped(
+                    out_tok[at, max(t + 1 - stop_window(sp.stop), 0) : t + 1], done, sp.stop
+                )
+                if sp.stop
+                else False
+            )
             done = done | torch.isin(tok, self.eos) | stopped
             if t == T - 1:
                 break
@@ -266,10 +312,11 @@ class HFGenerator(Generator):
         self.model.train(was_training)
         truncated = torch.zeros(R, dtype=torch.bool, device=pids.device)
         truncated[at] = ~done  # rows that left the batch had finished
-        return out_tok[:, :t + 1], out_live[:, :t + 1].long(), out_lp[:, :t + 1], truncated
+        return out_tok[:, : t + 1], out_live[:, : t + 1].long(), out_lp[:, : t + 1], truncated
 
-    def _stopped(self, tail: torch.Tensor, done: torch.Tensor,
-                 stop: tuple[str, ...]) -> torch.Tensor:
+    def _stopped(
+        self, tail: torch.Tensor, done: torch.Tensor, stop: tuple[str, ...]
+    ) -> torch.Tensor:
         """[R] bool: rows still going whose newest token completes a stop string (only the
         decoded ``tail`` [R, window] of their last tokens is looked at)."""
         hit = torch.zeros_like(done)
@@ -281,9 +328,20 @@ class HFGenerator(Generator):
 
 @hookimpl
 def generator(register):
-    register("hf", HFGenerator, schema={
-        "type": "object",
-        "properties": {"check_every": {"type": "integer", "minimum": 1, "default": 8,
-                                       "description": "decode steps between all-finished checks"}},
-        "additionalProperties": False,
-    }, description="KV-cached sampling with the training model (transformers)")
+    register(
+        "hf",
+        HFGenerator,
+        schema={
+            "type": "object",
+            "properties": {
+                "check_every": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 8,
+                    "description": "decode steps between all-finished checks",
+                }
+            },
+            "additionalProperties": False,
+        },
+        description="KV-cached sampling with the training model (transformers)",
+    )

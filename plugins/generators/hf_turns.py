@@ -30,8 +30,15 @@ class HFTurns(TurnSampler):
     trajectory ``r`` continues prompt ``r // n`` and draws the noise of row
     ``row_offset + r`` at each of its positions after the prompt."""
 
-    def __init__(self, gen, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 seed: int, row_offset: int):
+    def __init__(
+        self,
+        gen,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int,
+        row_offset: int,
+    ):
         self.gen, self.sp, self.seed = gen, sampling, seed
         self.model, self.device = gen.model, gen.device
         self.was_training = self.model.training
@@ -39,9 +46,12 @@ class HFTurns(TurnSampler):
         P = len(prompt_ids)
         pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, gen.pad))
         with torch.no_grad():
-            out = gen._forward(input_ids=pids, attention_mask=pmask,
-                               position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
-                               logits_to_keep=1)
+            out = gen._forward(
+                input_ids=pids,
+                attention_mask=pmask,
+                position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+                logits_to_keep=1,
+            )
         index = torch.arange(P * n, device=self.device) // n
         self.cache = getattr(out, "cache", None) or out.past_key_values
         self.cache.batch_select_indices(index)  # each prompt's cache, once per trajectory
@@ -71,8 +81,10 @@ class HFTurns(TurnSampler):
     def _append(self, rows: list[int], context: list[list[int]]) -> None:
         """One forward over each trajectory's new context tokens (left-padded into a chunk),
         after its last sampled token if that is not in the cache yet."""
-        chunks = [([self.pending.pop(r)] if r in self.pending else []) + list(c)
-                  for r, c in zip(rows, context)]
+        chunks = [
+            ([self.pending.pop(r)] if r in self.pending else []) + list(c)
+            for r, c in zip(rows, context)
+        ]
         width = max((len(c) for c in chunks), default=0)
         if width == 0:
             return
@@ -80,24 +92,30 @@ class HFTurns(TurnSampler):
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, c in enumerate(chunks):
             if c:
-                ids[i, width - len(c):] = torch.tensor(c)
-                mask[i, width - len(c):] = 1
+                ids[i, width - len(c) :] = torch.tensor(c)
+                mask[i, width - len(c) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         if self.used is not None:  # the environment's tokens count as seen (as in vLLM)
-            self.used |= torch.zeros_like(self.used, dtype=torch.int32).scatter_add_(
-                1, ids, mask.int()) > 0
+            self.used |= (
+                torch.zeros_like(self.used, dtype=torch.int32).scatter_add_(1, ids, mask.int()) > 0
+            )
         self.attn = torch.cat([self.attn, mask], 1)
-        out = self.gen._forward(input_ids=ids, attention_mask=self.attn,
-                                position_ids=self.pos[:, None] + (mask.cumsum(-1) - 1).clamp(min=0),
-                                cache=self.cache, logits_to_keep=1)
+        out = self.gen._forward(
+            input_ids=ids,
+            attention_mask=self.attn,
+            position_ids=self.pos[:, None] + (mask.cumsum(-1) - 1).clamp(min=0),
+            cache=self.cache,
+            logits_to_keep=1,
+        )
         has = mask[:, -1].bool()
         self.logits = torch.where(has[:, None], out.logits[:, -1], self.logits)
         self.pos = self.pos + mask.sum(-1)
         self.steps[rows] += torch.tensor([len(c) for c in context], device=self.device)
 
     @torch.no_grad()
-    def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],
-             stop: tuple[str, ...]) -> list[Turn]:
+    def turn(
+        self, rows: list[int], context: list[list[int]], budgets: list[int], stop: tuple[str, ...]
+    ) -> list[Turn]:
         self._keep(list(rows))
         self._append(list(rows), context)
         sp, R = self.sp, len(rows)
@@ -110,10 +128,16 @@ class HFTurns(TurnSampler):
         for t in range(max(budgets)):
             raw, scale = self.logits.to(_acc(self.logits)), 1.0 if sp.greedy else sp.temperature
             z = raw / scale  # the log-prob kept is the policy's, unpenalized (see Rollout)
-            picked = z if self.used is None else \
-                apply_repetition_penalty(raw, self.used, sp.repetition_penalty) / scale
-            tok = torch.argmax(picked, -1) if sp.greedy else sample(
-                picked, self.seed, noise, start + t, sp.top_k, sp.top_p, sp.min_p)
+            picked = (
+                z
+                if self.used is None
+                else apply_repetition_penalty(raw, self.used, sp.repetition_penalty) / scale
+            )
+            tok = (
+                torch.argmax(picked, -1)
+                if sp.greedy
+                else sample(picked, self.seed, noise, start + t, sp.top_k, sp.top_p, sp.min_p)
+            )
             lp = torch.log_softmax(z, -1).gather(1, tok[:, None]).squeeze(1)
             if self.used is not None:
                 self.used[live] = self.used[live].scatter(1, tok[live, None], True)
@@ -134,9 +158,12 @@ class HFTurns(TurnSampler):
                 break
             mask = fed.long()[:, None]
             self.attn = torch.cat([self.attn, mask], 1)
-            out = self.gen._forward(input_ids=torch.where(fed, tok, self.gen.pad)[:, None],
-                                    attention_mask=self.attn, position_ids=self.pos[:, None],
-                                    cache=self.cache)
+            out = self.gen._forward(
+                input_ids=torch.where(fed, tok, self.gen.pad)[:, None],
+                attention_mask=self.attn,
+                position_ids=self.pos[:, None],
+                cache=self.cache,
+            )
             self.logits = torch.where(fed[:, None], out.logits[:, -1], self.logits)
             self.pos = self.pos + fed.long()
         self.steps[rows] += torch.tensor([len(i) for i in ids], device=self.device)

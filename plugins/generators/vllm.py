@@ -39,19 +39,31 @@ def settings(sp: SamplingParams, stop: tuple[str, ...]) -> dict:
     """Our sampling settings as vllm.SamplingParams arguments: greedy is temperature 0, top-k
     off is -1 (accepted by every vLLM version; newer ones also take 0), and a stop string is
     kept in the output, as the hf generator keeps the token completing it."""
-    return dict(temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
-                top_k=sp.top_k if sp.top_k > 0 else -1, min_p=sp.min_p,
-                repetition_penalty=sp.repetition_penalty, stop=list(stop) or None,
-                include_stop_str_in_output=True)
+    return dict(
+        temperature=0.0 if sp.greedy else sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k if sp.top_k > 0 else -1,
+        min_p=sp.min_p,
+        repetition_penalty=sp.repetition_penalty,
+        stop=list(stop) or None,
+        include_stop_str_in_output=True,
+    )
 
 
 def engine_args(opts: dict, path: str, sleep: bool, world: int) -> dict:
     """vllm.LLM's arguments: the engine in this process (one worker per rank under torchrun:
     external_launcher), log-probs of the processed distribution, the weight-loading worker
     extension, and one seed everywhere (the ranks sharing an engine must sample alike)."""
-    kw = dict(model=path, tokenizer=path, dtype="bfloat16", enable_sleep_mode=sleep, seed=0,
-              logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-              **{k: v for k, v in opts.items() if v is not None})
+    kw = dict(
+        model=path,
+        tokenizer=path,
+        dtype="bfloat16",
+        enable_sleep_mode=sleep,
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=EXTENSION,
+        **{k: v for k, v in opts.items() if v is not None},
+    )
     if world > 1:
         kw["distributed_executor_backend"] = "external_launcher"
     return kw
@@ -77,7 +89,8 @@ def tensor_parallel_group(size: int):
     if size == 1:
         return None
     group, _ = td.new_subgroups_by_enumeration(
-        tensor_parallel_groups(dist.world_size(), size), backend="gloo")
+        tensor_parallel_groups(dist.world_size(), size), backend="gloo"
+    )
     return group
 
 
@@ -86,8 +99,9 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def weight_batches(named: Iterable[tuple[str, torch.Tensor]],
-                   limit: int = SYNC_BATCH_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def weight_batches(
+    named: Iterable[tuple[str, torch.Tensor]], limit: int = SYNC_BATCH_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """``named`` in consecutive lists of at most ``limit`` bytes each (a larger tensor alone),
     so a sync never holds more than one list of bfloat16 copies at once."""
     batch, size = [], 0
@@ -105,33 +119,46 @@ class VLLMGenerator(Generator):
     recompute_old_logprobs = True
     supports_episodes = True
 
-    def __init__(self, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
-                 sleep: bool = True, sync_every: int = 1, tis_cap: float = 2.0,
-                 max_model_len: int | None = None, enforce_eager: bool = False):
-        self.opts = dict(gpu_memory_utilization=gpu_memory_utilization,
-                         tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
-                         enforce_eager=enforce_eager)
+    def __init__(
+        self,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        sleep: bool = True,
+        sync_every: int = 1,
+        tis_cap: float = 2.0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+    ):
+        self.opts = dict(
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+        )
         self.sleep, self.sync_every, self.tis_cap = sleep, sync_every, tis_cap
         self.tp = tensor_parallel_size
         self.llm, self.updates, self.group = None, 0, None
 
     def setup(self, model, tokenizer, device) -> None:
         if device.type != "cuda":
-            raise UserError("generator vllm: needs a CUDA device (train.device); use the hf "
-                            "generator on CPU")
+            raise UserError(
+                "generator vllm: needs a CUDA device (train.device); use the hf generator on CPU"
+            )
         # the engine in this process: collective_rpc then hands the workers our tensors as
         # they are, on this rank's GPU, rather than serialising them to another process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
             import vllm
         except ImportError as exc:
-            raise UserError("generator vllm: vllm is not installed (pip install "
-                            "'grpo-core[vllm]')") from exc
+            raise UserError(
+                "generator vllm: vllm is not installed (pip install 'grpo-core[vllm]')"
+            ) from exc
         self.vllm = vllm
         self.tokenizer = tokenizer
         self.group = tensor_parallel_group(self.tp)
-        self.llm = vllm.LLM(**engine_args(self.opts, model.config._name_or_path, self.sleep,
-                                          dist.world_size()))
+        self.llm = vllm.LLM(
+            **engine_args(self.opts, model.config._name_or_path, self.sleep, dist.world_size())
+        )
         self.sync_weights(model, force=True)
         if self.sleep:
             self.llm.sleep(level=1)
@@ -163,16 +190,28 @@ class VLLMGenerator(Generator):
         return [p for part in everyone for p in part], sum(len(p) for p in everyone[:mine])
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 seed: int = 0, row_offset: int = 0) -> Rollout:
-        sp = self.vllm.SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                      seed=seed, **settings(sampling, sampling.stop))
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> Rollout:
+        sp = self.vllm.SamplingParams(
+            n=n,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            seed=seed,
+            **settings(sampling, sampling.stop),
+        )
         if self.sleep:
             self.llm.wake_up()
         requests, start = self._shared(prompt_ids)
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in requests],
-                                    sampling_params=sp, use_tqdm=False)
-        outputs = outputs[start:start + len(prompt_ids)]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in requests], sampling_params=sp, use_tqdm=False
+        )
+        outputs = outputs[start : start + len(prompt_ids)]
         if self.sleep:
             self.llm.sleep(level=1)
         pad = self.tokenizer.pad_token_id
@@ -186,12 +225,24 @@ class VLLMGenerator(Generator):
                 trunc.append(c.finish_reason == "length")
                 group.append(p)
         pids, pmask = pad_left(prompt_ids, pad)
-        return Rollout(pids, pmask, pad_right(ids, pad), pad_right(masks, 0),
-                       pad_right(logps, 0.0).float(), torch.tensor(trunc), torch.tensor(group))
+        return Rollout(
+            pids,
+            pmask,
+            pad_right(ids, pad),
+            pad_right(masks, 0),
+            pad_right(logps, 0.0).float(),
+            torch.tensor(trunc),
+            torch.tensor(group),
+        )
 
-
-    def start_episodes(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
-                       seed: int = 0, row_offset: int = 0) -> TurnSampler:
+    def start_episodes(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int = 0,
+        row_offset: int = 0,
+    ) -> TurnSampler:
         return VLLMTurns(self, prompt_ids, n, sampling, seed, row_offset)
 
 
@@ -203,8 +254,15 @@ class VLLMTurns(TurnSampler):
     prefix it has already seen, so a turn prefills only the tokens added since the last one.
     Each request draws its own seed from (seed, row, turn)."""
 
-    def __init__(self, gen: VLLMGenerator, prompt_ids: list[list[int]], n: int,
-                 sampling: SamplingParams, seed: int, row_offset: int):
+    def __init__(
+        self,
+        gen: VLLMGenerator,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed: int,
+        row_offset: int,
+    ):
         self.gen, self.sp, self.seed, self.row_offset = gen, sampling, seed, row_offset
         self.prefix = [list(prompt_ids[r // n]) for r in range(len(prompt_ids) * n)]
         self.turns = 0
@@ -213,26 +271,36 @@ class VLLMTurns(TurnSampler):
 
     def _params(self, row: int, budget: int, stop: tuple[str, ...]):
         return self.gen.vllm.SamplingParams(
-            n=1, max_tokens=budget, logprobs=0,
-            seed=(self.seed * 1_000_003 + (self.row_offset + row) * 7919 + self.turns)
-            & 0x7FFFFFFF, **settings(self.sp, stop))
+            n=1,
+            max_tokens=budget,
+            logprobs=0,
+            seed=(self.seed * 1_000_003 + (self.row_offset + row) * 7919 + self.turns) & 0x7FFFFFFF,
+            **settings(self.sp, stop),
+        )
 
     @torch.no_grad()
-    def turn(self, rows: list[int], context: list[list[int]], budgets: list[int],
-             stop: tuple[str, ...]) -> list[Turn]:
+    def turn(
+        self, rows: list[int], context: list[list[int]], budgets: list[int], stop: tuple[str, ...]
+    ) -> list[Turn]:
         for r, c in zip(rows, context):
             self.prefix[r] += list(c)
-        outputs = self.gen.llm.generate([{"prompt_token_ids": self.prefix[r]} for r in rows],
-                                        sampling_params=[self._params(r, b, stop)
-                                                         for r, b in zip(rows, budgets)],
-                                        use_tqdm=False)
+        outputs = self.gen.llm.generate(
+            [{"prompt_token_ids": self.prefix[r]} for r in rows],
+            sampling_params=[self._params(r, b, stop) for r, b in zip(rows, budgets)],
+            use_tqdm=False,
+        )
         turns = []
         for r, out in zip(rows, outputs):
             c = out.outputs[0]
             ids = list(c.token_ids)
             lp = sampled_logprobs(c)
-            finish = "length" if c.finish_reason == "length" else \
-                "stop" if isinstance(c.stop_reason, str) else "eos"
+            finish = (
+                "length"
+                if c.finish_reason == "length"
+                else "stop"
+                if isinstance(c.stop_reason, str)
+                else "eos"
+            )
             self.prefix[r] += ids
             turns.append(Turn(ids, lp, finish))
         self.turns += 1
@@ -245,22 +313,47 @@ class VLLMTurns(TurnSampler):
 
 @hookimpl
 def generator(register):
-    register("vllm", VLLMGenerator, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "gpu_memory_utilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                                       "default": 0.3},
-            "tensor_parallel_size": {"type": "integer", "minimum": 1, "default": 1,
-                                     "description": "training ranks sharing one engine, each "
-                                                    "a shard (torchrun: a divisor of the "
-                                                    "process count)"},
-            "sleep": {"type": "boolean", "default": True,
-                      "description": "free the engine's memory during the update"},
-            "sync_every": {"type": "integer", "minimum": 1, "default": 1,
-                           "description": "optimizer steps between weight syncs"},
-            "tis_cap": {"type": "number", "exclusiveMinimum": 0, "default": 2.0,
-                        "description": "cap of the truncated importance weight"},
-            "max_model_len": {"type": ["integer", "null"], "minimum": 1, "default": None},
-            "enforce_eager": {"type": "boolean", "default": False},
+    register(
+        "vllm",
+        VLLMGenerator,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "gpu_memory_utilization": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": 1,
+                    "default": 0.3,
+                },
+                "tensor_parallel_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 1,
+                    "description": "training ranks sharing one engine, each "
+                    "a shard (torchrun: a divisor of the "
+                    "process count)",
+                },
+                "sleep": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "free the engine's memory during the update",
+                },
+                "sync_every": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 1,
+                    "description": "optimizer steps between weight syncs",
+                },
+                "tis_cap": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "default": 2.0,
+                    "description": "cap of the truncated importance weight",
+                },
+                "max_model_len": {"type": ["integer", "null"], "minimum": 1, "default": None},
+                "enforce_eager": {"type": "boolean", "default": False},
+            },
         },
-    }, description="colocated vLLM engine (CUDA), weights synced after updates")
+        description="colocated vLLM engine (CUDA), weights synced after updates",
+    )

@@ -19,8 +19,7 @@ class TrainedWeights:
 
     def weights_checksum(self) -> float:
         """The float64 sum of this worker's weights (its shards): to see that a sync took."""
-        return float(sum(p.detach().double().sum() for p in
-                         self.model_runner.model.parameters()))
+        return float(sum(p.detach().double().sum() for p in self.model_runner.model.parameters()))
 
 
 #: the dotted name vLLM imports the extension by

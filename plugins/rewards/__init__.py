@@ -13,15 +13,39 @@ GRPO_CORE_API = (2,)
 
 @hookimpl
 def reward(register):
-    register("format", fmt.FormatReward, schema=fmt.FORMAT_SCHEMA,
-             description="tags present once and in order; regex rules; partial credit")
-    register("length", fmt.LengthReward, schema=fmt.LENGTH_SCHEMA,
-             description="DAPO overlong penalty (or a pull towards a target length)")
-    register("json_schema", json_schema.JSONSchemaReward, schema=json_schema.SCHEMA,
-             description="completion is JSON valid against a schema")
-    register("reward_model", reward_model.RewardModel, schema=reward_model.SCHEMA,
-             description="score from a sequence-classification model")
-    register("http", http.HTTPReward, schema=http.SCHEMA,
-             description="remote reward service over HTTP (JSON), with retries")
-    register("weighted", weighted.WeightedReward, schema=weighted.SCHEMA,
-             description="weighted sum of reward dimensions, with gates and normalisation")
+    register(
+        "format",
+        fmt.FormatReward,
+        schema=fmt.FORMAT_SCHEMA,
+        description="tags present once and in order; regex rules; partial credit",
+    )
+    register(
+        "length",
+        fmt.LengthReward,
+        schema=fmt.LENGTH_SCHEMA,
+        description="DAPO overlong penalty (or a pull towards a target length)",
+    )
+    register(
+        "json_schema",
+        json_schema.JSONSchemaReward,
+        schema=json_schema.SCHEMA,
+        description="completion is JSON valid against a schema",
+    )
+    register(
+        "reward_model",
+        reward_model.RewardModel,
+        schema=reward_model.SCHEMA,
+        description="score from a sequence-classification model",
+    )
+    register(
+        "http",
+        http.HTTPReward,
+        schema=http.SCHEMA,
+        description="remote reward service over HTTP (JSON), with retries",
+    )
+    register(
+        "weighted",
+        weighted.WeightedReward,
+        schema=weighted.SCHEMA,
+        description="weighted sum of reward dimensions, with gates and normalisation",
+    )

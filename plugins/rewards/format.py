@@ -25,8 +25,13 @@ class FormatReward(Reward):
 
     max_value = 1.0  # every rule satisfied
 
-    def __init__(self, tags: list[str] | None = None, patterns: list[str] | None = None,
-                 only_tags: bool = False, partial: bool = False):
+    def __init__(
+        self,
+        tags: list[str] | None = None,
+        patterns: list[str] | None = None,
+        only_tags: bool = False,
+        partial: bool = False,
+    ):
         self.tags = list(tags or [])
         self.patterns = []
         for i, pattern in enumerate(patterns or []):
@@ -35,8 +40,10 @@ class FormatReward(Reward):
             except RegexRefused as exc:
                 raise PluginError(f"reward format: patterns[{i}]: {exc}") from None
         # Non-greedy, dot matches newlines: the first closing tag after an opening one.
-        self._tag_rx = [compile_linear(f"<{re2.escape(t)}>.*?</{re2.escape(t)}>", dotall=True)
-                        for t in self.tags]
+        self._tag_rx = [
+            compile_linear(f"<{re2.escape(t)}>.*?</{re2.escape(t)}>", dotall=True)
+            for t in self.tags
+        ]
         self.only_tags, self.partial = only_tags, partial
 
     @classmethod
@@ -63,12 +70,15 @@ class FormatReward(Reward):
             spans.append(found[0].span() if once else None)
         if len(self.tags) > 1:
             starts = [s[0] for s in spans if s is not None]
-            out.append(len(starts) == len(self.tags) and starts == sorted(starts)
-                       and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])))
+            out.append(
+                len(starts) == len(self.tags)
+                and starts == sorted(starts)
+                and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+            )
         if self.only_tags and self.tags:
             rest, last = [], 0
             for span in sorted(s for s in spans if s is not None):
-                rest.append(text[last:span[0]])
+                rest.append(text[last : span[0]])
                 last = span[1]
             rest.append(text[last:])
             out.append(all(s is not None for s in spans) and not "".join(rest).strip())
@@ -77,8 +87,12 @@ class FormatReward(Reward):
 
     @property
     def n_rules(self) -> int:
-        return (len(self.tags) + (len(self.tags) > 1) + (self.only_tags and bool(self.tags))
-                + len(self.patterns))
+        return (
+            len(self.tags)
+            + (len(self.tags) > 1)
+            + (self.only_tags and bool(self.tags))
+            + len(self.patterns)
+        )
 
     def __call__(self, prompts, completions, **columns) -> Scores:
         scores = []
@@ -136,21 +150,35 @@ class LengthReward(Reward):
 
 
 FORMAT_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][\\w-]*$"},
-                 "default": ["think", "answer"]},
-        "patterns": {"type": "array", "items": {"type": "string", "format": "regex"},
-                     "default": []},
-        "only_tags": {"type": "boolean", "default": False,
-                      "description": "nothing but whitespace outside the tags"},
-        "partial": {"type": "boolean", "default": False,
-                    "description": "score the share of rules satisfied"},
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[A-Za-z_][\\w-]*$"},
+            "default": ["think", "answer"],
+        },
+        "patterns": {
+            "type": "array",
+            "items": {"type": "string", "format": "regex"},
+            "default": [],
+        },
+        "only_tags": {
+            "type": "boolean",
+            "default": False,
+            "description": "nothing but whitespace outside the tags",
+        },
+        "partial": {
+            "type": "boolean",
+            "default": False,
+            "description": "score the share of rules satisfied",
+        },
     },
 }
 
 LENGTH_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "max_length": {"type": "integer", "minimum": 1, "default": 512},
         "buffer": {"type": "integer", "minimum": 1, "default": 128},

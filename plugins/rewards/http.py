@@ -53,10 +53,17 @@ def origin(url: str) -> tuple[str, str, int]:
 
 
 class HTTPReward(Reward):
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 headers: dict | None = None, max_redirects: int = 5,
-                 allow_cross_origin_redirects: bool = False,
-                 max_response_bytes: int = 64 * 1024 * 1024):
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        headers: dict | None = None,
+        max_redirects: int = 5,
+        allow_cross_origin_redirects: bool = False,
+        max_response_bytes: int = 64 * 1024 * 1024,
+    ):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
         self.configured = dict(headers or {})
         self.headers = {"Content-Type": "application/json", **self.configured}
@@ -73,8 +80,10 @@ class HTTPReward(Reward):
         """The reply body, refused past ``max_bytes`` without reading much beyond it."""
         length = resp.headers.get("Content-Length")
         if length and length.strip().isdigit() and int(length) > self.max_bytes:
-            raise _Final(f"reply of {int(length)} bytes announced, over max_response_bytes "
-                         f"({self.max_bytes}); not read")
+            raise _Final(
+                f"reply of {int(length)} bytes announced, over max_response_bytes "
+                f"({self.max_bytes}); not read"
+            )
         body = bytearray()
         while True:
             chunk = resp.read(min(CHUNK, self.max_bytes + 1 - len(body)))
@@ -82,8 +91,9 @@ class HTTPReward(Reward):
                 return bytes(body)
             body += chunk
             if len(body) > self.max_bytes:
-                raise _Final(f"reply is over max_response_bytes ({self.max_bytes}); "
-                             "reading stopped")
+                raise _Final(
+                    f"reply is over max_response_bytes ({self.max_bytes}); reading stopped"
+                )
 
     def _post(self, body: bytes) -> bytes:
         """One attempt: send, follow the redirects the options allow, return the reply."""
@@ -106,13 +116,16 @@ class HTTPReward(Reward):
             except ValueError:
                 raise _Final(f"redirect to a malformed URL {target[:200]!r} refused") from None
             if there[0] not in ("http", "https") or not there[1]:
-                raise _Final(f"redirect to {target[:200]!r} refused: only http(s) URLs are "
-                             "followed")
+                raise _Final(
+                    f"redirect to {target[:200]!r} refused: only http(s) URLs are followed"
+                )
             if there != here:
                 if not self.allow_cross_origin:
-                    raise _Final(f"redirect to another origin ({there[0]}://{there[1]}:"
-                                 f"{there[2]}) not followed; set allow_cross_origin_redirects "
-                                 "to follow it (configured headers are then not sent)")
+                    raise _Final(
+                        f"redirect to another origin ({there[0]}://{there[1]}:"
+                        f"{there[2]}) not followed; set allow_cross_origin_redirects "
+                        "to follow it (configured headers are then not sent)"
+                    )
                 headers = self._without_credentials(headers)
             if code in (301, 302, 303):  # as browsers do: the next request is a bare GET
                 method, data = "GET", None
@@ -121,8 +134,9 @@ class HTTPReward(Reward):
         raise _Final(f"more than max_redirects ({self.max_redirects}) redirects")
 
     def __call__(self, prompts, completions, **columns) -> Scores:
-        body = json.dumps({"prompts": prompts, "completions": completions,
-                           "columns": columns}, default=str).encode()
+        body = json.dumps(
+            {"prompts": prompts, "completions": completions, "columns": columns}, default=str
+        ).encode()
         last = "no attempt"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -145,12 +159,15 @@ class HTTPReward(Reward):
                 last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, RecursionError) as exc:
                 last = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})"
-        raise RemoteRewardError(f"reward service {self.url} failed after {attempt + 1} "
-                                f"attempt(s): {last}")
+        raise RemoteRewardError(
+            f"reward service {self.url} failed after {attempt + 1} attempt(s): {last}"
+        )
 
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["url"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["url"],
     "properties": {
         "url": {"type": "string", "pattern": "^https?://"},
         "timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30.0},
@@ -158,14 +175,22 @@ SCHEMA = {
         "backoff": {"type": "number", "minimum": 0, "default": 0.5},
         "headers": {"type": "object", "additionalProperties": {"type": "string"}, "default": {}},
         "max_redirects": {
-            "type": "integer", "minimum": 0, "default": 5,
-            "description": "same-origin redirects followed per attempt"},
+            "type": "integer",
+            "minimum": 0,
+            "default": 5,
+            "description": "same-origin redirects followed per attempt",
+        },
         "allow_cross_origin_redirects": {
-            "type": "boolean", "default": False,
+            "type": "boolean",
+            "default": False,
             "description": "follow redirects to another scheme, host or port; the configured "
-                           "headers are then dropped"},
+            "headers are then dropped",
+        },
         "max_response_bytes": {
-            "type": "integer", "minimum": 1, "default": 64 * 1024 * 1024,
-            "description": "largest reply read; a larger one is an error"},
+            "type": "integer",
+            "minimum": 1,
+            "default": 64 * 1024 * 1024,
+            "description": "largest reply read; a larger one is an error",
+        },
     },
 }

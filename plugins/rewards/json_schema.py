@@ -49,6 +49,7 @@ def parse_json(text: str):
 
 # --- a Draft 2020-12 validator whose every step is bounded -------------------------------
 
+
 class _OutOfTime(Exception):
     """Validation of one completion used up its time budget."""
 
@@ -65,9 +66,11 @@ def _on_time() -> None:
 def _timed(keyword):
     """Wrap a keyword function so each use first checks the deadline: every step of a
     validation goes through some keyword, so a slow one is cut short wherever it is."""
+
     def check(validator, value, instance, schema):
         _on_time()
         return keyword(validator, value, instance, schema)
+
     return check
 
 
@@ -148,21 +151,26 @@ def _unique_items(validator, unique, instance, schema):
 
 _BoundedValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    validators={**{k: _timed(v) for k, v in _STOCK.items()},
-                "pattern": _timed(_pattern), "patternProperties": _timed(_pattern_properties),
-                "additionalProperties": _timed(_additional_properties),
-                "uniqueItems": _timed(_unique_items)},
+    validators={
+        **{k: _timed(v) for k, v in _STOCK.items()},
+        "pattern": _timed(_pattern),
+        "patternProperties": _timed(_pattern_properties),
+        "additionalProperties": _timed(_additional_properties),
+        "uniqueItems": _timed(_unique_items),
+    },
 )
 
 # A format checker as the stock one, except that "regex" means "RE2 can run it".
 _SCHEMA_FORMATS = jsonschema.FormatChecker(
-    [f for f in jsonschema.FormatChecker.checkers if f != "regex"])
+    [f for f in jsonschema.FormatChecker.checkers if f != "regex"]
+)
 
 # Keywords whose values are data, not schemas: nothing inside them is checked or rewritten.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 # Keywords whose values map names to schemas.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                          "dependentSchemas"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
 
 
 class SchemaRefused(ValueError):
@@ -199,8 +207,9 @@ def _prepare(node, path: list, found: set):
         if key in _DATA_KEYWORDS:
             out[key] = value
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _prepare(sub, path + [key, name], found)
-                        for name, sub in value.items()}
+            out[key] = {
+                name: _prepare(sub, path + [key, name], found) for name, sub in value.items()
+            }
         else:
             out[key] = _prepare(value, path + [key], found)
     return out
@@ -225,8 +234,10 @@ def check_schema(schema) -> dict:
     try:
         prepared = _prepare(schema, [], found)
         error = jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA,
-                                            format_checker=_SCHEMA_FORMATS).iter_errors(schema))
+            jsonschema.Draft202012Validator(
+                jsonschema.Draft202012Validator.META_SCHEMA, format_checker=_SCHEMA_FORMATS
+            ).iter_errors(schema)
+        )
     except RecursionError:
         raise SchemaRefused("schema: nested too deeply") from None
     if error is not None:
@@ -235,9 +246,11 @@ def check_schema(schema) -> dict:
             message = message[:197] + "..."
         raise SchemaRefused(f"{_where(list(error.absolute_path))}: {message}")
     if "unevaluatedProperties" in found and "patternProperties" in found:
-        raise SchemaRefused("schema: unevaluatedProperties together with patternProperties "
-                            "is not supported (jsonschema would match those patterns with a "
-                            "backtracking regex engine); use additionalProperties")
+        raise SchemaRefused(
+            "schema: unevaluatedProperties together with patternProperties "
+            "is not supported (jsonschema would match those patterns with a "
+            "backtracking regex engine); use additionalProperties"
+        )
     return prepared
 
 
@@ -262,8 +275,13 @@ class JSONSchemaReward(Reward):
                 return [str(exc)]
         return []
 
-    def __init__(self, schema: dict | None = None, schema_column: str | None = None,
-                 partial: bool = False, validation_timeout: float = 1.0):
+    def __init__(
+        self,
+        schema: dict | None = None,
+        schema_column: str | None = None,
+        partial: bool = False,
+        validation_timeout: float = 1.0,
+    ):
         if schema is None and schema_column is None:
             raise ValueError("give a schema or a schema_column")
         self._fixed = None
@@ -313,12 +331,17 @@ class JSONSchemaReward(Reward):
             return self._score_value(value, validator)
         except (_OutOfTime, RecursionError):
             return 0.0
-        except (referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError,
-                jsonschema.exceptions.UnknownType, RegexRefused) as exc:
+        except (
+            referencing.exceptions.Unresolvable,
+            jsonschema.exceptions.SchemaError,
+            jsonschema.exceptions.UnknownType,
+            RegexRefused,
+        ) as exc:
             if validator is not self._fixed:
                 return 0.0  # an item's own schema is broken: that item cannot be right
-            raise ValueError(f"json_schema reward: the schema cannot be used: "
-                             f"{' '.join(str(exc).split())[:200]}") from None
+            raise ValueError(
+                f"json_schema reward: the schema cannot be used: {' '.join(str(exc).split())[:200]}"
+            ) from None
         finally:
             _clock.deadline = None
 
@@ -344,18 +367,26 @@ class JSONSchemaReward(Reward):
             raise KeyError(f"json_schema reward needs the dataset column {self.column!r}")
         if self.column is None:
             return Scores([self.score_one(c, self._fixed) for c in completions])
-        return Scores([self.score_one(c, self._column_validator(s))
-                       for c, s in zip(completions, columns[self.column])])
+        return Scores(
+            [
+                self.score_one(c, self._column_validator(s))
+                for c, s in zip(completions, columns[self.column])
+            ]
+        )
 
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "schema": {"type": ["object", "null"], "default": None},
         "schema_column": {"type": ["string", "null"], "default": None},
         "partial": {"type": "boolean", "default": False},
         "validation_timeout": {
-            "type": "number", "exclusiveMinimum": 0, "default": 1.0,
-            "description": "seconds spent validating one completion before it scores 0"},
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 1.0,
+            "description": "seconds spent validating one completion before it scores 0",
+        },
     },
 }

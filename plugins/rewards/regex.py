@@ -29,8 +29,13 @@ def _options(dotall: bool) -> re2.Options:
 
 # What RE2 reports after "invalid perl operator: " -> the construct a reader recognises.
 _GROUP_REASONS = (
-    ("(?<=", "lookbehind"), ("(?<!", "lookbehind"), ("(?=", "lookahead"), ("(?!", "lookahead"),
-    ("(?P", "named backreference"), ("(?>", "atomic group"), ("(?(", "conditional group"),
+    ("(?<=", "lookbehind"),
+    ("(?<!", "lookbehind"),
+    ("(?=", "lookahead"),
+    ("(?!", "lookahead"),
+    ("(?P", "named backreference"),
+    ("(?>", "atomic group"),
+    ("(?(", "conditional group"),
     ("(?#", "comment group"),
 )
 
@@ -83,9 +88,11 @@ def compile_linear(pattern: str, dotall: bool = False):
         msg = getattr(exc, "msg", None) or str(exc)
         raise RegexRefused(f"{shown} is not a valid regex ({msg})") from None
     detail = " ".join(detail.split())
-    raise RegexRefused(f"{shown} is not supported by the linear-time regex engine "
-                       f"({_reason(detail)}); RE2 syntax has no lookaround, backreferences, "
-                       "atomic groups or possessive quantifiers")
+    raise RegexRefused(
+        f"{shown} is not supported by the linear-time regex engine "
+        f"({_reason(detail)}); RE2 syntax has no lookaround, backreferences, "
+        "atomic groups or possessive quantifiers"
+    )
 
 
 def clean(text: str) -> str:

@@ -25,28 +25,41 @@ class WeightedReward(Reward):
         problems = self.check_options({"components": components})
         if problems:
             raise ValueError(problems[0])
-        self.parts = [{"dim": c.get("as") or c["name"],
-                       "fn": grpo_core.create("reward", c["name"], c.get("options")),
-                       "weight": c["weight"], "requires": c["requires"],
-                       "threshold": c["pass_threshold"]} for c in components]
+        self.parts = [
+            {
+                "dim": c.get("as") or c["name"],
+                "fn": grpo_core.create("reward", c["name"], c.get("options")),
+                "weight": c["weight"],
+                "requires": c["requires"],
+                "threshold": c["pass_threshold"],
+            }
+            for c in components
+        ]
         self.normalize, self.threads = normalize, threads
         # the best total is known when every component's best is and nothing is normalised;
         # a component with a negative weight is a penalty whose best is taken to be 0
         maxima = [p["fn"].max_value for p in self.parts]
         known = normalize == "none" and None not in maxima
-        self.max_value = sum(max(p["weight"] * m, 0.0) for p, m in zip(self.parts, maxima)) \
-            if known else None
+        self.max_value = (
+            sum(max(p["weight"] * m, 0.0) for p, m in zip(self.parts, maxima)) if known else None
+        )
 
     @classmethod
     def check_options(cls, options: dict) -> list[str]:
         """Dimension names used twice, and ``requires`` naming no dimension."""
         components = options.get("components") or []
         dims = [c.get("as") or c["name"] for c in components]
-        problems = [f"components[{i}]: two components are named {d!r}; give one an 'as' name"
-                    for i, d in enumerate(dims) if d in dims[:i]]
+        problems = [
+            f"components[{i}]: two components are named {d!r}; give one an 'as' name"
+            for i, d in enumerate(dims)
+            if d in dims[:i]
+        ]
         for i, c in enumerate(components):
-            problems += [f"components[{i}].requires: {r!r} is not a dimension; known: "
-                         f"{sorted(set(dims))}" for r in c.get("requires") or [] if r not in dims]
+            problems += [
+                f"components[{i}].requires: {r!r} is not a dimension; known: {sorted(set(dims))}"
+                for r in c.get("requires") or []
+                if r not in dims
+            ]
         return problems
 
     @classmethod
@@ -63,14 +76,17 @@ class WeightedReward(Reward):
 
     def __call__(self, prompts, completions, **columns) -> Scores:
         with ThreadPoolExecutor(max_workers=min(self.threads, len(self.parts))) as pool:
-            futures = {p["dim"]: pool.submit(p["fn"], prompts, completions, **columns)
-                       for p in self.parts}
+            futures = {
+                p["dim"]: pool.submit(p["fn"], prompts, completions, **columns) for p in self.parts
+            }
             results = {dim: f.result() for dim, f in futures.items()}
         dims = {}
         for dim, out in results.items():
             if len(out) != len(completions):
-                raise ValueError(f"component {dim!r} returned {len(out)} scores for "
-                                 f"{len(completions)} completions")
+                raise ValueError(
+                    f"component {dim!r} returned {len(out)} scores for "
+                    f"{len(completions)} completions"
+                )
             dims[dim] = torch.tensor([float(v) for v in out], dtype=torch.float64)
         groups = columns.get("group_ids")
         total = torch.zeros(len(completions), dtype=torch.float64)
@@ -87,8 +103,9 @@ class WeightedReward(Reward):
         for out in results.values():
             if isinstance(out, Scores):
                 extras.update(out.extras)
-        return Scores(total.tolist(), dimensions={k: v.tolist() for k, v in dims.items()},
-                      extras=extras)
+        return Scores(
+            total.tolist(), dimensions={k: v.tolist() for k, v in dims.items()}, extras=extras
+        )
 
 
 def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -102,25 +119,40 @@ def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -
 
 
 COMPONENT = {
-    "type": "object", "x-plugin": "reward", "additionalProperties": False, "required": ["name"],
+    "type": "object",
+    "x-plugin": "reward",
+    "additionalProperties": False,
+    "required": ["name"],
     "properties": {
         "name": {"type": "string"},
         "options": {"type": "object", "default": {}},
         "weight": {"type": "number", "default": 1.0},
         "as": {"type": ["string", "null"], "default": None, "description": "dimension name"},
-        "requires": {"type": "array", "items": {"type": "string"}, "default": [],
-                     "description": "dimensions that must pass for this one to count"},
-        "pass_threshold": {"type": "number", "default": 1.0,
-                           "description": "score at which this dimension passes a gate"},
+        "requires": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "dimensions that must pass for this one to count",
+        },
+        "pass_threshold": {
+            "type": "number",
+            "default": 1.0,
+            "description": "score at which this dimension passes a gate",
+        },
     },
 }
 
 SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["components"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["components"],
     "properties": {
         "components": {"type": "array", "items": COMPONENT, "minItems": 1},
-        "normalize": {"enum": ["none", "group"], "default": "none",
-                      "description": "normalise each dimension within its group first"},
+        "normalize": {
+            "enum": ["none", "group"],
+            "default": "none",
+            "description": "normalise each dimension within its group first",
+        },
         "threads": {"type": "integer", "minimum": 1, "default": 8},
     },
 }

@@ -24,17 +24,28 @@ def has_colour(png: str, rgb) -> bool:
 
 
 def tiny(tmp_path, tiny_model, addition_data, **sections) -> str:
-    return write_config(tmp_path / "c.json", make_config(
-        tiny_model, addition_data, str(tmp_path / "unused"),
-        reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-        train={"steps": 3, "prompts_per_step": 2}, optimizer={"lr": 1e-2},
-        runtime={"device": "cpu", "threads": 1}, **sections))
+    return write_config(
+        tmp_path / "c.json",
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "unused"),
+            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            train={"steps": 3, "prompts_per_step": 2},
+            optimizer={"lr": 1e-2},
+            runtime={"device": "cpu", "threads": 1},
+            **sections,
+        ),
+    )
 
 
 def cells(md: str, first: str) -> list[list[str]]:
     """The table rows of compare.md whose first cell is ``first``."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
-            if line.startswith("|")]
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in md.splitlines()
+        if line.startswith("|")
+    ]
     return [r for r in rows if r[0] == first]
 
 
@@ -52,19 +63,41 @@ def metrics(run_dir) -> list[dict]:
 def brute_permutation_p(a, b) -> float:
     pooled, obs = a + b, abs(np.mean(a) - np.mean(b))
     splits = list(itertools.combinations(range(len(pooled)), len(a)))
-    hits = sum(abs(np.mean([pooled[i] for i in s])
-                   - np.mean([pooled[i] for i in range(len(pooled)) if i not in s])) >= obs - 1e-12
-               for s in splits)
+    hits = sum(
+        abs(
+            np.mean([pooled[i] for i in s])
+            - np.mean([pooled[i] for i in range(len(pooled)) if i not in s])
+        )
+        >= obs - 1e-12
+        for s in splits
+    )
     return hits / len(splits)
 
 
 def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
-    cfg = tiny(tmp_path, tiny_model, addition_data,
-               eval={"data": addition_data, "split": "train", "every_n_steps": 3,
-                     "max_problems": 4})
+    cfg = tiny(
+        tmp_path,
+        tiny_model,
+        addition_data,
+        eval={"data": addition_data, "split": "train", "every_n_steps": 3, "max_problems": 4},
+    )
     out = tmp_path / "cmp"
-    p = run_grpo("compare", cfg, "--baselines", "grpo,rloo", "--seeds", "2", "--steps", "3",
-                 "--threshold", "0.5", "--out", str(out), cwd=ROOT, timeout=900)
+    p = run_grpo(
+        "compare",
+        cfg,
+        "--baselines",
+        "grpo,rloo",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--threshold",
+        "0.5",
+        "--out",
+        str(out),
+        cwd=ROOT,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr
     md = (out / "compare.md").read_text()
     for name in ("grpo", "rloo"):
@@ -73,8 +106,11 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
         mean, lo, hi = interval(row[2])  # final reward [95% CI]
         assert lo <= mean <= hi
         held_out = [metrics(out / f"{name}-seed{s}")[-1]["eval/accuracy"] for s in (0, 1)]
-        assert interval(row[5]) == (round(np.mean(held_out), 3), round(min(held_out), 3),
-                                    round(max(held_out), 3))
+        assert interval(row[5]) == (
+            round(np.mean(held_out), 3),
+            round(min(held_out), 3),
+            round(max(held_out), 3),
+        )
         assert row[6].endswith("seeds)")  # steps to the threshold, with how many reached
     assert cells(md, "grpo vs rloo")  # the pairwise tests
     assert "done, 3/3 steps" in p.stderr  # a progress line per run
@@ -85,8 +121,9 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
         assert has_colour(str(png), COLOURS["C0"]) and has_colour(str(png), COLOURS["C1"])
     # grpo plot on two of those runs
     runs = sorted(str(out / d) for d in os.listdir(out) if d.endswith("-seed0"))
-    plotted = run_grpo("plot", *runs, "--metrics", "reward,entropy", "--out",
-                       str(tmp_path / "plots"), cwd=ROOT)
+    plotted = run_grpo(
+        "plot", *runs, "--metrics", "reward,entropy", "--out", str(tmp_path / "plots"), cwd=ROOT
+    )
     assert plotted.returncode == 0, plotted.stderr
     assert sorted(os.listdir(tmp_path / "plots")) == ["entropy.png", "reward.png"]
 
@@ -94,15 +131,26 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
 def test_a_changed_shared_setting_keeps_the_earlier_runs(tiny_model, addition_data, tmp_path):
     cfg = tiny(tmp_path, tiny_model, addition_data)
     out = tmp_path / "cmp"
-    args = ["compare", cfg, "--baselines", "grpo,rloo", "--seeds", "1", "--steps", "2",
-            "--out", str(out)]
+    args = [
+        "compare",
+        cfg,
+        "--baselines",
+        "grpo,rloo",
+        "--seeds",
+        "1",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert run_grpo(*args, cwd=ROOT, timeout=900).returncode == 0
     first = (out / "grpo-seed0" / "metrics.jsonl").read_text()
     p = run_grpo(*args, "--set", "optimizer.lr=5e-3", cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("the earlier run there had another config; kept in") == 2
-    kept = sorted(p.relative_to(out / "earlier").parts[1] for p in (out / "earlier").glob("*/*")
-                  if p.is_dir())
+    kept = sorted(
+        p.relative_to(out / "earlier").parts[1] for p in (out / "earlier").glob("*/*") if p.is_dir()
+    )
     assert kept == ["grpo-seed0", "rloo-seed0"]  # each under its own config's digest
     (grpo,) = (out / "earlier").glob("*/grpo-seed0")
     assert (grpo / "metrics.jsonl").read_text() == first
@@ -121,9 +169,22 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
     seed, 2 evaluation seeds; ReMax, so greedy completions count as generated tokens."""
     cfg = tiny(tmp_path, tiny_model, addition_data, baseline={"name": "remax"})
     out = tmp_path / "cmp"
-    args = ["compare", cfg, "--vary", "objective.entropy_coef=0,0.01", "--tune",
-            "train.lr=1e-3,3e-2", "--tune-seeds", "1", "--seeds", "2", "--steps", "3",
-            "--out", str(out)]
+    args = [
+        "compare",
+        cfg,
+        "--vary",
+        "objective.entropy_coef=0,0.01",
+        "--tune",
+        "train.lr=1e-3,3e-2",
+        "--tune-seeds",
+        "1",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--out",
+        str(out),
+    ]
     p = run_grpo(*args, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr
     md = (out / "compare.md").read_text()
@@ -131,8 +192,10 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
     variants = ["objective.entropy_coef=0", "objective.entropy_coef=0.01"]
     for v in variants:  # tuning: each candidate's AUC on seed 1000, the best one chosen
         slug = v.replace("=", "-")
-        auc = {lr: np.mean([r["reward"] for r in metrics(
-            out / f"{slug}_optimizer.lr-{lr}-seed1000")]) for lr in ("1e-3", "3e-2")}
+        auc = {
+            lr: np.mean([r["reward"] for r in metrics(out / f"{slug}_optimizer.lr-{lr}-seed1000")])
+            for lr in ("1e-3", "3e-2")
+        }
         best = max(auc, key=lambda k: (auc[k], k == "1e-3"))  # ties: the first listed
         rows = cells(md, v)
         tuning = [r for r in rows if len(r) == 5]
@@ -148,11 +211,16 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
         finals = [r[-1]["reward"] for r in runs]  # last 10% of 3 steps: the last one
         aucs = [np.mean([x["reward"] for x in r]) for r in runs]
         for cell, vals in ((result[2], finals), (result[3], aucs)):
-            assert interval(cell) == (round(np.mean(vals), 3), round(min(vals), 3),
-                                      round(max(vals), 3))
+            assert interval(cell) == (
+                round(np.mean(vals), 3),
+                round(min(vals), 3),
+                round(max(vals), 3),
+            )
         # generated tokens: sampled completions plus one greedy completion per prompt (2)
-        tokens = [sum(x["samples"] * x["completion_len"] + 2 * x["completion_len"] for x in r)
-                  for r in runs]
+        tokens = [
+            sum(x["samples"] * x["completion_len"] + 2 * x["completion_len"] for x in r)
+            for r in runs
+        ]
         assert np.allclose([run["tokens"] for run in data["variants"][v]["runs"]], tokens)
         assert np.allclose([run["auc"] for run in data["variants"][v]["runs"]], aucs)
     # the pairwise test, p-values as exhaustive enumeration gives them
@@ -160,12 +228,17 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
     a, b = ([run["auc"] for run in data["variants"][v]["runs"]] for v in variants)
     assert float(pair[2]) == float(f"{brute_permutation_p(a, b):.3g}")
     assert re.search(r"not distinguishable|higher", pair[5])
-    assert "smallest possible permutation p is 0.333, so after adjusting for 1 pair(s) no " \
+    assert (
+        "smallest possible permutation p is 0.333, so after adjusting for 1 pair(s) no "
         "permutation verdict can reach 0.05" in md
+    )
     assert "Holm's adjustment of the welch p" in md  # the default test
     # resume: everything finished is reused, nothing is trained again
-    stamps = {d: os.path.getmtime(out / d / "metrics.jsonl") for d in os.listdir(out)
-              if (out / d).is_dir()}
+    stamps = {
+        d: os.path.getmtime(out / d / "metrics.jsonl")
+        for d in os.listdir(out)
+        if (out / d).is_dir()
+    }
     assert len(stamps) == 8  # 2 variants x (2 candidates x 1 tuning seed + 2 seeds)
     again = run_grpo(*args, cwd=ROOT, timeout=900)
     assert again.returncode == 0, again.stderr
@@ -184,11 +257,21 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
 
 def test_compare_streams_child_warnings(tiny_model, addition_data, tmp_path):
     cfg = tiny(tmp_path, tiny_model, addition_data)
-    p = run_grpo("compare", cfg, "--set",
-                 "reward={name: http, options: {url: 'http://127.0.0.1:9/score'}, "
-                 "failure: zero}",
-                 "--baselines", "grpo", "--seeds", "1", "--steps", "1",
-                 "--out", str(tmp_path / "w"), cwd=ROOT)
+    p = run_grpo(
+        "compare",
+        cfg,
+        "--set",
+        "reward={name: http, options: {url: 'http://127.0.0.1:9/score'}, failure: zero}",
+        "--baselines",
+        "grpo",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path / "w"),
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     assert "[1/1] grpo seed 0: warning (step 0): reward 'http' raised" in p.stderr, p.stderr
 
@@ -196,19 +279,26 @@ def test_compare_streams_child_warnings(tiny_model, addition_data, tmp_path):
 def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp_path, capsys):
     from grpo_core.cli.main import main
 
-    cfg = write_config(tmp_path / "c.json", make_config(tiny_model, addition_data,
-                                                        str(tmp_path / "r")))
+    cfg = write_config(
+        tmp_path / "c.json", make_config(tiny_model, addition_data, str(tmp_path / "r"))
+    )
     out = str(tmp_path / "x")
     cases = [
         (["--baselines", "grpo,rlooo"], "did you mean 'rloo'"),
-        (["--vary", "kl=fixed,adaptive", "--vary", "colour=red"],
-         "--vary 'colour=red': (top level): unknown key(s) ['colour']"),
+        (
+            ["--vary", "kl=fixed,adaptive", "--vary", "colour=red"],
+            "--vary 'colour=red': (top level): unknown key(s) ['colour']",
+        ),
         (["--vary", "optimizer.lr=fast"], "--vary 'optimizer.lr=fast': optimizer.lr: found"),
         (["--vary", "optimizer.lr"], "--vary 'optimizer.lr': expected KEY=V1,V2"),
-        (["--baselines", "grpo", "--tune", "optimizer.lr=-1"],
-         "--tune 'optimizer.lr=-1': optimizer.lr: found -1 (int), expected a number > 0"),
-        (["--vary", "optimizer.lr=1e-3", "--tune", "train.lr=1e-2"],
-         "optimizer.lr is already given by --vary 'optimizer.lr=1e-3'"),
+        (
+            ["--baselines", "grpo", "--tune", "optimizer.lr=-1"],
+            "--tune 'optimizer.lr=-1': optimizer.lr: found -1 (int), expected a number > 0",
+        ),
+        (
+            ["--vary", "optimizer.lr=1e-3", "--tune", "train.lr=1e-2"],
+            "optimizer.lr is already given by --vary 'optimizer.lr=1e-3'",
+        ),
         (["--baselines", "grpo", "--seeds", "0"], "--seeds: expected a number >= 1, got 0"),
         (["--seeds", "2"], "give --baselines A,B, --vary KEY=A,B and/or --tune KEY=A,B"),
     ]

@@ -30,6 +30,11 @@ def test_gsm8k_example_fits_the_data_and_scores_a_real_solution():
     reward = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
     final = row["answer"].rsplit("####", 1)[1].strip()
     good = f"<think>{row['answer'].split('####')[0]}</think><answer>{final}</answer>"
-    out = reward([row["question"]] * 2, [good, f"<answer>{final}</answer>"],
-                 answer=[row["answer"]] * 2, completion_tokens=[100, 5], group_ids=[0, 0])
+    out = reward(
+        [row["question"]] * 2,
+        [good, f"<answer>{final}</answer>"],
+        answer=[row["answer"]] * 2,
+        completion_tokens=[100, 5],
+        group_ids=[0, 0],
+    )
     assert list(out) == [1.2, 0.0]  # format + math; the second fails the format gate

@@ -21,8 +21,15 @@ def write_run(path, steps=range(100, 200), eval_every=25, offset=0.0) -> str:
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for i, s in enumerate(steps):
-            rec = {"step": s, "reward": offset + i / 100, "reward/format": 1.0, "kl": 0.01,
-                   "entropy": 1.0 - i / 200, "completion_len": 3.0, "health": []}
+            rec = {
+                "step": s,
+                "reward": offset + i / 100,
+                "reward/format": 1.0,
+                "kl": 0.01,
+                "entropy": 1.0 - i / 200,
+                "completion_len": 3.0,
+                "health": [],
+            }
             if (s + 1) % eval_every == 0:
                 rec["eval/accuracy"] = offset + s / 1000
             f.write(json.dumps(rec) + "\n")
@@ -65,8 +72,14 @@ def test_unique_labels():
 
 def test_default_metrics_include_dimensions_length_and_eval(tmp_path):
     run = plots.read(write_run(tmp_path / "a"))
-    assert plots.default_metrics([run]) == ["reward", "reward/format", "kl", "entropy",
-                                            "completion_len", "eval/accuracy"]
+    assert plots.default_metrics([run]) == [
+        "reward",
+        "reward/format",
+        "kl",
+        "entropy",
+        "completion_len",
+        "eval/accuracy",
+    ]
     assert "health" not in plots.available([run])
 
 
@@ -87,8 +100,15 @@ def test_plot_cli_two_runs_same_folder_name_default_set(tmp_path):
     p = run_grpo("plot", a, b, "--out", str(out), cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert sorted(os.listdir(out)) == sorted(
-        ["reward.png", "reward_format.png", "kl.png", "entropy.png", "completion_len.png",
-         "eval_accuracy.png"])
+        [
+            "reward.png",
+            "reward_format.png",
+            "kl.png",
+            "entropy.png",
+            "completion_len.png",
+            "eval_accuracy.png",
+        ]
+    )
     for name in ("reward.png", "eval_accuracy.png"):  # both runs drawn, in two colours
         assert has_colour(str(out / name), COLOURS["C0"])
         assert has_colour(str(out / name), COLOURS["C1"])

@@ -17,7 +17,7 @@ from grpo_core.cli.main import main
 def problems(capsys, cfg, tmp_path, command="validate") -> list[str]:
     code = main([command, write_config(tmp_path / "c.json", cfg)])
     err = capsys.readouterr().err
-    lines = [x[len("error: "):] for x in err.splitlines() if x.startswith("error: ")]
+    lines = [x[len("error: ") :] for x in err.splitlines() if x.startswith("error: ")]
     assert (code == 2) == bool(lines) and "Traceback" not in err, err
     return lines
 
@@ -30,28 +30,46 @@ def test_a_good_config_passes(tiny_model, addition_data, tmp_path, capsys):
     assert problems(capsys, base(tiny_model, addition_data, tmp_path), tmp_path) == []
 
 
-@pytest.mark.parametrize("change,needle", [
-    (lambda c, t: c["data"].update(path=str(t / "missing.jsonl")), "data.path: file not found"),
-    (lambda c, t: c["model"].update(name_or_path=str(t / "no_model")),
-     "is not a model directory"),
-    (lambda c, t: c["model"].update(name_or_path=str(t)), "has no config.json"),
-    (lambda c, t: c["data"].update(prompt_field="question"), "row 0 has no field 'question'"),
-    (lambda c, t: c["data"].update(columns=[]), "the reward reads ['answer']"),
-    (lambda c, t: c["data"].update(chat_template="always"), "has no chat template"),
-    (lambda c, t: c.setdefault("eval", {}).update(data=str(t / "held_out.jsonl"), every_n_steps=5),
-     "eval.data: file not found"),
-    (lambda c, t: c.update(deepspeed=str(t / "ds.json")), "deepspeed: config file not found"),
-    (lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 4}}),
-     "deepspeed.zero_optimization.stage: 4; expected 0 to 3"),
-    (lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 3}},
-                           generator={"name": "vllm"}),
-     "vllm is not supported with deepspeed ZeRO-3"),
-    (lambda c, t: c.update(deepspeed={"zero_optimization": {
-        "stage": 3, "offload_param": {"device": "nvme"}}}),
-     "deepspeed.zero_optimization.offload_param.device: nvme is not supported"),
-])
-def test_each_problem_is_found_before_training(tiny_model, addition_data, tmp_path, capsys,
-                                               change, needle):
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda c, t: c["data"].update(path=str(t / "missing.jsonl")), "data.path: file not found"),
+        (
+            lambda c, t: c["model"].update(name_or_path=str(t / "no_model")),
+            "is not a model directory",
+        ),
+        (lambda c, t: c["model"].update(name_or_path=str(t)), "has no config.json"),
+        (lambda c, t: c["data"].update(prompt_field="question"), "row 0 has no field 'question'"),
+        (lambda c, t: c["data"].update(columns=[]), "the reward reads ['answer']"),
+        (lambda c, t: c["data"].update(chat_template="always"), "has no chat template"),
+        (
+            lambda c, t: c.setdefault("eval", {}).update(
+                data=str(t / "held_out.jsonl"), every_n_steps=5
+            ),
+            "eval.data: file not found",
+        ),
+        (lambda c, t: c.update(deepspeed=str(t / "ds.json")), "deepspeed: config file not found"),
+        (
+            lambda c, t: c.update(deepspeed={"zero_optimization": {"stage": 4}}),
+            "deepspeed.zero_optimization.stage: 4; expected 0 to 3",
+        ),
+        (
+            lambda c, t: c.update(
+                deepspeed={"zero_optimization": {"stage": 3}}, generator={"name": "vllm"}
+            ),
+            "vllm is not supported with deepspeed ZeRO-3",
+        ),
+        (
+            lambda c, t: c.update(
+                deepspeed={"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}
+            ),
+            "deepspeed.zero_optimization.offload_param.device: nvme is not supported",
+        ),
+    ],
+)
+def test_each_problem_is_found_before_training(
+    tiny_model, addition_data, tmp_path, capsys, change, needle
+):
     cfg = base(tiny_model, addition_data, tmp_path)
     change(cfg, tmp_path)
     found = problems(capsys, cfg, tmp_path)
@@ -86,10 +104,16 @@ def test_train_runs_the_checks_first(tiny_model, addition_data, tmp_path):
     assert time.monotonic() - t0 < 60
 
 
-def test_progress_in_a_log_is_a_line_every_twentieth_of_the_run(tiny_model, addition_data,
-                                                                 tmp_path):
-    cfg = base(tiny_model, addition_data, tmp_path, train={"steps": 40, "prompts_per_step": 2},
-               sampling={"group_size": 2, "max_new_tokens": 2})
+def test_progress_in_a_log_is_a_line_every_twentieth_of_the_run(
+    tiny_model, addition_data, tmp_path
+):
+    cfg = base(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        train={"steps": 40, "prompts_per_step": 2},
+        sampling={"group_size": 2, "max_new_tokens": 2},
+    )
     cfg["output"]["progress"] = True
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), cwd=ROOT)
     assert p.returncode == 0, p.stderr
@@ -101,15 +125,21 @@ def test_progress_in_a_log_is_a_line_every_twentieth_of_the_run(tiny_model, addi
 def test_progress_on_a_terminal_is_one_updating_bar(tiny_model, addition_data, tmp_path):
     if shutil.which("script") is None:
         pytest.skip("needs script(1) to give the run a terminal")
-    cfg = base(tiny_model, addition_data, tmp_path, train={"steps": 6, "prompts_per_step": 2},
-               sampling={"group_size": 2, "max_new_tokens": 2})
+    cfg = base(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        train={"steps": 6, "prompts_per_step": 2},
+        sampling={"group_size": 2, "max_new_tokens": 2},
+    )
     cfg["output"]["progress"] = True
     path = write_config(tmp_path / "c.json", cfg)
     import subprocess
     import sys
 
     cmd = f"{sys.executable} -m grpo_core.cli train {path}"
-    out = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300).stdout
+    out = subprocess.run(
+        ["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, cwd=ROOT, timeout=300
+    ).stdout
     # every step redraws the bar (erasing the line), not only every twentieth
     assert out.count("\x1b[K") == 6 and "6/6" in out and "ETA" in out

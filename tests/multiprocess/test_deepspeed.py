@@ -27,8 +27,10 @@ from test_distributed import (
     rows,
 )
 
-pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed "
-                                        "(pip install -e '.[deepspeed]'; CI installs it)")
+pytest.importorskip(
+    "deepspeed",
+    reason="the deepspeed extra is not installed (pip install -e '.[deepspeed]'; CI installs it)",
+)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
@@ -37,21 +39,43 @@ ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold":
 
 
 def launch(path, *extra) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "grpo_core.cli", "train", str(path), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "grpo_core.cli",
+        "train",
+        str(path),
+        *extra,
+    ]
 
 
 def torchrun(path, *extra):
-    return subprocess.run(launch(path, *extra), capture_output=True, text=True, cwd=ROOT,
-                          timeout=900, env=ENV)
+    return subprocess.run(
+        launch(path, *extra), capture_output=True, text=True, cwd=ROOT, timeout=900, env=ENV
+    )
 
 
 def generating_cfg(model, data, out, **kw):
     """Generation outside the sampling phase too: ReMax's greedy completions and rank 0's
     validation, keeping the best model (gathered from the partitions under ZeRO-3)."""
-    return cfg_for(model, data, out, baseline={"name": "remax"},
-                   eval={"data": data, "split": "train", "every_n_steps": 1, "max_problems": 4,
-                         "keep_best": "reward"}, **kw)
+    return cfg_for(
+        model,
+        data,
+        out,
+        baseline={"name": "remax"},
+        eval={
+            "data": data,
+            "split": "train",
+            "every_n_steps": 1,
+            "max_problems": 4,
+            "keep_best": "reward",
+        },
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +89,20 @@ def single(tiny_model, addition_data, tmp_path_factory):
 # ZeRO-2 with its optimizer offloaded to the CPU and gradients reduced in small buckets: it
 # reads during backward whether the micro-batch ends the update (told, as no engine.forward
 # runs); untold, it stepped with the first micro-batch's gradient only
-OFFLOAD = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
-                                 "reduce_bucket_size": 1000},
-           "zero_force_ds_cpu_optimizer": False}
-CONFIGS = {1: {"zero_optimization": {"stage": 1}}, 2: {"zero_optimization": {"stage": 2}},
-           3: ZERO3, "2-offload": OFFLOAD}
+OFFLOAD = {
+    "zero_optimization": {
+        "stage": 2,
+        "offload_optimizer": {"device": "cpu"},
+        "reduce_bucket_size": 1000,
+    },
+    "zero_force_ds_cpu_optimizer": False,
+}
+CONFIGS = {
+    1: {"zero_optimization": {"stage": 1}},
+    2: {"zero_optimization": {"stage": 2}},
+    3: ZERO3,
+    "2-offload": OFFLOAD,
+}
 
 
 @pytest.mark.parametrize("stage", list(CONFIGS))
@@ -88,8 +121,11 @@ def test_zero_stages_match_one_process(tiny_model, addition_data, tmp_path, sing
         # LM head over whole logits, not the chunked head (log-probs differ in the last bits)
         assert abs(a["loss"] - b["loss"]) < 1e-5
     for name in ("final", "best"):  # the bound: test_distributed.assert_same_training
-        assert_same_training(load_file(os.path.join(out, name, "model.safetensors")),
-                             load_file(os.path.join(single, name, "model.safetensors")), steps=3)
+        assert_same_training(
+            load_file(os.path.join(out, name, "model.safetensors")),
+            load_file(os.path.join(single, name, "model.safetensors")),
+            steps=3,
+        )
     ranks, total = summary["per_rank"], sum(w.numel() for w in final(single).values())
     held = [r["parameters"] / total for r in ranks]
     if stage == 3:  # each rank holds about half of the weights
@@ -104,10 +140,17 @@ def test_zero3_sigkill_resume_is_identical(tiny_model, addition_data, tmp_path):
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     ref_cfg = cfg_for(tiny_model, addition_data, ref, steps=5, deepspeed=ZERO3)
     assert torchrun(write_config(tmp_path / "ref.json", ref_cfg)).returncode == 0
-    keep = {"dir": run, "progress": False, "samples_every": 0, "checkpoint_every": 1,
-            "keep_last": 2}
-    path = write_config(tmp_path / "run.json", cfg_for(tiny_model, addition_data, run, steps=5,
-                                                       output=keep, deepspeed=ZERO3))
+    keep = {
+        "dir": run,
+        "progress": False,
+        "samples_every": 0,
+        "checkpoint_every": 1,
+        "keep_last": 2,
+    }
+    path = write_config(
+        tmp_path / "run.json",
+        cfg_for(tiny_model, addition_data, run, steps=5, output=keep, deepspeed=ZERO3),
+    )
     kill_after_checkpoints(launch(path), run, ENV)
     done = torchrun(path, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -117,8 +160,9 @@ def test_zero3_sigkill_resume_is_identical(tiny_model, addition_data, tmp_path):
     kept = os.path.join(run, "checkpoints", checkpoints(run)[-1])
     assert os.path.isdir(os.path.join(kept, "deepspeed"))  # DeepSpeed's own engine state
     # without DeepSpeed the checkpoint cannot continue: said in one line, no traceback
-    plain = write_config(tmp_path / "plain.json",
-                         cfg_for(tiny_model, addition_data, run, steps=5, output=keep))
+    plain = write_config(
+        tmp_path / "plain.json", cfg_for(tiny_model, addition_data, run, steps=5, output=keep)
+    )
     p = one_process(plain, "--resume", kept, "--force")
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "written by a DeepSpeed run" in p.stderr, p.stderr[-2000:]
@@ -132,7 +176,8 @@ def test_a_non_finite_loss_stops_every_rank_together(tiny_model, addition_data, 
     cfg["optimizer"] = {"lr": 1e30, "max_grad_norm": None}
     p = torchrun(write_config(tmp_path / "nan.json", cfg))
     assert p.returncode != 0
-    assert p.stderr.count("non-finite loss under deepspeed, which cannot skip") == 2, \
-        p.stderr[-3000:]
+    assert p.stderr.count("non-finite loss under deepspeed, which cannot skip") == 2, p.stderr[
+        -3000:
+    ]
     assert "Traceback" not in p.stderr.split("non-finite loss under deepspeed")[0]
     assert [r["step"] for r in rows(out)] == [0]

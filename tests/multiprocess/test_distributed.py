@@ -42,32 +42,57 @@ def assert_same_training(a: dict, b: dict, steps: int, lr: float = LR) -> None:
     path that loses a rank's gradient or mixes up shards differs by about the former."""
     assert a.keys() == b.keys()
     diff = sum(float((a[k].double() - b[k].double()).square().sum()) for k in a) ** 0.5
-    assert diff <= 4 ** 0.5 * 2 * 1.6 * lr * steps, diff
+    assert diff <= 4**0.5 * 2 * 1.6 * lr * steps, diff
 
 
 def cfg_for(model, data, out, strategy="auto", steps=3, output=None, **sections):
-    return make_config(model, data, out, reward=DIGIT,
-                       sampling={"group_size": 4, "max_new_tokens": 6},
-                       kl={"name": "fixed", "options": {"coef": 0.05}},
-                       train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 1,
-                              "seed": 5},
-                       optimizer={"lr": LR, "fused": False},
-                       runtime={"device": "cpu", "threads": 1},
-                       distributed={"strategy": strategy},
-                       output=output or {"dir": out, "progress": False, "samples_every": 1},
-                       **sections)
+    return make_config(
+        model,
+        data,
+        out,
+        reward=DIGIT,
+        sampling={"group_size": 4, "max_new_tokens": 6},
+        kl={"name": "fixed", "options": {"coef": 0.05}},
+        train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 1, "seed": 5},
+        optimizer={"lr": LR, "fused": False},
+        runtime={"device": "cpu", "threads": 1},
+        distributed={"strategy": strategy},
+        output=output or {"dir": out, "progress": False, "samples_every": 1},
+        **sections,
+    )
 
 
 def torchrun(cfg_path, *extra, nproc=2):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", "-m", "grpo_core.cli", "train",
-                           cfg_path, *extra], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600, env=ENV)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "grpo_core.cli",
+            "train",
+            cfg_path,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env=ENV,
+    )
 
 
 def one_process(cfg_path, *extra):
-    return subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", cfg_path, *extra],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", cfg_path, *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env=ENV,
+    )
 
 
 def rows(run):
@@ -80,15 +105,24 @@ def final(run):
 
 def checkpoints(run) -> list[str]:
     ckpts = os.path.join(run, "checkpoints")
-    return sorted(d for d in os.listdir(ckpts) if d.startswith("step-")) \
-        if os.path.isdir(ckpts) else []
+    return (
+        sorted(d for d in os.listdir(ckpts) if d.startswith("step-"))
+        if os.path.isdir(ckpts)
+        else []
+    )
 
 
 def kill_after_checkpoints(cmd: list[str], run: str, env: dict, n: int = 2) -> None:
     """Start ``cmd`` (a torchrun launch); SIGKILL the launcher and every rank, mid-run, once
     ``n`` checkpoints exist."""
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     while len(checkpoints(run)) < n:
         assert time.monotonic() - t0 < 600 and p.poll() is None
@@ -109,8 +143,9 @@ def single(tiny_model, addition_data, tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_strategies_match_one_process(tiny_model, addition_data, tmp_path, single, strategy):
     out = str(tmp_path / strategy)
-    p = torchrun(write_config(tmp_path / "c.json",
-                              cfg_for(tiny_model, addition_data, out, strategy)))
+    p = torchrun(
+        write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, strategy))
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
@@ -127,8 +162,10 @@ def test_strategies_match_one_process(tiny_model, addition_data, tmp_path, singl
         total = sum(w.numel() for w in wa.values())
         for r in ranks:
             assert 0.4 < r["parameters"] / total < 0.6, ranks
-        assert abs(ranks[0]["optimizer_state"] - ranks[1]["optimizer_state"]) < \
-            0.2 * ranks[0]["optimizer_state"]
+        assert (
+            abs(ranks[0]["optimizer_state"] - ranks[1]["optimizer_state"])
+            < 0.2 * ranks[0]["optimizer_state"]
+        )
 
 
 def test_fsdp_uses_less_memory_per_rank_than_ddp(tmp_path, addition_data):
@@ -155,67 +192,115 @@ def test_fsdp_sigkill_resume_is_identical_and_reshards(tiny_model, addition_data
     ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
     ref_cfg = cfg_for(tiny_model, addition_data, ref, "fsdp", steps=6)
     assert torchrun(write_config(tmp_path / "ref.json", ref_cfg)).returncode == 0
-    keep = {"dir": run, "progress": False, "samples_every": 0, "checkpoint_every": 1,
-            "keep_last": 2}
-    path = write_config(tmp_path / "run.json", cfg_for(tiny_model, addition_data, run, "fsdp",
-                                                       steps=6, output=keep))
-    kill_after_checkpoints([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path], run, ENV)
+    keep = {
+        "dir": run,
+        "progress": False,
+        "samples_every": 0,
+        "checkpoint_every": 1,
+        "keep_last": 2,
+    }
+    path = write_config(
+        tmp_path / "run.json", cfg_for(tiny_model, addition_data, run, "fsdp", steps=6, output=keep)
+    )
+    kill_after_checkpoints(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "grpo_core.cli",
+            "train",
+            path,
+        ],
+        run,
+        ENV,
+    )
     ckpts = os.path.join(run, "checkpoints")
     done = torchrun(path, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = final(ref), final(run)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same world size: bit for bit
     # the next-to-last sharded checkpoint finished on one process (2 -> 1)
-    one = write_config(tmp_path / "one.json", cfg_for(tiny_model, addition_data, run, "auto",
-                                                      steps=6, output=keep))
+    one = write_config(
+        tmp_path / "one.json", cfg_for(tiny_model, addition_data, run, "auto", steps=6, output=keep)
+    )
     p = one_process(one, "--resume", os.path.join(ckpts, checkpoints(run)[0]))
     assert p.returncode == 0, p.stderr[-3000:]
     assert_same_training(final(run), a, steps=6)
     # a one-process checkpoint continued on two sharded processes (1 -> 2)
     single = str(tmp_path / "single")
-    first = cfg_for(tiny_model, addition_data, single, steps=2,
-                    output={"dir": single, "progress": False, "checkpoint_every": 2})
+    first = cfg_for(
+        tiny_model,
+        addition_data,
+        single,
+        steps=2,
+        output={"dir": single, "progress": False, "checkpoint_every": 2},
+    )
     assert one_process(write_config(tmp_path / "s.json", first)).returncode == 0
-    more = cfg_for(tiny_model, addition_data, single, "fsdp", steps=3,
-                   output={"dir": single, "progress": False, "checkpoint_every": 2})
+    more = cfg_for(
+        tiny_model,
+        addition_data,
+        single,
+        "fsdp",
+        steps=3,
+        output={"dir": single, "progress": False, "checkpoint_every": 2},
+    )
     p = torchrun(write_config(tmp_path / "s2.json", more), "--resume")
     assert p.returncode == 0, p.stderr[-3000:]
     assert [r["step"] for r in rows(single)] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("baseline", ["reinforce_pp", "mixed"])
-def test_batch_statistics_do_not_depend_on_the_process_count(tiny_model, addition_data,
-                                                             tmp_path, baseline):
+def test_batch_statistics_do_not_depend_on_the_process_count(
+    tiny_model, addition_data, tmp_path, baseline
+):
     runs = {}
     for n in (1, 2):
         out = str(tmp_path / f"n{n}")
-        cfg = write_config(tmp_path / f"{n}.json", cfg_for(tiny_model, addition_data, out,
-                                                           baseline={"name": baseline}))
+        cfg = write_config(
+            tmp_path / f"{n}.json",
+            cfg_for(tiny_model, addition_data, out, baseline={"name": baseline}),
+        )
         p = torchrun(cfg, nproc=n) if n > 1 else one_process(cfg)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[n] = out
     for a, b in zip(rows(runs[1]), rows(runs[2])):  # the advantages are the same (bound: as
         assert abs(a["loss"] - b["loss"]) < 1e-6  # in test_strategies_match_one_process)
-    adv = {n: [json.loads(x)["advantage"] for x in open(os.path.join(r, "samples.jsonl"))]
-           for n, r in runs.items()}
+    adv = {
+        n: [json.loads(x)["advantage"] for x in open(os.path.join(r, "samples.jsonl"))]
+        for n, r in runs.items()
+    }
     assert adv[1] == pytest.approx(adv[2], abs=1e-6)
 
 
-def test_remax_flat_group_resampling_and_validation_under_fsdp(tiny_model, addition_data,
-                                                                tmp_path):
+def test_remax_flat_group_resampling_and_validation_under_fsdp(tiny_model, addition_data, tmp_path):
     """The generations outside the sampling phase (ReMax's greedy completions, extra
     completions for flat groups, rank 0's validation) run on gathered weights, and a best
     model is gathered from the shards."""
     runs = {}
     for n in (1, 2):
         out = str(tmp_path / f"n{n}")
-        cfg = cfg_for(tiny_model, addition_data, out, "fsdp" if n > 1 else "auto",
-                      baseline={"name": "remax"},
-                      eval={"data": addition_data, "split": "train", "every_n_steps": 1,
-                            "max_problems": 4, "keep_best": "reward"})
-        p = torchrun(write_config(tmp_path / f"{n}.json", cfg), nproc=n) if n > 1 else \
-            one_process(write_config(tmp_path / f"{n}.json", cfg))
+        cfg = cfg_for(
+            tiny_model,
+            addition_data,
+            out,
+            "fsdp" if n > 1 else "auto",
+            baseline={"name": "remax"},
+            eval={
+                "data": addition_data,
+                "split": "train",
+                "every_n_steps": 1,
+                "max_problems": 4,
+                "keep_best": "reward",
+            },
+        )
+        p = (
+            torchrun(write_config(tmp_path / f"{n}.json", cfg), nproc=n)
+            if n > 1
+            else one_process(write_config(tmp_path / f"{n}.json", cfg))
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         runs[n] = out
     for a, b in zip(rows(runs[1]), rows(runs[2])):
@@ -236,12 +321,30 @@ def test_two_nodes_on_one_machine(tiny_model, addition_data, tmp_path):
         port = s.getsockname()[1]
     out = str(tmp_path / "nodes")
     path = write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, "ddp"))
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                               f"--node_rank={i}", "--nproc_per_node=1",
-                               "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
-                               "grpo_core.cli", "train", path], cwd=ROOT, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={i}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "grpo_core.cli",
+                "train",
+                path,
+            ],
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     results = [n.communicate(timeout=600) for n in nodes]
     assert all(n.returncode == 0 for n in nodes), results[0][1][-2000:]
     summary = json.load(open(os.path.join(out, "summary.json")))
@@ -255,18 +358,35 @@ def test_prompts_must_divide_between_processes(tiny_model, addition_data, tmp_pa
     assert p.returncode != 0 and "not divisible by the 2 processes" in p.stderr
 
 
-def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(tiny_model, addition_data,
-                                                                tmp_path):
+def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(
+    tiny_model, addition_data, tmp_path
+):
     """SIGTERM to the whole job (a scheduler's notice): the ranks agree on the step, write one
     sharded checkpoint of it and exit non-zero; resuming continues from it."""
     out = str(tmp_path / "run")
     keep = {"dir": out, "progress": False, "samples_every": 0, "checkpoint_every": 0}
-    path = write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, "fsdp",
-                                                     steps=400, output=keep))
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", "-m", "grpo_core.cli", "train", path],
-                         cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+    path = write_config(
+        tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, "fsdp", steps=400, output=keep)
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "grpo_core.cli",
+            "train",
+            path,
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     while not os.path.exists(os.path.join(out, "metrics.jsonl")) or len(rows(out)) < 2:
         assert p.poll() is None and time.monotonic() - t0 < 600, p.stderr.read()[-3000:]
@@ -275,8 +395,10 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(tiny_model, addi
     err = p.communicate(timeout=300)[1]
     assert p.returncode != 0
     saved = checkpoints(out)
-    assert len(saved) == 1 and f"checkpoint saved in {os.path.join(out, 'checkpoints', saved[0])}" \
-        in err, err[-3000:]
+    assert (
+        len(saved) == 1
+        and f"checkpoint saved in {os.path.join(out, 'checkpoints', saved[0])}" in err
+    ), err[-3000:]
     steps = len(rows(out))
     assert int(saved[0].split("-")[1]) == steps
     more = cfg_for(tiny_model, addition_data, out, "fsdp", steps=steps + 1, output=keep)

@@ -30,14 +30,26 @@ def test_has_signal_by_hand():
 
 
 def cfg(model, data, out, steps=3, rounds=4, ckpt=0, **extra):
-    return config.validate(make_config(
-        model, data, str(out), reward=DIGIT,
-        sampling={"group_size": 4, "max_new_tokens": 6},
-        groups={"dynamic_sampling": True, "max_rounds": rounds, **extra},
-        train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
-        optimizer={"lr": 1e-2}, runtime={"device": "cpu", "threads": 1},
-        output={"dir": str(out), "progress": False, "samples_every": 0,
-                "checkpoint_every": ckpt, "tensorboard": "off"}))
+    return config.validate(
+        make_config(
+            model,
+            data,
+            str(out),
+            reward=DIGIT,
+            sampling={"group_size": 4, "max_new_tokens": 6},
+            groups={"dynamic_sampling": True, "max_rounds": rounds, **extra},
+            train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
+            optimizer={"lr": 1e-2},
+            runtime={"device": "cpu", "threads": 1},
+            output={
+                "dir": str(out),
+                "progress": False,
+                "samples_every": 0,
+                "checkpoint_every": ckpt,
+                "tensorboard": "off",
+            },
+        )
+    )
 
 
 def records(out) -> list[dict]:
@@ -64,8 +76,9 @@ def test_full_batches_of_groups_with_signal(tiny_model, addition_data, tmp_path)
     assert position(out, 3) == sum(r["groups/generated"] for r in rows)
 
 
-def test_the_cap_completes_the_batch_with_groups_left_out_of_the_loss(tiny_model,
-                                                                       addition_data, tmp_path):
+def test_the_cap_completes_the_batch_with_groups_left_out_of_the_loss(
+    tiny_model, addition_data, tmp_path
+):
     out = tmp_path / "cap"
     train(cfg(tiny_model, addition_data, out, rounds=1, ckpt=3, min_std=0.45))
     rows = records(out)
@@ -106,18 +119,29 @@ def test_two_processes_draw_the_same_groups_as_one(tiny_model, addition_data, tm
     runs = {}
     for n in (1, 2):
         out = str(tmp_path / f"n{n}")
-        c = cfg_for(tiny_model, addition_data, out, "ddp" if n > 1 else "auto",
-                    groups={"dynamic_sampling": True, "max_rounds": 4},
-                    output={"dir": out, "progress": False, "samples_every": 0,
-                            "checkpoint_every": 3})
+        c = cfg_for(
+            tiny_model,
+            addition_data,
+            out,
+            "ddp" if n > 1 else "auto",
+            groups={"dynamic_sampling": True, "max_rounds": 4},
+            output={"dir": out, "progress": False, "samples_every": 0, "checkpoint_every": 3},
+        )
         path = write_config(tmp_path / f"{n}.json", c)
         p = torchrun(path, nproc=n) if n > 1 else one_process(path)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[n] = out
     one, two = records(runs[1]), records(runs[2])
     assert sum(r["groups/filtered"] for r in one) > 0
-    keys = ("reward", "samples", "groups/filtered", "groups/generated", "groups/rounds",
-            "groups/filler", "zero_std_frac")
+    keys = (
+        "reward",
+        "samples",
+        "groups/filtered",
+        "groups/generated",
+        "groups/rounds",
+        "groups/filler",
+        "zero_std_frac",
+    )
     for a, b in zip(one, two):  # the same groups, counted over both ranks
         assert [a[k] for k in keys] == [b[k] for k in keys]
         assert abs(a["loss"] - b["loss"]) < 1e-6
@@ -125,8 +149,7 @@ def test_two_processes_draw_the_same_groups_as_one(tiny_model, addition_data, tm
 
 
 @pytest.mark.parametrize("baseline", ["remax", "ppo"])
-def test_with_greedy_completions_and_with_a_critic(tiny_model, addition_data, tmp_path,
-                                                   baseline):
+def test_with_greedy_completions_and_with_a_critic(tiny_model, addition_data, tmp_path, baseline):
     # ReMax's greedy completions and PPO's per-token targets follow the groups kept
     out = tmp_path / baseline
     c = cfg(tiny_model, addition_data, out, steps=2)

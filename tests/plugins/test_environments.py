@@ -25,15 +25,26 @@ from grpo_core.registry import registry
 from grpo_core.reward.call import score_rollout
 from grpo_core.rollout import Rollout, SamplingParams, merge
 
-ROWS = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "5+7=", "answer": "12"},
-        {"prompt": "100+1=", "answer": "101"}]
-DATA = {"prompt_field": "prompt", "columns": ["answer"], "chat_template": "auto",
-        "system_prompt": None}
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-NO_TOOL_ROLE = ("{% for m in messages %}{% if m.role == 'tool' %}"
-                "{{ raise_exception('no tool role') }}{% endif %}{{ m.role }}: {{ m.content }}\n"
-                "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+ROWS = [
+    {"prompt": "12+34=", "answer": "46"},
+    {"prompt": "5+7=", "answer": "12"},
+    {"prompt": "100+1=", "answer": "101"},
+]
+DATA = {
+    "prompt_field": "prompt",
+    "columns": ["answer"],
+    "chat_template": "auto",
+    "system_prompt": None,
+}
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+NO_TOOL_ROLE = (
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "{{ raise_exception('no tool role') }}{% endif %}{{ m.role }}: {{ m.content }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 class Script(Environment):
@@ -44,8 +55,9 @@ class Script(Environment):
     stop_strings = tuple(string.ascii_letters[:40])
     delimiters = ("<o>", "</o>")
 
-    def __init__(self, turns=(1, 2, 3), fail_on: int | None = None, hang: float = 0.0,
-                 long: int = 0):
+    def __init__(
+        self, turns=(1, 2, 3), fail_on: int | None = None, hang: float = 0.0, long: int = 0
+    ):
         self.turns, self.fail_on, self.hang, self.long, self.count = turns, fail_on, hang, long, 0
         self.release = threading.Event()
 
@@ -62,13 +74,21 @@ class Script(Environment):
         state["left"] -= 1
         if state["left"] <= 0:
             return Observation("bye", done=True)
-        return Observation("r" * (self.long or 1 + state["k"] % 5), tool_call=True,
-                           tool_error=state["k"] % 2 == 0)
+        return Observation(
+            "r" * (self.long or 1 + state["k"] % 5), tool_call=True, tool_error=state["k"] % 2 == 0
+        )
 
 
 def environment_section(**kw) -> dict:
-    return {"name": "script", "options": {}, "max_turns": 4, "max_total_tokens": 64,
-            "timeout": 5.0, "failure": "raise", **kw}
+    return {
+        "name": "script",
+        "options": {},
+        "max_turns": 4,
+        "max_total_tokens": 64,
+        "timeout": 5.0,
+        "failure": "raise",
+        **kw,
+    }
 
 
 def setup(model_path, env, dtype=torch.float32, template=None, **ec):
@@ -80,16 +100,19 @@ def setup(model_path, env, dtype=torch.float32, template=None, **ec):
     model = AutoModelForCausalLM.from_pretrained(model_path).to(dtype)
     gen = grpo_core.create("generator", "hf")
     gen.setup(model, tok, torch.device("cpu"))
-    runner = EpisodeRunner(env, gen, tok, {"environment": environment_section(**ec),
-                                           "data": DATA})
+    runner = EpisodeRunner(env, gen, tok, {"environment": environment_section(**ec), "data": DATA})
     return model, tok, gen, runner
 
 
-def sample(runner, tok, n=4, max_new_tokens=6, temperature=1.0, seed=1, batch_size=None,
-           rows=ROWS):
+def sample(runner, tok, n=4, max_new_tokens=6, temperature=1.0, seed=1, batch_size=None, rows=ROWS):
     batch = make_batch(rows, DATA, tok)
-    return runner.sample(batch, rows, n, SamplingParams(max_new_tokens, temperature,
-                                                        batch_size=batch_size), seed=seed)
+    return runner.sample(
+        batch,
+        rows,
+        n,
+        SamplingParams(max_new_tokens, temperature, batch_size=batch_size),
+        seed=seed,
+    )
 
 
 def record_turns(gen) -> list:
@@ -129,12 +152,14 @@ def test_model_logprobs_equal_one_forward_over_the_trajectory_in_float64(tiny_mo
     for r, lps in per_row.items():
         model_pos = ro.action_mask[r].bool()
         assert int(model_pos.sum()) == len(lps)
-        torch.testing.assert_close(full[r][model_pos], torch.tensor(lps, dtype=torch.float64),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            full[r][model_pos], torch.tensor(lps, dtype=torch.float64), rtol=0, atol=1e-12
+        )
     # the rollout keeps them in float32, like single-turn rollouts (rounding to float32 of
     # values up to ~10: <= 5e-7); 0 off the model's tokens
-    torch.testing.assert_close(ro.logprobs[ro.action_mask.bool()],
-                               full[ro.action_mask.bool()].float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        ro.logprobs[ro.action_mask.bool()], full[ro.action_mask.bool()].float(), rtol=0, atol=1e-6
+    )
     assert bool((ro.logprobs[ro.action_mask == 0] == 0).all())
 
 
@@ -150,10 +175,20 @@ def test_environment_tokens_get_zero_gradient_kl_and_entropy(tiny_model):
     ref = logp.detach() - 0.3
 
     def loss_of(ref_logp):
-        term = grpo_core.create("objective", "grpo")(logp, ro.logprobs, torch.linspace(-1, 1, ro.size),
-                                                     mask)
-        return objective_loss(term, mask, "token_mean", Normaliser.of(mask, 64), logp=logp,
-                              ref_logp=ref_logp, kl_coef=0.1, entropy=ent, entropy_coef=0.01)
+        term = grpo_core.create("objective", "grpo")(
+            logp, ro.logprobs, torch.linspace(-1, 1, ro.size), mask
+        )
+        return objective_loss(
+            term,
+            mask,
+            "token_mean",
+            Normaliser.of(mask, 64),
+            logp=logp,
+            ref_logp=ref_logp,
+            kl_coef=0.1,
+            entropy=ent,
+            entropy_coef=0.01,
+        )
 
     loss, stats = loss_of(ref)
     loss.backward()
@@ -162,7 +197,9 @@ def test_environment_tokens_get_zero_gradient_kl_and_entropy(tiny_model):
     # KL and entropy: whatever the reference says on environment tokens changes nothing
     moved, stats_moved = loss_of(torch.where(env_pos, ref + 5.0, ref))
     assert torch.equal(loss.detach(), moved.detach()) and stats == stats_moved
-    assert stats["entropy"] == pytest.approx(float(ent.detach()[ro.action_mask.bool()].sum()), rel=1e-6)
+    assert stats["entropy"] == pytest.approx(
+        float(ent.detach()[ro.action_mask.bool()].sum()), rel=1e-6
+    )
     assert stats["tokens"] == float(ro.action_mask.sum())
 
 
@@ -184,12 +221,17 @@ def test_episodes_of_different_lengths_and_their_masks(tiny_model):
                 stretches.append(cur)
                 cur = []
         assert [tok.decode(s) for s in stretches] == [f"<o>{x}</o>" for x in env_texts]
-        assert t.cut is None and t.messages[-1] == {"role": "tool", "content": "bye",
-                                                    "tool_call": False, "tool_error": False}
+        assert t.cut is None and t.messages[-1] == {
+            "role": "tool",
+            "content": "bye",
+            "tool_call": False,
+            "tool_error": False,
+        }
     m = episode_metrics(tr, 0.0, torch.device("cpu"))
     assert m["env/turns"] == 2.0 and m["env/tool_calls"] == 1.0
     assert m["env/model_tokens"] + m["env/env_tokens"] == pytest.approx(
-        float(ro.completion_mask.sum()) / 12)
+        float(ro.completion_mask.sum()) / 12
+    )
 
 
 def test_trajectories_do_not_depend_on_how_the_batch_is_split(tiny_model):
@@ -215,8 +257,11 @@ def test_budget_and_max_turns_cut_episodes(tiny_model):
 
 def test_an_environment_that_raises_follows_the_failure_policy(tiny_model):
     _, tok, _, runner = setup(tiny_model, Script(fail_on=1))
-    with pytest.raises(EnvironmentFailure, match=r"environment 'script' step ValueError: boom "
-                                                 r"\(environment.failure: raise\)"):
+    with pytest.raises(
+        EnvironmentFailure,
+        match=r"environment 'script' step ValueError: boom "
+        r"\(environment.failure: raise\)",
+    ):
         sample(runner, tok)
     for policy in ("end", "drop"):
         _, tok, _, runner = setup(tiny_model, Script(fail_on=1), failure=policy)
@@ -225,8 +270,14 @@ def test_an_environment_that_raises_follows_the_failure_policy(tiny_model):
         assert failed == [(k + 1) % 4 == 1 for k in range(len(tr))]
         assert "ValueError: boom" in runner.problem
         reward = grpo_core.create("reward", "math")
-        scored = score_rollout(reward, {"name": "math", "timeout": None, "failure": "raise"}, tok,
-                               make_batch(ROWS, DATA, tok), ro, tr)
+        scored = score_rollout(
+            reward,
+            {"name": "math", "timeout": None, "failure": "raise"},
+            tok,
+            make_batch(ROWS, DATA, tok),
+            ro,
+            tr,
+        )
         dropped = [math.isnan(v) for v in scored.rewards.tolist()]
         assert dropped == [f and policy == "drop" for f in failed]
 
@@ -249,13 +300,16 @@ def test_chat_template_turns_are_messages_in_the_tool_role(tiny_model):
     r = runner.renderer
     assert r.chat and r.role == "tool"
     eos = tok.eos_token_id
-    assert tok.decode(r.tokens("5", eos)) == "\n<|im_start|>tool\n5<|endoftext|>\n" \
-                                             "<|im_start|>assistant\n"
+    assert (
+        tok.decode(r.tokens("5", eos)) == "\n<|im_start|>tool\n5<|endoftext|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert tok.decode(r.tokens("5", None)).startswith("<|endoftext|>\n<|im_start|>tool\n5")
     ro, tr = sample(runner, tok, n=2)
     assert [m["role"] for m in tr[0].messages] == ["user", "assistant", "tool", "assistant", "tool"]
-    env_text = tok.decode(ro.completion_ids[0][(ro.action_mask[0] == 0)
-                                               & (ro.completion_mask[0] == 1)])
+    env_text = tok.decode(
+        ro.completion_ids[0][(ro.action_mask[0] == 0) & (ro.completion_mask[0] == 1)]
+    )
     assert "<|im_start|>tool\nr" in env_text and env_text.endswith("<|im_start|>assistant\n")
     # a template without a tool role: observations come as the user's
     _, tok, _, runner = setup(tiny_model, Script(), template=NO_TOOL_ROLE)
@@ -274,9 +328,14 @@ def test_rewards_get_the_final_turn_and_the_trajectory(tiny_model):
         seen.update(columns, completions=completions)
         return [0.0] * len(completions)
 
-    score_rollout(grpo_core.FunctionReward(spy), {"name": "spy", "timeout": None,
-                                                          "failure": "raise"},
-                  tok, make_batch(ROWS, DATA, tok), ro, tr)
+    score_rollout(
+        grpo_core.FunctionReward(spy),
+        {"name": "spy", "timeout": None, "failure": "raise"},
+        tok,
+        make_batch(ROWS, DATA, tok),
+        ro,
+        tr,
+    )
     assert seen["completions"] == [t.final for t in tr]
     assert seen["completions"][0] == tr[0].messages[-2]["content"]  # the last assistant turn
     assert seen["messages"] == [t.messages for t in tr]
@@ -286,8 +345,7 @@ def test_rewards_get_the_final_turn_and_the_trajectory(tiny_model):
 def test_single_turn_rollouts_are_all_model_tokens():
     ids = torch.tensor([[5, 6, 0]])
     mask = torch.tensor([[1, 1, 0]])
-    ro = Rollout(ids, mask, ids, mask, torch.zeros(1, 3), torch.tensor([False]),
-                 torch.tensor([0]))
+    ro = Rollout(ids, mask, ids, mask, torch.zeros(1, 3), torch.tensor([False]), torch.tensor([0]))
     assert ro.action_mask is ro.completion_mask
     both = merge(ro, ro.rows(torch.tensor([0])))
     assert torch.equal(both.action_mask, both.completion_mask)
@@ -311,7 +369,10 @@ def test_guess_number_gives_feedback_until_right():
     game = grpo_core.create("environment", "guess_number", {"target_column": "secret"})
     state = game.reset({"secret": "42"})
     assert [game.step(state, t).text for t in ("50", "I say 10", "hmm")] == [
-        "lower", "higher", "say a number from 1 to 100"]
+        "lower",
+        "higher",
+        "say a number from 1 to 100",
+    ]
     assert game.step(state, "42") == Observation("correct", done=True)
     assert type(game).columns_for({"target_column": "secret"}) == ("secret",)
 
@@ -327,17 +388,23 @@ def script_plugin() -> None:
     registry().add(module, "test-script-env")
 
 
-def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, addition_data,
-                                                             tmp_path):
+def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, addition_data, tmp_path):
     from grpo_core import phases
     from grpo_core.run import finish, start
 
     script_plugin()
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "run"), environment=environment_section(),
-        sampling={"group_size": 4, "max_new_tokens": 6}, reward={"name": "format", "options": {
-            "tags": [], "patterns": ["[0-9]"]}}, kl={"name": "fixed", "options": {"coef": 0.1}},
-        train={"steps": 1, "prompts_per_step": 4, "micro_batch_groups": 2}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            environment=environment_section(),
+            sampling={"group_size": 4, "max_new_tokens": 6},
+            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            kl={"name": "fixed", "options": {"coef": 0.1}},
+            train={"steps": 1, "prompts_per_step": 4, "micro_batch_groups": 2},
+        )
+    )
     run = start(cfg)
     masks = []
     objective = run.objective
@@ -357,11 +424,23 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
     finish(run)
     ro = j.rollout
     assert int(ro.completion_mask.sum()) > int(ro.action_mask.sum()) > 0
-    assert torch.equal(torch.cat(masks), (ro.action_mask.float() * a.keep[:, None])[
-        torch.cat([mb for mb in phases.micro_batches(ro.group, run.prompts, 2)])])
+    assert torch.equal(
+        torch.cat(masks),
+        (ro.action_mask.float() * a.keep[:, None])[
+            torch.cat([mb for mb in phases.micro_batches(ro.group, run.prompts, 2)])
+        ],
+    )
     assert u.stats["tokens"] == float((ro.action_mask.float() * a.keep[:, None]).sum())
-    for k in ("env/turns", "env/tool_calls", "env/tool_call_frac", "env/tool_errors",
-              "env/model_tokens", "env/env_tokens", "env/cut_budget_frac", "time/environment"):
+    for k in (
+        "env/turns",
+        "env/tool_calls",
+        "env/tool_call_frac",
+        "env/tool_errors",
+        "env/model_tokens",
+        "env/env_tokens",
+        "env/cut_budget_frac",
+        "time/environment",
+    ):
         assert math.isfinite(record[k]), k
     assert record["env/turns"] == 31 / 16  # episodes of 1, 2, 3, 1, 2, ... turns
 
@@ -376,8 +455,9 @@ def test_evaluation_runs_episodes_scored_on_the_last_turn(tiny_model):
         seen.extend(kw["messages"])
         return [float(len(c)) for c in completions]
 
-    report, records = evaluate(model, tok, gen, ROWS, DATA, reward, n=2, temperature=1.0,
-                               max_new_tokens=6, episodes=runner)
+    report, records = evaluate(
+        model, tok, gen, ROWS, DATA, reward, n=2, temperature=1.0, max_new_tokens=6, episodes=runner
+    )
     assert len(records) == 6 and report["problems"] == 3
     turns = [sum(m["role"] == "assistant" for m in r["messages"]) for r in records]
     assert sorted(set(turns)) == [1, 2, 3]  # episodes of every scripted length were played
@@ -387,16 +467,25 @@ def test_evaluation_runs_episodes_scored_on_the_last_turn(tiny_model):
 
 
 def test_validate_names_what_an_environment_run_cannot_do(tiny_model, addition_data, tmp_path):
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      environment={"name": "calculator"}, baseline={"name": "remax"},
-                      groups={"resample_zero_std_max": 2},
-                      data={"path": addition_data, "columns": ["answer", "messages"]})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        environment={"name": "calculator"},
+        baseline={"name": "remax"},
+        groups={"resample_zero_std_max": 2},
+        data={"path": addition_data, "columns": ["answer", "messages"]},
+    )
     out = run_grpo("validate", write_config(tmp_path / "c.json", cfg))
     assert out.returncode == 2
     for key in ("baseline.name: 'remax'", "groups.resample_zero_std_max", "data.columns:"):
         assert key in out.stderr, out.stderr
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      environment={"name": "guess_number", "options": {"target_column": "nope"}})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        environment={"name": "guess_number", "options": {"target_column": "nope"}},
+    )
     out = run_grpo("validate", write_config(tmp_path / "d.json", cfg))
     assert out.returncode == 2 and "has no field 'nope'" in out.stderr
 
@@ -438,11 +527,13 @@ def test_vllm_episodes_follow_the_turn_contract(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).cuda()
-    gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.2,
-                                                 "enforce_eager": True})
+    gen = grpo_core.create(
+        "generator", "vllm", {"gpu_memory_utilization": 0.2, "enforce_eager": True}
+    )
     gen.setup(model, tok, torch.device("cuda"))
-    runner = EpisodeRunner(Script(turns=(1, 2, 3)), gen, tok,
-                           {"environment": environment_section(), "data": DATA})
+    runner = EpisodeRunner(
+        Script(turns=(1, 2, 3)), gen, tok, {"environment": environment_section(), "data": DATA}
+    )
     ro, tr = sample(runner, tok)
     assert sorted({t.turns for t in tr}) == [1, 2, 3]
     assert int(ro.completion_mask.sum()) > int(ro.action_mask.sum()) > 0
@@ -459,8 +550,9 @@ def test_the_calculator_demo_warm_start_lays_out_what_episodes_produce():
     tok = build_tokenizer()
     calc = grpo_core.create("environment", "calculator")
     row = {"prompt": "347+512=", "answer": "859"}
-    prompt, first, call, result, answer = (t for t, _ in dc.trajectory(row, True, tok.eos_token,
-                                                                        decide=False))
+    prompt, first, call, result, answer = (
+        t for t, _ in dc.trajectory(row, True, tok.eos_token, decide=False)
+    )
     assert prompt == "347+512=" and first + call == "<calc>347+512</calc>"
     obs = calc.step(None, first + call)
     assert obs.text == "859" and tok.decode(Renderer(tok, calc).tokens(obs.text, None)) == result

@@ -11,13 +11,13 @@ from helpers import make_config, run_grpo, write_config
 
 from grpo_core.faults import describe
 
-REWARDS = '''
+REWARDS = """
 def needs_solution(prompts, completions, **columns):
     solutions = columns["solution"]  # the data has no such column
     return [1.0 for _ in solutions]
-'''
+"""
 
-BASELINE = '''
+BASELINE = """
 from grpo_core.hookspecs import Baseline, hookimpl
 
 GRPO_CORE_API = (2,)
@@ -31,33 +31,42 @@ class Broken(Baseline):
 @hookimpl
 def baseline(register):
     register("broken", Broken)
-'''
+"""
 
 
 def weighted_with_bug(tiny_model, addition_data, tmp_path) -> str:
     (tmp_path / "my_rewards.py").write_text(REWARDS)
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      train={"steps": 1, "prompts_per_step": 2},
-                      reward={"name": "weighted", "options": {"components": [
-                          {"name": "math"}, {"name": "my_rewards.py:needs_solution"}]}})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        train={"steps": 1, "prompts_per_step": 2},
+        reward={
+            "name": "weighted",
+            "options": {"components": [{"name": "math"}, {"name": "my_rewards.py:needs_solution"}]},
+        },
+    )
     return write_config(tmp_path / "c.json", cfg)
 
 
 def test_a_function_reward_bug_in_the_worker_names_the_function_and_line(
-        tiny_model, addition_data, tmp_path):
+    tiny_model, addition_data, tmp_path
+):
     p = run_grpo("train", weighted_with_bug(tiny_model, addition_data, tmp_path), cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     where = f"{tmp_path / 'my_rewards.py'}:3"
-    assert ("error: reward 'weighted' raised KeyError: 'solution' in reward "
-            "'my_rewards.py:needs_solution' (from python function my_rewards.py) at " + where
-            ) in p.stderr, p.stderr
+    assert (
+        "error: reward 'weighted' raised KeyError: 'solution' in reward "
+        "'my_rewards.py:needs_solution' (from python function my_rewards.py) at " + where
+    ) in p.stderr, p.stderr
     assert p.stderr.count("error: ") == 1 and "Traceback" not in p.stderr  # one line
     assert "internal error" not in p.stderr
 
 
 def test_debug_shows_every_frame(tiny_model, addition_data, tmp_path):
-    p = run_grpo("train", weighted_with_bug(tiny_model, addition_data, tmp_path), "--debug",
-                 cwd=tmp_path)
+    p = run_grpo(
+        "train", weighted_with_bug(tiny_model, addition_data, tmp_path), "--debug", cwd=tmp_path
+    )
     assert p.returncode == 2
     assert 'my_rewards.py", line 3, in needs_solution' in p.stderr  # the user's frames
     assert "isolation.py" in p.stderr and "weighted.py" in p.stderr  # the worker's frames
@@ -67,8 +76,10 @@ def test_inline_reward_bug_is_described_the_same_way(tiny_model, addition_data, 
     path = weighted_with_bug(tiny_model, addition_data, tmp_path)
     p = run_grpo("train", path, "--set", "reward.isolation=inline", cwd=tmp_path)
     assert p.returncode == 2
-    assert "in reward 'my_rewards.py:needs_solution' (from python function my_rewards.py) " \
-           f"at {tmp_path / 'my_rewards.py'}:3" in p.stderr, p.stderr
+    assert (
+        "in reward 'my_rewards.py:needs_solution' (from python function my_rewards.py) "
+        f"at {tmp_path / 'my_rewards.py'}:3" in p.stderr
+    ), p.stderr
 
 
 @pytest.fixture
@@ -83,16 +94,24 @@ def broken_baseline(tmp_path):
     return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
-def test_a_third_party_bug_is_not_called_an_internal_error(tiny_model, addition_data, tmp_path,
-                                                           broken_baseline):
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      train={"steps": 1, "prompts_per_step": 2}, baseline={"name": "broken"})
+def test_a_third_party_bug_is_not_called_an_internal_error(
+    tiny_model, addition_data, tmp_path, broken_baseline
+):
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        train={"steps": 1, "prompts_per_step": 2},
+        baseline={"name": "broken"},
+    )
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), env=broken_baseline)
     assert p.returncode == 1
     assert "internal error" not in p.stderr, p.stderr
-    assert ("error: baseline 'broken' (from broken-baseline) raised KeyError: 'center' at "
-            f"{tmp_path / 'site' / 'broken_baseline.py'}:9; a bug in that plugin, not in "
-            "grpo-core") in p.stderr, p.stderr
+    assert (
+        "error: baseline 'broken' (from broken-baseline) raised KeyError: 'center' at "
+        f"{tmp_path / 'site' / 'broken_baseline.py'}:9; a bug in that plugin, not in "
+        "grpo-core"
+    ) in p.stderr, p.stderr
     assert "phases.py" not in p.stderr  # only the plugin's frames without --debug
 
 

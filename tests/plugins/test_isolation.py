@@ -58,33 +58,48 @@ def installed(tmp_path):
 
 
 def train(env, cfg_path, timeout=240):
-    return subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", cfg_path],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", cfg_path],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
 
 
-def test_a_reward_stuck_in_c_is_killed_at_its_budget(installed, tiny_model, addition_data,
-                                                     tmp_path):
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      reward={"name": "stuck", "timeout": 3, "failure": "zero"},
-                      sampling={"group_size": 4, "max_new_tokens": 6},
-                      train={"steps": 3, "prompts_per_step": 4})
+def test_a_reward_stuck_in_c_is_killed_at_its_budget(
+    installed, tiny_model, addition_data, tmp_path
+):
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        reward={"name": "stuck", "timeout": 3, "failure": "zero"},
+        sampling={"group_size": 4, "max_new_tokens": 6},
+        train={"steps": 3, "prompts_per_step": 4},
+    )
     t0 = time.monotonic()
     p = train(installed, write_config(tmp_path / "c.json", cfg))
     assert p.returncode == 0, p.stderr
     assert time.monotonic() - t0 < 120  # inline, one stuck call would take years
-    assert "did not return within 3 s (reward.timeout); its worker process was killed" in \
-        p.stderr
+    assert "did not return within 3 s (reward.timeout); its worker process was killed" in p.stderr
     assert p.stderr.count("did not return within") == 1  # step 1 only; steps 0 and 2 scored
     assert p.stderr.count("did not return within") == 1  # step 1 only; steps 0 and 2 scored
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert len(rows) == 3
 
 
-def test_a_reward_that_exits_its_process_fails_under_the_policy(installed, tiny_model,
-                                                                addition_data, tmp_path):
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      reward={"name": "exits", "failure": "raise"},
-                      train={"steps": 1, "prompts_per_step": 2})
+def test_a_reward_that_exits_its_process_fails_under_the_policy(
+    installed, tiny_model, addition_data, tmp_path
+):
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        reward={"name": "exits", "failure": "raise"},
+        train={"steps": 1, "prompts_per_step": 2},
+    )
     p = train(installed, write_config(tmp_path / "c.json", cfg))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "reward 'exits' raised RuntimeError: its worker process died" in p.stderr
@@ -99,8 +114,9 @@ def test_declarations_cross_the_process_boundary(tiny_model, addition_data, tmp_
     reward = build_reward(cfg["reward"])
     try:
         assert isinstance(reward, IsolatedReward) and reward.max_value == 1.0
-        out = reward(["1+1="], ["2", "3"], answer=["2", "2"], completion_tokens=[1, 1],
-                     group_ids=[0, 0])
+        out = reward(
+            ["1+1="], ["2", "3"], answer=["2", "2"], completion_tokens=[1, 1], group_ids=[0, 0]
+        )
         assert list(out) == [1.0, 0.0] and out.extras["extracted"] == ["2", "3"]
     finally:
         reward.close()

@@ -20,8 +20,14 @@ from grpo_core.registry import registry
 from grpo_core.trainer import train
 
 # "contains a digit", as one dimension of a weighted reward (so a per-dimension name exists)
-DIGIT = {"name": "weighted", "options": {"components": [
-    {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "weight": 1.0}]}}
+DIGIT = {
+    "name": "weighted",
+    "options": {
+        "components": [
+            {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "weight": 1.0}
+        ]
+    },
+}
 
 
 def installed(name: str) -> bool:
@@ -53,17 +59,36 @@ def register_recorder():
 
 
 def test_trl_names():
-    assert [metric_name(n, "trl") for n in (
-        "zero_std_frac", "completion_len", "truncated_frac", "clip_low_frac", "clip_high_frac",
-        "lr", "reward/math", "reward", "kl")] == [
-        "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-        "clip_ratio/low_mean", "clip_ratio/high_mean", "learning_rate", "rewards/math/mean",
-        "reward", "kl"]
+    assert [
+        metric_name(n, "trl")
+        for n in (
+            "zero_std_frac",
+            "completion_len",
+            "truncated_frac",
+            "clip_low_frac",
+            "clip_high_frac",
+            "lr",
+            "reward/math",
+            "reward",
+            "kl",
+        )
+    ] == [
+        "frac_reward_zero_std",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "learning_rate",
+        "rewards/math/mean",
+        "reward",
+        "kl",
+    ]
     assert metric_name("zero_std_frac", "native") == "zero_std_frac"
 
 
-def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_data, tmp_path,
-                                                        monkeypatch):
+def test_every_installed_tracker_gets_metrics_and_tables(
+    tiny_model, addition_data, tmp_path, monkeypatch
+):
     """One real run logging to every tracker that is installed (TensorBoard always: it is a
     test dependency here), with TRL's names; each is read back from what it wrote."""
     pytest.importorskip("tensorboard")
@@ -79,11 +104,22 @@ def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_da
         loggers.append({"name": "mlflow"})
     if installed("trackio"):
         loggers.append({"name": "trackio", "options": {"project": "t"}})
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, out, reward=DIGIT,
-        train={"steps": 2, "prompts_per_step": 2, "seed": 0},
-        output={"dir": out, "progress": False, "samples_every": 1, "loggers": loggers,
-                "metric_names": "trl"}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            out,
+            reward=DIGIT,
+            train={"steps": 2, "prompts_per_step": 2, "seed": 0},
+            output={
+                "dir": out,
+                "progress": False,
+                "samples_every": 1,
+                "loggers": loggers,
+                "metric_names": "trl",
+            },
+        )
+    )
     train(cfg)
     jsonl = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
     assert "zero_std_frac" in jsonl[0] and "frac_reward_zero_std" not in jsonl[0]  # ours
@@ -92,13 +128,25 @@ def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_da
     kinds = [c[0] for c in Recorder.calls]
     assert kinds == ["start", "log", "samples", "log", "samples", "close"], kinds
     logged = Recorder.calls[1][2]
-    assert {"frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-            "learning_rate", "rewards/format/mean", "data/long_prompts"} <= set(logged)
+    assert {
+        "frac_reward_zero_std",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "learning_rate",
+        "rewards/format/mean",
+        "data/long_prompts",
+    } <= set(logged)
     assert not {"zero_std_frac", "lr", "step"} & set(logged)
     assert logged["learning_rate"] == jsonl[0]["lr"]
     table = Recorder.calls[2][2]
-    assert len(table) == 2 * 4 and {"prompt", "completion", "reward", "advantage",
-                                    "reward/format", "group"} <= set(table[0])
+    assert len(table) == 2 * 4 and {
+        "prompt",
+        "completion",
+        "reward",
+        "advantage",
+        "reward/format",
+        "group",
+    } <= set(table[0])
 
     # TensorBoard: the event file read back
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -116,11 +164,12 @@ def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_da
     assert table[0]["prompt"].splitlines()[0] in shown
 
     if installed("wandb"):  # an offline run: the history log and the tables' JSON
-        run_dir, = glob.glob(os.path.join(out, "wandb", "offline-run-*"))
+        (run_dir,) = glob.glob(os.path.join(out, "wandb", "offline-run-*"))
         history = open(glob.glob(os.path.join(run_dir, "*.wandb"))[0], "rb").read()
         assert b"frac_reward_zero_std" in history and b"learning_rate" in history
-        tables = sorted(glob.glob(os.path.join(run_dir, "files", "media", "table",
-                                               "completions_*.json")))
+        tables = sorted(
+            glob.glob(os.path.join(run_dir, "files", "media", "table", "completions_*.json"))
+        )
         assert len(tables) == 2
         t = json.load(open(tables[0]))
         assert t["columns"][:5] == ["group", "prompt", "completion", "reward", "advantage"]
@@ -130,7 +179,7 @@ def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_da
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(f"sqlite:///{out}/mlflow/mlflow.db")
-        run, = client.search_runs([client.get_experiment_by_name("grpo-core").experiment_id])
+        (run,) = client.search_runs([client.get_experiment_by_name("grpo-core").experiment_id])
         assert run.data.tags["grpo_run_id"] == Recorder.calls[0][1]
         assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == [0, 1]
         assert client.get_metric_history(run.info.run_id, "frac_reward_zero_std")
@@ -146,8 +195,9 @@ def test_every_installed_tracker_gets_metrics_and_tables(tiny_model, addition_da
         assert len(tables) == 2 and len(tables[0]["_value"]) == 8
 
 
-def test_a_logger_without_its_package_stops_before_the_model_loads(tiny_model, addition_data,
-                                                                   tmp_path, capsys):
+def test_a_logger_without_its_package_stops_before_the_model_loads(
+    tiny_model, addition_data, tmp_path, capsys
+):
     class NeedsPackage(Logger):
         packages = ("grpo_core_no_such_package",)
 
@@ -155,17 +205,22 @@ def test_a_logger_without_its_package_stops_before_the_model_loads(tiny_model, a
             pass
 
     module = types.ModuleType("needs_package_logger_for_tests")
-    module.logger = hookimpl(lambda register: register("needy", NeedsPackage),
-                             specname="logger")
+    module.logger = hookimpl(lambda register: register("needy", NeedsPackage), specname="logger")
     registry().add(module, "test-needy")
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                      output={"dir": str(tmp_path / "r"), "loggers": [{"name": "needy"}]})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "r"),
+        output={"dir": str(tmp_path / "r"), "loggers": [{"name": "needy"}]},
+    )
     code = main(["train", write_config(tmp_path / "c.json", cfg)])
     err = capsys.readouterr().err
     errors = [x for x in err.splitlines() if x.startswith("error:")]
-    assert code == 2 and errors == ["error: output.loggers[0]: the needy logger needs "
-                                    "grpo_core_no_such_package (pip install "
-                                    "grpo_core_no_such_package)"], err
+    assert code == 2 and errors == [
+        "error: output.loggers[0]: the needy logger needs "
+        "grpo_core_no_such_package (pip install "
+        "grpo_core_no_such_package)"
+    ], err
     assert not os.path.exists(tmp_path / "r")  # stopped before anything was set up
 
 
@@ -177,19 +232,27 @@ def test_older_keys_still_choose_the_loggers(tmp_path, capsys):
     assert names == (["tensorboard"] if installed("tensorboard") else []) + ["wandb"]
     assert logger_refs({**base, "tensorboard": "off"}) == []
     assert logger_refs({**base, "loggers": [{"name": "mlflow", "options": {}}]}) == [
-        ("output.loggers[0]", {"name": "mlflow", "options": {}})]
-    cfg = make_config("m", "d.jsonl", str(tmp_path / "r"),
-                      output={"wandb_project": "p", "loggers": [{"name": "tensorboard"}]})
+        ("output.loggers[0]", {"name": "mlflow", "options": {}})
+    ]
+    cfg = make_config(
+        "m",
+        "d.jsonl",
+        str(tmp_path / "r"),
+        output={"wandb_project": "p", "loggers": [{"name": "tensorboard"}]},
+    )
     assert main(["validate", write_config(tmp_path / "c.json", cfg)]) == 2
-    assert "output.wandb_project: not read when output.loggers is set" in \
-        capsys.readouterr().err
+    assert "output.wandb_project: not read when output.loggers is set" in capsys.readouterr().err
 
 
 def test_an_unknown_logger_is_named_at_load(tmp_path):
-    with pytest.raises(config.ConfigError, match=r"output.loggers\[0\].name: unknown logger "
-                                                 r"plugin 'tensorbord'.*did you mean"):
-        config.validate(make_config("m", "d.jsonl", str(tmp_path),
-                                    output={"loggers": [{"name": "tensorbord"}]}))
+    with pytest.raises(
+        config.ConfigError,
+        match=r"output.loggers\[0\].name: unknown logger "
+        r"plugin 'tensorbord'.*did you mean",
+    ):
+        config.validate(
+            make_config("m", "d.jsonl", str(tmp_path), output={"loggers": [{"name": "tensorbord"}]})
+        )
 
 
 @pytest.mark.skipif(not installed("tensorboard"), reason="tensorboard not installed")

@@ -24,18 +24,50 @@ with open(DATA, encoding="utf-8") as _f:
 CATEGORIES = sorted({r["category"] for r in ROWS})
 
 #: every form and hole named in the issue has a category of labelled cases
-REQUIRED = {"thousands_separators", "mixed_numbers", "percent_fractions", "unit_words",
-            "unit_text", "currency_gsm8k", "equality_chains", "named_quantities", "set_unions",
-            "pm_several", "list_vs_pm", "prose_solutions", "interval_inequalities",
-            "abs_inequalities", "all_reals", "matrix_forms", "matrix_decimals",
-            "trig_identities", "log_identities", "unclosed_box", "trailing_backslashes",
-            "bold_final_answer", "which_is_ending", "exact_zero_and_tiny", "symbolic_signs",
-            "unit_conflict",
-            # issue #31: false 1s, then the false 0s by form
-            "fallback_whole_expression", "junk_text", "percent_decimals", "gold_reduction",
-            "multi_box", "bare_math", "answer_then_prose", "decimal_comma_spacing",
-            "tuple_names", "matrix_scalar", "equation_forms", "repeated_solutions",
-            "root_powers", "set_difference", "unicode_math"}
+REQUIRED = {
+    "thousands_separators",
+    "mixed_numbers",
+    "percent_fractions",
+    "unit_words",
+    "unit_text",
+    "currency_gsm8k",
+    "equality_chains",
+    "named_quantities",
+    "set_unions",
+    "pm_several",
+    "list_vs_pm",
+    "prose_solutions",
+    "interval_inequalities",
+    "abs_inequalities",
+    "all_reals",
+    "matrix_forms",
+    "matrix_decimals",
+    "trig_identities",
+    "log_identities",
+    "unclosed_box",
+    "trailing_backslashes",
+    "bold_final_answer",
+    "which_is_ending",
+    "exact_zero_and_tiny",
+    "symbolic_signs",
+    "unit_conflict",
+    # issue #31: false 1s, then the false 0s by form
+    "fallback_whole_expression",
+    "junk_text",
+    "percent_decimals",
+    "gold_reduction",
+    "multi_box",
+    "bare_math",
+    "answer_then_prose",
+    "decimal_comma_spacing",
+    "tuple_names",
+    "matrix_scalar",
+    "equation_forms",
+    "repeated_solutions",
+    "root_powers",
+    "set_difference",
+    "unicode_math",
+}
 
 
 def verdict(row: dict) -> bool:
@@ -51,17 +83,22 @@ def test_every_form_has_ten_equal_and_five_unequal_cases():
 
 @pytest.mark.parametrize("category", CATEGORIES)
 def test_form(category):
-    misses = [(r["expected"], extract_answer(r["completion"]), r["gold"])
-              for r in ROWS if r["category"] == category and verdict(r) != r["expected"]]
+    misses = [
+        (r["expected"], extract_answer(r["completion"]), r["gold"])
+        for r in ROWS
+        if r["category"] == category and verdict(r) != r["expected"]
+    ]
     assert not misses, misses
 
 
 def test_the_reward_through_its_workers_agrees_with_the_labels():
     reward = grpo_core.create("reward", "math", {"timeout": 5.0})
-    scores = reward(["q"] * len(ROWS), [r["completion"] for r in ROWS],
-                    answer=[r["gold"] for r in ROWS])
-    wrong = [(r["category"], r["gold"], s) for r, s in zip(ROWS, scores)
-             if (s == 1.0) != r["expected"]]
+    scores = reward(
+        ["q"] * len(ROWS), [r["completion"] for r in ROWS], answer=[r["gold"] for r in ROWS]
+    )
+    wrong = [
+        (r["category"], r["gold"], s) for r, s in zip(ROWS, scores) if (s == 1.0) != r["expected"]
+    ]
     assert not wrong, wrong
     assert reward.verifier.timeouts == 0
 
@@ -80,13 +117,25 @@ MORE = [
     ("#### 42", "\\$42.00", True),
     ("\\boxed{h = \\frac{3}{2}}", "\\frac32", True),
     ("\\boxed{\\angle BAC = 45^{\\circ}}", "45", True),
-    ("\\boxed{x=\\frac{-3\\pm\\sqrt{17}}{4}}", "\\frac{-3+\\sqrt{17}}{4}, \\frac{-3-\\sqrt{17}}{4}", True),
+    (
+        "\\boxed{x=\\frac{-3\\pm\\sqrt{17}}{4}}",
+        "\\frac{-3+\\sqrt{17}}{4}, \\frac{-3-\\sqrt{17}}{4}",
+        True,
+    ),
     ("\\boxed{(-\\infty,-3]\\cup[3,\\infty)}", "|x|\\ge 3", True),
     ("\\boxed{x \\le -3 \\text{ or } x \\ge 3}", "(-\\infty,-3]\\cup[3,\\infty)", True),
     ("\\boxed{-1 < x < 5}", "(-1,5)", True),
     ("\\boxed{[-1, 5)}", "-1 \\le x < 5", True),
-    ("\\boxed{\\left(\\begin{array}{cc}1&-1\\\\2&0\\end{array}\\right)}", "\\begin{pmatrix}1&-1\\\\2&0\\end{pmatrix}", True),
-    ("\\boxed{\\begin{pmatrix}0.5\\\\-0.25\\end{pmatrix}}", "\\begin{pmatrix}\\frac12\\\\-\\frac14\\end{pmatrix}", True),
+    (
+        "\\boxed{\\left(\\begin{array}{cc}1&-1\\\\2&0\\end{array}\\right)}",
+        "\\begin{pmatrix}1&-1\\\\2&0\\end{pmatrix}",
+        True,
+    ),
+    (
+        "\\boxed{\\begin{pmatrix}0.5\\\\-0.25\\end{pmatrix}}",
+        "\\begin{pmatrix}\\frac12\\\\-\\frac14\\end{pmatrix}",
+        True,
+    ),
     ("\\boxed{\\tan^2 x + 1}", "\\sec^2 x", True),
     ("\\boxed{\\log_3 9}", "2", True),
     ("\\boxed{\\cos 2x}", "\\cos^2 x - \\sin^2 x", True),
@@ -168,12 +217,23 @@ def test_more_forms(text, gold, expected):
 
 # -- holes ----------------------------------------------------------------------------------
 
-TINY = [("10^{-100}", "0"), ("10^{-1000}", "0"), ("1\\times10^{-60}", "0"), ("e^{-1000}", "0"),
-        ("e^{-e^{5}}", "0"), ("2^{-500}", "0"), ("\\frac{1}{10^{80}}", "0"),
-        ("0." + "0" * 70 + "1", "0"), ("1 + 10^{-100}", "1"), ("\\pi + 10^{-80}", "\\pi"),
-        ("\\sqrt{2} - 10^{-200}", "\\sqrt{2}"), ("1.41421356237309504880168872420969807856967187537694",
-                                                 "\\sqrt{2}"), ("3.14159265358979323846264338", "\\pi"),
-        ("\\sin(10^{-90})", "0"), ("x + 10^{-100}", "x")]
+TINY = [
+    ("10^{-100}", "0"),
+    ("10^{-1000}", "0"),
+    ("1\\times10^{-60}", "0"),
+    ("e^{-1000}", "0"),
+    ("e^{-e^{5}}", "0"),
+    ("2^{-500}", "0"),
+    ("\\frac{1}{10^{80}}", "0"),
+    ("0." + "0" * 70 + "1", "0"),
+    ("1 + 10^{-100}", "1"),
+    ("\\pi + 10^{-80}", "\\pi"),
+    ("\\sqrt{2} - 10^{-200}", "\\sqrt{2}"),
+    ("1.41421356237309504880168872420969807856967187537694", "\\sqrt{2}"),
+    ("3.14159265358979323846264338", "\\pi"),
+    ("\\sin(10^{-90})", "0"),
+    ("x + 10^{-100}", "x"),
+]
 
 
 @pytest.mark.parametrize("pred,gold", TINY)
@@ -187,15 +247,30 @@ def test_only_a_configured_tolerance_blurs_values():
     assert equivalent("1.0000001", "1", rel_tol=1e-6)
     assert not equivalent("10^{-100}", "0", rel_tol=1e-6)  # relative to 0: still exact
     assert equivalent("3.1416", "\\pi", rel_tol=1e-4) and not equivalent("3.1416", "\\pi")
-    for pred, gold in [("\\sin\\pi", "0"), ("\\log_2 8", "3"), ("\\cos(\\pi/3)", "0.5"),
-                       ("\\sqrt{8}", "2\\sqrt2"), ("e^{\\ln 7}", "7")]:
+    for pred, gold in [
+        ("\\sin\\pi", "0"),
+        ("\\log_2 8", "3"),
+        ("\\cos(\\pi/3)", "0.5"),
+        ("\\sqrt{8}", "2\\sqrt2"),
+        ("e^{\\ln 7}", "7"),
+    ]:
         assert equivalent(pred, gold), (pred, gold)  # identities still hold exactly
 
 
-SIGNED = [("|x|", "x"), ("\\sqrt{x^2}", "x"), ("x", "|x|"), ("\\sqrt{x^2}", "-x"),
-          ("|x|^3", "x^3"), ("\\sqrt{4x^2}", "2x"), ("|x - 1|", "x - 1"), ("x|x|", "x^2"),
-          ("\\frac{|x|}{x}", "1"), ("\\sqrt{x^2 y^2}", "xy"), ("\\ln(x^2)", "2\\ln x"),
-          ("\\lfloor x \\rfloor", "x")]
+SIGNED = [
+    ("|x|", "x"),
+    ("\\sqrt{x^2}", "x"),
+    ("x", "|x|"),
+    ("\\sqrt{x^2}", "-x"),
+    ("|x|^3", "x^3"),
+    ("\\sqrt{4x^2}", "2x"),
+    ("|x - 1|", "x - 1"),
+    ("x|x|", "x^2"),
+    ("\\frac{|x|}{x}", "1"),
+    ("\\sqrt{x^2 y^2}", "xy"),
+    ("\\ln(x^2)", "2\\ln x"),
+    ("\\lfloor x \\rfloor", "x"),
+]
 
 
 @pytest.mark.parametrize("pred,gold", SIGNED)
@@ -215,10 +290,16 @@ def test_sample_points_are_signed_and_fractional():
     assert equivalent("\\sqrt{x^2}", "|x|") and equivalent("|x|^2", "x^2")
 
 
-UNITS = [("5 \\text{ cm}", "5 \\text{ m}"), ("5\\text{ cm}^2", "5 \\text{ cm}"),
-         ("3 hours", "3 \\text{ minutes}"), ("40^\\circ", "40 \\text{ radians}"),
-         ("\\$5", "5 \\text{ cents}"), ("12 \\text{ feet}", "12 \\text{ inches}"),
-         ("100 \\text{ km/h}", "100 mph"), ("7 \\text{ apples}", "7 \\text{ oranges}")]
+UNITS = [
+    ("5 \\text{ cm}", "5 \\text{ m}"),
+    ("5\\text{ cm}^2", "5 \\text{ cm}"),
+    ("3 hours", "3 \\text{ minutes}"),
+    ("40^\\circ", "40 \\text{ radians}"),
+    ("\\$5", "5 \\text{ cents}"),
+    ("12 \\text{ feet}", "12 \\text{ inches}"),
+    ("100 \\text{ km/h}", "100 mph"),
+    ("7 \\text{ apples}", "7 \\text{ oranges}"),
+]
 
 
 @pytest.mark.parametrize("pred,gold", UNITS)
@@ -254,13 +335,26 @@ EXTRACT = [
     ("The total cost is \\$1,\\!200.", "1200"),
     # the last-number fallback takes a whole expression, or nothing (#31)
     ("Dividing the total by two, therefore 7/2", "7/2"),
-    ("so the count is n - 2", None), ("and the leading term is x^2", None),
-    ("Meet at 10:30", "10:30"), ("abc12def", None), ("It happened on the 5x", None),
-    ("she was in 6th place", "6"), ("17 apples are left", "17"),
-    ("the point is (3, 4)", None), ("the sizes are 3, 4, 5", None), ("The value is (5).", "(5)"), ("the 3th", None), ("Her salary is $57500/year.", "57500"),
-    ("Total = 3 + ", None), ("I think it's 5 or 6", "5 or 6"), ("between 5 and 6", "5 and 6"),
-    ("Adding the two parts, 3 + 4 = 7", "7"), ("so x=5", "5"), ("They ran 17km", "17 km"),
-    ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"), ("He pays $15 for it.", "15"),
+    ("so the count is n - 2", None),
+    ("and the leading term is x^2", None),
+    ("Meet at 10:30", "10:30"),
+    ("abc12def", None),
+    ("It happened on the 5x", None),
+    ("she was in 6th place", "6"),
+    ("17 apples are left", "17"),
+    ("the point is (3, 4)", None),
+    ("the sizes are 3, 4, 5", None),
+    ("The value is (5).", "(5)"),
+    ("the 3th", None),
+    ("Her salary is $57500/year.", "57500"),
+    ("Total = 3 + ", None),
+    ("I think it's 5 or 6", "5 or 6"),
+    ("between 5 and 6", "5 and 6"),
+    ("Adding the two parts, 3 + 4 = 7", "7"),
+    ("so x=5", "5"),
+    ("They ran 17km", "17 km"),
+    ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"),
+    ("He pays $15 for it.", "15"),
     # an answer stated after the last box; boxes joined by a few words with and/or
     ("We get \\boxed{4}. Then the final answer is $7$.", "7"),
     ("We get \\boxed{4}. Then the answer is correct.", "4"),
@@ -268,7 +362,8 @@ EXTRACT = [
     ("\\boxed{5} and then we compute \\boxed{7}", "7"),
     ("So $x = \\boxed{3}$, $y = \\boxed{5}$.", "x = 3, y = 5"),
     ("Final Answer: The number of apples is 12.", "12"),
-    ("7 \\over 2", "7 \\over 2"), ("the work <|im_start|>user", None),
+    ("7 \\over 2", "7 \\over 2"),
+    ("the work <|im_start|>user", None),
 ]
 
 
@@ -284,12 +379,26 @@ def test_strict_mode_reads_a_trailing_math_span_only_after_is_or_equals():
 
 LONG = 100_000
 HOSTILE_TEXTS = [
-    ",".join(["1"] * (LONG // 2)), ", ".join(["1"] * (LONG // 3)), "1," * (LONG // 2),
-    "1,000," * (LONG // 6), "\\boxed{" * (LONG // 7), "{" * LONG, "}" * LONG, "$" * LONG,
-    "**" * (LONG // 2), "answer is " * (LONG // 10), "<answer>" * (LONG // 8),
-    "final answer " * (LONG // 13), "$1$ and " * (LONG // 8), "\\boxed{1}, " * (LONG // 11),
-    "\\(" * (LONG // 2), "the roots of " * (LONG // 13) + "are", "#### " + "9" * LONG,
-    "\\boxed{" + "1," * (LONG // 2) + "}", "x" * LONG + "$", ". " * (LONG // 2) + "$5$",
+    ",".join(["1"] * (LONG // 2)),
+    ", ".join(["1"] * (LONG // 3)),
+    "1," * (LONG // 2),
+    "1,000," * (LONG // 6),
+    "\\boxed{" * (LONG // 7),
+    "{" * LONG,
+    "}" * LONG,
+    "$" * LONG,
+    "**" * (LONG // 2),
+    "answer is " * (LONG // 10),
+    "<answer>" * (LONG // 8),
+    "final answer " * (LONG // 13),
+    "$1$ and " * (LONG // 8),
+    "\\boxed{1}, " * (LONG // 11),
+    "\\(" * (LONG // 2),
+    "the roots of " * (LONG // 13) + "are",
+    "#### " + "9" * LONG,
+    "\\boxed{" + "1," * (LONG // 2) + "}",
+    "x" * LONG + "$",
+    ". " * (LONG // 2) + "$5$",
 ]
 
 

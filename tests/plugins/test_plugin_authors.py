@@ -47,8 +47,9 @@ class NeedsSolution(Reward):
 
 def test_plugins_check_passes_the_declared_columns(capsys):
     module = types.ModuleType("needs_solution_for_tests")
-    module.reward = hookimpl(lambda register: register("needs_solution", NeedsSolution),
-                             specname="reward")
+    module.reward = hookimpl(
+        lambda register: register("needs_solution", NeedsSolution), specname="reward"
+    )
     registry().add(module, "test-needs-solution")
     assert plugin_tools.check("reward", "needs_solution") == 0, capsys.readouterr().out
     assert "0 failed" in capsys.readouterr().out

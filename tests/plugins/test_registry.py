@@ -11,12 +11,27 @@ from helpers import run_grpo
 import grpo_core
 from grpo_core.hookspecs import KINDS
 
-BUILTINS = {("reward", "math"), ("reward", "format"), ("reward", "length"),
-            ("reward", "json_schema"), ("reward", "reward_model"), ("reward", "http"),
-            ("reward", "weighted"), ("baseline", "grpo"), ("baseline", "rloo"),
-            ("baseline", "remax"), ("baseline", "dr_grpo"), ("baseline", "mixed"),
-            ("baseline", "reinforce_pp"), ("baseline", "ppo"), ("kl", "fixed"), ("kl", "adaptive"),
-            ("kl", "schedule"), ("generator", "hf"), ("generator", "vllm")}
+BUILTINS = {
+    ("reward", "math"),
+    ("reward", "format"),
+    ("reward", "length"),
+    ("reward", "json_schema"),
+    ("reward", "reward_model"),
+    ("reward", "http"),
+    ("reward", "weighted"),
+    ("baseline", "grpo"),
+    ("baseline", "rloo"),
+    ("baseline", "remax"),
+    ("baseline", "dr_grpo"),
+    ("baseline", "mixed"),
+    ("baseline", "reinforce_pp"),
+    ("baseline", "ppo"),
+    ("kl", "fixed"),
+    ("kl", "adaptive"),
+    ("kl", "schedule"),
+    ("generator", "hf"),
+    ("generator", "vllm"),
+}
 
 
 def make_dist(root, dist: str, module: str, body: str, version: str = "0.3.1") -> str:
@@ -62,19 +77,32 @@ def test_builtins_are_listed_with_distribution():
 
 def test_third_party_plugin_found_and_created(tmp_path):
     site = make_dist(tmp_path / "site", "shout-reward", "shout_plugin", SHOUT)
-    code = ("import grpo_core; r = grpo_core.create('reward', 'shout', {'bonus': 2.5}); "
-            "print(r(['p', 'p'], ['HI', 'hi']))")
+    code = (
+        "import grpo_core; r = grpo_core.create('reward', 'shout', {'bonus': 2.5}); "
+        "print(r(['p', 'p'], ['HI', 'hi']))"
+    )
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(site)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[2.5, 0.0]"
     listed = run_grpo("plugins", "--json", env={"PYTHONPATH": str(site)})
     row = [r for r in json.loads(listed.stdout) if r["name"] == "shout"]
-    assert row == [{"kind": "reward", "name": "shout", "distribution": "shout-reward",
-                    "version": "0.3.1", "description": "upper-case completions score"}]
+    assert row == [
+        {
+            "kind": "reward",
+            "name": "shout",
+            "distribution": "shout-reward",
+            "version": "0.3.1",
+            "description": "upper-case completions score",
+        }
+    ]
 
 
 def test_duplicate_name_names_both_distributions(tmp_path):

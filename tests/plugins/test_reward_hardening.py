@@ -38,6 +38,7 @@ def one_line_error(exc_info, *parts):
 
 # --- format ----------------------------------------------------------------------------------
 
+
 def test_format_backtracking_pattern_is_linear():
     # Python's re needs ~1.7 s for this pattern on 25 characters and doubles per character.
     r = create("format", tags=[], patterns=[r"^(\w+\s?)*$"])
@@ -59,8 +60,7 @@ def test_format_tag_scan_is_linear_on_long_completions():
 
 def test_format_dollar_matches_before_a_final_newline_as_before():
     r = create("format", tags=[], patterns=[r"^Answer: \d+$"])
-    assert list(r(["p"] * 3, ["Answer: 12\n", "Answer: 12\n\n", "Answer: 12 x"])) == [1.0, 0.0,
-                                                                                      0.0]
+    assert list(r(["p"] * 3, ["Answer: 12\n", "Answer: 12\n\n", "Answer: 12 x"])) == [1.0, 0.0, 0.0]
 
 
 def test_format_survives_lone_surrogates():
@@ -68,44 +68,62 @@ def test_format_survives_lone_surrogates():
     assert list(r(["p"], ["<answer>\ud8007</answer>"])) == [1.0]
 
 
-@pytest.mark.parametrize("pattern,reason", [
-    ("a(?=b)", "(lookahead)"), ("(?<!a)b", "(lookbehind)"), (r"(a)\1", r"backreference \1"),
-    ("(?>a+)b", "atomic group"), ("a++", "possessive quantifier"),
-    (r"end\Z", r"write \z"),
-])
+@pytest.mark.parametrize(
+    "pattern,reason",
+    [
+        ("a(?=b)", "(lookahead)"),
+        ("(?<!a)b", "(lookbehind)"),
+        (r"(a)\1", r"backreference \1"),
+        ("(?>a+)b", "atomic group"),
+        ("a++", "possessive quantifier"),
+        (r"end\Z", r"write \z"),
+    ],
+)
 def test_format_refuses_patterns_re2_cannot_run(pattern, reason):
     with pytest.raises(grpo_core.PluginError) as info:
         create("format", tags=[], patterns=["[0-9]", pattern])
-    one_line_error(info, "reward format: patterns[1]: ", repr(pattern),
-                   "not supported by the linear-time regex engine", reason)
+    one_line_error(
+        info,
+        "reward format: patterns[1]: ",
+        repr(pattern),
+        "not supported by the linear-time regex engine",
+        reason,
+    )
 
 
 def test_format_refuses_invalid_regex():
     with pytest.raises(grpo_core.PluginError) as info:
         create("format", tags=[], patterns=["(unclosed"])
-    one_line_error(info, "reward format: patterns[0]: '(unclosed' is not a valid regex",
-                   "missing )")
+    one_line_error(
+        info, "reward format: patterns[0]: '(unclosed' is not a valid regex", "missing )"
+    )
 
 
 # --- json_schema -----------------------------------------------------------------------------
 
+
 def test_json_schema_backtracking_pattern_is_linear():
-    schema = {"type": "object", "properties": {"name": {"type": "string",
-                                                        "pattern": "^(a+)+$"}}}
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(a+)+$"}}}
     r = create("json_schema", schema=schema)
     hostile = json.dumps({"name": "a" * 100_000 + "!"})
     out, took = timed(r, ["p"], [hostile])
     assert out == [0.0] and took < FAST, took
     assert list(r(["p"] * 2, ['{"name": "aaa"}', '{"name": "aab"}'])) == [1.0, 0.0]
     col = create("json_schema", schema_column="schema")
-    out, took = timed(lambda p, c: col(p, c, schema=[schema, json.dumps(schema)]),
-                      ["p"] * 2, [hostile, '{"name": "a"}'])
+    out, took = timed(
+        lambda p, c: col(p, c, schema=[schema, json.dumps(schema)]),
+        ["p"] * 2,
+        [hostile, '{"name": "a"}'],
+    )
     assert out == [0.0, 1.0] and took < FAST, took
 
 
 def test_json_schema_pattern_properties_and_additional_properties_are_linear():
-    schema = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "integer"}},
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "patternProperties": {"^(a+)+$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
     r = create("json_schema", schema=schema)
     out, took = timed(r, ["p"], [json.dumps({"a" * 100_000 + "!": 1})])
     assert out == [0.0] and took < FAST, took
@@ -117,9 +135,13 @@ def test_json_schema_pattern_properties_and_additional_properties_are_linear():
 def test_json_schema_dollar_schema_does_not_bring_back_the_backtracking_engine():
     # "$schema" makes jsonschema switch to its stock class below a "$ref": "#"; the reward
     # must still validate that part with RE2.
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "anyOf": [{"type": "string", "pattern": "^(a+)+$"},
-                        {"type": "array", "items": {"$ref": "#"}}]}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "anyOf": [
+            {"type": "string", "pattern": "^(a+)+$"},
+            {"type": "array", "items": {"$ref": "#"}},
+        ],
+    }
     r = create("json_schema", schema=schema)
     out, took = timed(r, ["p"], [json.dumps([["a" * 50_000 + "!"]])])
     assert out == [0.0] and took < FAST, took
@@ -137,8 +159,12 @@ def test_json_schema_unique_items_is_linear():
 
 def test_json_schema_deep_nesting_and_size_score_zero():
     r = create("json_schema", schema={"items": {"$ref": "#"}})
-    texts = ["[" * 100_000 + "]" * 100_000, "[" * 900 + "]" * 900, "[" * 3 + "]" * 3,
-             "[" + "0," * 150_000 + "0]"]
+    texts = [
+        "[" * 100_000 + "]" * 100_000,
+        "[" * 900 + "]" * 900,
+        "[" * 3 + "]" * 3,
+        "[" + "0," * 150_000 + "0]",
+    ]
     out, took = timed(r, ["p"] * 4, texts)
     assert out == [0.0, 0.0, 1.0, 0.0] and took < FAST, took
 
@@ -158,24 +184,40 @@ def test_json_schema_validation_time_is_capped():
 
 
 def test_json_schema_partial_resolves_references_from_the_root():
-    schema = {"$defs": {"n": {"type": "integer"}}, "required": ["a"],
-              "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"type": "string"}}}
+    schema = {
+        "$defs": {"n": {"type": "integer"}},
+        "required": ["a"],
+        "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"type": "string"}},
+    }
     r = create("json_schema", schema=schema, partial=True)
     assert list(r(["p"] * 2, ['{"a": 1, "b": "x"}', '{"a": "x", "b": 1}'])) == [1.0, 1 / 3]
 
 
-@pytest.mark.parametrize("schema,parts", [
-    ({"type": 5}, ["reward json_schema: schema.type: "]),
-    ({"properties": {"n": {"minimum": "zero"}}},
-     ["reward json_schema: schema.properties.n.minimum: ", "'zero' is not of type 'number'"]),
-    ({"properties": {"n": {"type": "string", "pattern": "a(?=b)"}}},
-     ["reward json_schema: schema.properties.n.pattern: 'a(?=b)' is not supported by the "
-      "linear-time regex engine (lookahead)"]),
-    ({"patternProperties": {"(x": {}}},
-     ["reward json_schema: schema.patternProperties: '(x' is not a valid regex"]),
-    ({"patternProperties": {"^x": {}}, "unevaluatedProperties": False},
-     ["unevaluatedProperties together with patternProperties is not supported"]),
-])
+@pytest.mark.parametrize(
+    "schema,parts",
+    [
+        ({"type": 5}, ["reward json_schema: schema.type: "]),
+        (
+            {"properties": {"n": {"minimum": "zero"}}},
+            ["reward json_schema: schema.properties.n.minimum: ", "'zero' is not of type 'number'"],
+        ),
+        (
+            {"properties": {"n": {"type": "string", "pattern": "a(?=b)"}}},
+            [
+                "reward json_schema: schema.properties.n.pattern: 'a(?=b)' is not supported by the "
+                "linear-time regex engine (lookahead)"
+            ],
+        ),
+        (
+            {"patternProperties": {"(x": {}}},
+            ["reward json_schema: schema.patternProperties: '(x' is not a valid regex"],
+        ),
+        (
+            {"patternProperties": {"^x": {}}, "unevaluatedProperties": False},
+            ["unevaluatedProperties together with patternProperties is not supported"],
+        ),
+    ],
+)
 def test_json_schema_refuses_bad_schemas_when_built(schema, parts):
     with pytest.raises(grpo_core.PluginError) as info:
         create("json_schema", schema=schema)
@@ -184,8 +226,14 @@ def test_json_schema_refuses_bad_schemas_when_built(schema, parts):
 
 def test_json_schema_bad_schema_in_a_column_scores_that_item_zero():
     good = {"type": "array"}
-    schemas = [{"type": 5}, {"type": "string", "pattern": "(a)\\1"}, "{not json", good,
-               json.dumps(good), {"$ref": "#/$defs/missing"}]
+    schemas = [
+        {"type": 5},
+        {"type": "string", "pattern": "(a)\\1"},
+        "{not json",
+        good,
+        json.dumps(good),
+        {"$ref": "#/$defs/missing"},
+    ]
     r = create("json_schema", schema_column="schema")
     out = list(r(["p"] * 6, ["[]", '"aa"', "[]", "[]", "[]", "[]"], schema=schemas))
     assert out == [0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
@@ -193,14 +241,23 @@ def test_json_schema_bad_schema_in_a_column_scores_that_item_zero():
 
 # --- through the real CLI --------------------------------------------------------------------
 
-@pytest.mark.parametrize("reward,expect", [
-    ({"name": "format", "options": {"tags": [], "patterns": ["[0-9]", "(?<=x)y"]}},
-     "reward.options.patterns[1]: '(?<=x)y' is not supported by the linear-time regex engine"),
-    ({"name": "json_schema", "options": {"schema": {"properties": {"a": {"type": "nope"}}}}},
-     "reward.options.schema.properties.a.type: "),
-])
-def test_train_refuses_bad_reward_patterns_in_one_line(tiny_model, addition_data, tmp_path,
-                                                       reward, expect):
+
+@pytest.mark.parametrize(
+    "reward,expect",
+    [
+        (
+            {"name": "format", "options": {"tags": [], "patterns": ["[0-9]", "(?<=x)y"]}},
+            "reward.options.patterns[1]: '(?<=x)y' is not supported by the linear-time regex engine",
+        ),
+        (
+            {"name": "json_schema", "options": {"schema": {"properties": {"a": {"type": "nope"}}}}},
+            "reward.options.schema.properties.a.type: ",
+        ),
+    ],
+)
+def test_train_refuses_bad_reward_patterns_in_one_line(
+    tiny_model, addition_data, tmp_path, reward, expect
+):
     cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"), reward=reward)
     proc = run_grpo("train", write_config(tmp_path / "cfg.json", cfg), timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -210,6 +267,7 @@ def test_train_refuses_bad_reward_patterns_in_one_line(tiny_model, addition_data
 
 
 # --- http ------------------------------------------------------------------------------------
+
 
 class Server:
     """A real HTTP server on 127.0.0.1 (its own port, so its own origin); ``respond(handler)``
@@ -276,6 +334,7 @@ def redirect_to(location_of, code=307):
         h.send_header("Location", location_of(server, h))
         h.send_header("Content-Length", "0")
         h.end_headers()
+
     return respond
 
 
@@ -286,12 +345,18 @@ SECRETS = {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y", "Cookie": "sess
 def test_http_cross_origin_redirect_is_not_followed(servers, code):
     other = servers(answer)
     first = servers(redirect_to(lambda s, h: other.base + "/score", code=code))
-    r = create("http", url=first.base + "/score", headers=SECRETS, timeout=5, retries=2,
-               backoff=0.01)
+    r = create(
+        "http", url=first.base + "/score", headers=SECRETS, timeout=5, retries=2, backoff=0.01
+    )
     with pytest.raises(RuntimeError) as info:
         r(["p"], ["c"])
-    one_line_error(info, "redirect to another origin", "not followed",
-                   "allow_cross_origin_redirects", "after 1 attempt(s)")
+    one_line_error(
+        info,
+        "redirect to another origin",
+        "not followed",
+        "allow_cross_origin_redirects",
+        "after 1 attempt(s)",
+    )
     assert len(first.requests) == 1 and first.requests[0][2]["Authorization"] == "Bearer s3cret"
     assert other.requests == []  # the other origin never hears from us, credentials or not
 
@@ -299,8 +364,13 @@ def test_http_cross_origin_redirect_is_not_followed(servers, code):
 def test_http_cross_origin_redirect_when_allowed_drops_credentials(servers):
     other = servers(lambda s, h: answer(s, h, [0.5]))
     first = servers(redirect_to(lambda s, h: other.base + "/elsewhere", code=307))
-    r = create("http", url=first.base + "/score", headers=SECRETS, timeout=5,
-               allow_cross_origin_redirects=True)
+    r = create(
+        "http",
+        url=first.base + "/score",
+        headers=SECRETS,
+        timeout=5,
+        allow_cross_origin_redirects=True,
+    )
     assert list(r(["p"], ["c"])) == [0.5]
     method, path, headers, body = other.requests[0]
     assert (method, path) == ("POST", "/elsewhere") and json.loads(body)["completions"] == ["c"]
@@ -397,8 +467,12 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 
 def test_http_oversize_reply_does_not_grow_client_memory(servers):
     svc = servers(stream_padding)
-    proc = subprocess.run([sys.executable, "-c", CLIENT, svc.base + "/score"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, svc.base + "/score"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "over max_response_bytes" in proc.stderr
     grew_mb = int(proc.stdout.split()[-1])

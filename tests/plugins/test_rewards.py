@@ -25,8 +25,13 @@ def create(name, **options):
 def test_format_tags_order_and_partial():
     r = create("format", tags=["think", "answer"])
     good = "<think>hmm</think> <answer>4</answer>"
-    cases = [good, "<answer>4</answer><think>x</think>", "<think>a</think>",
-             "<think>a</think><think>b</think><answer>4</answer>", "plain"]
+    cases = [
+        good,
+        "<answer>4</answer><think>x</think>",
+        "<think>a</think>",
+        "<think>a</think><think>b</think><answer>4</answer>",
+        "plain",
+    ]
     assert list(r(["p"] * 5, cases)) == [1.0, 0.0, 0.0, 0.0, 0.0]
     partial = create("format", tags=["think", "answer"], partial=True)
     # rules: think once, answer once, in order
@@ -38,11 +43,19 @@ def test_format_tags_order_and_partial():
 
 
 def test_json_schema_reward():
-    schema = {"type": "object", "required": ["name", "age"],
-              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "required": ["name", "age"],
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    }
     r = create("json_schema", schema=schema)
-    texts = ['{"name": "a", "age": 3}', 'Here:\n```json\n{"name": "a", "age": 3}\n```',
-             '{"name": "a", "age": "x"}', "not json", '{"name": "a"}']
+    texts = [
+        '{"name": "a", "age": 3}',
+        'Here:\n```json\n{"name": "a", "age": 3}\n```',
+        '{"name": "a", "age": "x"}',
+        "not json",
+        '{"name": "a"}',
+    ]
     assert list(r(["p"] * 5, texts)) == [1.0, 1.0, 0.0, 0.0, 0.0]
     p = create("json_schema", schema=schema, partial=True)
     assert list(p(["p"] * 4, texts[2:] + [texts[0]])) == [2 / 3, 0.0, 2 / 3, 1.0]
@@ -55,8 +68,7 @@ def test_json_schema_reward():
 def test_length_reward_dapo_overlong():
     r = create("length", max_length=20, buffer=10)
     lengths = [5, 10, 15, 20, 25]
-    assert list(r(["p"] * 5, ["x"] * 5, completion_tokens=lengths)) == [0.0, 0.0, -0.5, -1.0,
-                                                                         -1.0]
+    assert list(r(["p"] * 5, ["x"] * 5, completion_tokens=lengths)) == [0.0, 0.0, -0.5, -1.0, -1.0]
     t = create("length", target=10)
     assert list(t(["p"] * 2, ["x"] * 2, completion_tokens=[10, 15])) == [0.0, -0.5]
 
@@ -70,9 +82,16 @@ def tiny_classifier(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("rm"))
     tok = build_tokenizer()
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                      num_labels=1, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
     Qwen2ForSequenceClassification(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -177,10 +196,13 @@ def test_http_reward_connection_refused():
 
 
 def test_weighted_with_gate_and_dimensions():
-    r = create("weighted", components=[
-        {"name": "format", "options": {"tags": ["answer"]}, "weight": 0.5},
-        {"name": "math", "weight": 2.0, "requires": ["format"]},
-    ])
+    r = create(
+        "weighted",
+        components=[
+            {"name": "format", "options": {"tags": ["answer"]}, "weight": 0.5},
+            {"name": "math", "weight": 2.0, "requires": ["format"]},
+        ],
+    )
     texts = ["<answer>4</answer>", "4", "<answer>5</answer>"]
     out = r(["p"] * 3, texts, answer=["4"] * 3)
     assert list(out) == [2.5, 0.0, 0.5]  # the bare right answer fails the format gate
@@ -188,8 +210,11 @@ def test_weighted_with_gate_and_dimensions():
 
 
 def test_weighted_group_normalisation():
-    r = create("weighted", normalize="group", components=[
-        {"name": "length", "options": {"target": 4}, "as": "len"}])
+    r = create(
+        "weighted",
+        normalize="group",
+        components=[{"name": "length", "options": {"target": 4}, "as": "len"}],
+    )
     out = r(["p"] * 4, ["a"] * 4, completion_tokens=[4, 2, 8, 8], group_ids=[0, 0, 1, 1])
     assert list(out)[:2] == pytest.approx([1.0, -1.0], abs=1e-5)
     assert list(out)[2:] == [0.0, 0.0]
@@ -214,8 +239,11 @@ def test_failure_policies():
         return [1.0, float("nan"), 0.0, 1.0]
 
     args = (["p"] * 4, ["c"] * 4, {}, GROUP)
-    for fn, text in ((raises, "raised ValueError: boom"), (short, "returned 1 scores for 4"),
-                     (nan_second, "returned nan for completion 1")):
+    for fn, text in (
+        (raises, "raised ValueError: boom"),
+        (short, "returned 1 scores for 4"),
+        (nan_second, "returned nan for completion 1"),
+    ):
         with pytest.raises(RewardFailure, match=text):
             score(fn, "demo", *args, policy="raise")
     z = score(nan_second, "demo", *args, policy="zero")
@@ -229,11 +257,24 @@ def test_failure_policies():
 def test_weighted_dimensions_in_training_metrics(tiny_model, addition_data, tmp_path):
     from grpo_core.trainer import train
 
-    reward = {"name": "weighted", "options": {"components": [
-        {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "as": "digit"},
-        {"name": "math", "requires": ["digit"]}]}}
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                                      reward=reward, train={"steps": 2, "prompts_per_step": 2}))
+    reward = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "as": "digit"},
+                {"name": "math", "requires": ["digit"]},
+            ]
+        },
+    }
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            reward=reward,
+            train={"steps": 2, "prompts_per_step": 2},
+        )
+    )
     train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     for r in rows:
@@ -254,14 +295,26 @@ def test_nan_reward_never_reaches_the_loss(tiny_model, addition_data, tmp_path):
 
     @hookimpl
     def reward(register):
-        register("half_nan", lambda: (lambda p, c, **k: [float("nan") if i % 3 == 0 else
-                                                         float(i % 2) for i in range(len(c))]))
+        register(
+            "half_nan",
+            lambda: (
+                lambda p, c, **k: [
+                    float("nan") if i % 3 == 0 else float(i % 2) for i in range(len(c))
+                ]
+            ),
+        )
 
     module.reward = reward
     registry().add(module, "test-nan")
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                                      reward={"name": "half_nan", "failure": "drop_group"},
-                                      train={"steps": 2, "prompts_per_step": 4}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            reward={"name": "half_nan", "failure": "drop_group"},
+            train={"steps": 2, "prompts_per_step": 4},
+        )
+    )
     summary = train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)

@@ -22,8 +22,12 @@ def venv(tmp_path_factory):
     # no pip or setuptools of its own: this environment's pip installs into it (--python)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     py = str(root / "bin" / "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     parent = sysconfig.get_path("purelib")
     with open(os.path.join(site, "_parent_env.pth"), "w") as f:
         f.write(f"import site; site.addsitedir({parent!r})\n")
@@ -50,22 +54,45 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
     pip(venv, "install", "--no-deps", "--no-build-isolation", EXAMPLE)
     mine = [p for p in plugins(venv) if p["distribution"] == "grpo-reward-pack"]
     assert {(p["kind"], p["name"], p["version"]) for p in mine} == {
-        ("reward", "no_repetition", "0.2.0"), ("baseline", "grpo_median", "0.2.0")}
+        ("reward", "no_repetition", "0.2.0"),
+        ("baseline", "grpo_median", "0.2.0"),
+    }
     for kind, name in (("reward", "no_repetition"), ("baseline", "grpo_median")):
         check = run(venv, "-m", "grpo_core.cli", "plugins", "check", kind, name)
         assert check.returncode == 0, check.stdout
-    cfg = write_config(tmp_path / "c.json", make_config(
-        tiny_model, addition_data, str(tmp_path / "run"),
-        reward={"name": "weighted", "options": {"components": [
-            {"name": "no_repetition", "options": {"n": 1, "min_words": 1}},
-            {"name": "math"}]}},
-        baseline={"name": "grpo_median"}, train={"steps": 2, "prompts_per_step": 2}))
+    cfg = write_config(
+        tmp_path / "c.json",
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            reward={
+                "name": "weighted",
+                "options": {
+                    "components": [
+                        {"name": "no_repetition", "options": {"n": 1, "min_words": 1}},
+                        {"name": "math"},
+                    ]
+                },
+            },
+            baseline={"name": "grpo_median"},
+            train={"steps": 2, "prompts_per_step": 2},
+        ),
+    )
     trained = run(venv, "-m", "grpo_core.cli", "train", cfg)
     assert trained.returncode == 0, trained.stderr
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert len(rows) == 2 and "reward/no_repetition" in rows[0]
-    tests = run(venv, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                os.path.join(EXAMPLE, "tests"), cwd=str(tmp_path))
+    tests = run(
+        venv,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        os.path.join(EXAMPLE, "tests"),
+        cwd=str(tmp_path),
+    )
     assert tests.returncode == 0, tests.stdout
     pip(venv, "uninstall", "-y", "grpo-reward-pack")
     assert not [p for p in plugins(venv) if p["distribution"] == "grpo-reward-pack"]
@@ -76,8 +103,9 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
 @pytest.mark.parametrize("kind", ["reward", "baseline", "kl", "objective", "environment"])
 def test_new_skeleton_passes_check_as_written(venv, tmp_path, kind):
     name = f"my_{kind}_thing"
-    made = run(venv, "-m", "grpo_core.cli", "plugins", "new", name, "--kind", kind, "--out",
-               str(tmp_path))
+    made = run(
+        venv, "-m", "grpo_core.cli", "plugins", "new", name, "--kind", kind, "--out", str(tmp_path)
+    )
     assert made.returncode == 0, made.stderr
     pkg = tmp_path / f"grpo-{name.replace('_', '-')}"
     assert (pkg / "pyproject.toml").exists() and (pkg / "tests" / f"test_{name}.py").exists()
@@ -86,8 +114,16 @@ def test_new_skeleton_passes_check_as_written(venv, tmp_path, kind):
         check = run(venv, "-m", "grpo_core.cli", "plugins", "check", kind, name)
         assert check.returncode == 0, check.stdout
         assert "0 failed" in check.stdout
-        own = run(venv, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests"),
-                  cwd=str(tmp_path))
+        own = run(
+            venv,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(pkg / "tests"),
+            cwd=str(tmp_path),
+        )
         assert own.returncode == 0, own.stdout
     finally:
         pip(venv, "uninstall", "-y", f"grpo-{name.replace('_', '-')}")
@@ -105,9 +141,12 @@ def test_check_reports_a_broken_plugin(tmp_path):
                      schema={"type": "object", "properties": {"x": {"type": "nope"}}})
     """
     site = make_dist(tmp_path / "site", "broken-dist", "broken_mod", body)
-    out = subprocess.run([sys.executable, "-m", "grpo_core.cli", "plugins", "check", "reward",
-                          "broken"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(site)})
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "plugins", "check", "reward", "broken"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
     assert out.returncode == 2
     assert "FAIL  schema is valid JSON Schema" in out.stdout
     assert "FAIL  sample call returns the right shape and types" in out.stdout
@@ -121,20 +160,41 @@ def test_third_party_environment_installs_checks_and_trains(venv, tiny_model, tm
             check = run(venv, "-m", "grpo_core.cli", "plugins", "check", kind, name)
             assert check.returncode == 0, check.stdout
         data = tmp_path / "facts.jsonl"
-        data.write_text("".join(json.dumps({"prompt": f"Capital of {c}?", "answer": a,
-                                            "facts": {f"capital of {c}": a}}) + "\n"
-                                for c, a in (("France", "Paris"), ("Peru", "Lima"))))
-        cfg = write_config(tmp_path / "c.json", make_config(
-            tiny_model, str(data), str(tmp_path / "run"),
-            environment={"name": "lookup", "max_total_tokens": 48},
-            reward={"name": "lookup_errors"}, data={"path": str(data), "columns": []},
-            train={"steps": 2, "prompts_per_step": 2}))
+        data.write_text(
+            "".join(
+                json.dumps(
+                    {"prompt": f"Capital of {c}?", "answer": a, "facts": {f"capital of {c}": a}}
+                )
+                + "\n"
+                for c, a in (("France", "Paris"), ("Peru", "Lima"))
+            )
+        )
+        cfg = write_config(
+            tmp_path / "c.json",
+            make_config(
+                tiny_model,
+                str(data),
+                str(tmp_path / "run"),
+                environment={"name": "lookup", "max_total_tokens": 48},
+                reward={"name": "lookup_errors"},
+                data={"path": str(data), "columns": []},
+                train={"steps": 2, "prompts_per_step": 2},
+            ),
+        )
         trained = run(venv, "-m", "grpo_core.cli", "train", cfg)
         assert trained.returncode == 0, trained.stderr
         rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
         assert len(rows) == 2 and all(r["env/turns"] >= 1 for r in rows)
-        tests = run(venv, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    os.path.join(example, "tests"), cwd=str(tmp_path))
+        tests = run(
+            venv,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            os.path.join(example, "tests"),
+            cwd=str(tmp_path),
+        )
         assert tests.returncode == 0, tests.stdout
     finally:
         pip(venv, "uninstall", "-y", "grpo-lookup-env")

@@ -16,7 +16,7 @@ from helpers import ROOT
 
 from grpo_core.workers import WorkerCrashed, WorkerError, WorkerFailure, WorkerPool, WorkerTimeout
 
-HELPERS = '''
+HELPERS = """
 import os, time
 
 def make_state(k):
@@ -32,7 +32,7 @@ def noisy(x):
 
 def boom(x):
     raise KeyError(f"no {x}")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,13 @@ def gone(pids, within: float = 10.0) -> bool:
 
 @pytest.mark.parametrize("fork_server", [True, False])
 def test_setup_runs_once_per_worker_and_results_keep_order(helpers, fork_server):
-    with WorkerPool(f"{helpers}:work", setup=f"{helpers}:make_state", setup_args=(3,),
-                    size=2, fork_server=fork_server) as pool:
+    with WorkerPool(
+        f"{helpers}:work",
+        setup=f"{helpers}:make_state",
+        setup_args=(3,),
+        size=2,
+        fork_server=fork_server,
+    ) as pool:
         out = pool.map(list(range(40)), timeout=5)
         assert [r[0] for r in out] == [3 * x for x in range(40)]
         pids = {r[1] for r in out}
@@ -147,7 +152,7 @@ def test_close_leaves_no_processes():
     assert gone(pids), [p for p in pids if alive(p)]
 
 
-UNGUARDED = textwrap.dedent('''
+UNGUARDED = textwrap.dedent("""
     import time
     t0 = time.perf_counter()
     print("top level ran")
@@ -161,12 +166,13 @@ UNGUARDED = textwrap.dedent('''
     print("scores", scores)
     with WorkerPool("math:sqrt", size=2) as pool:
         print("pool", pool.map([4.0, 9.0], timeout=10))
-''')
+""")
 
 
 def run_python(args, stdin=None):
-    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
 
 
 def check_output(proc):

@@ -13,13 +13,42 @@ from hypothesis import strategies as st
 from grpo_core import config
 from grpo_core.errors import ConfigError
 
-KEYS = st.sampled_from(["model", "data", "reward", "baseline", "kl", "train", "sampling",
-                        "name", "options", "path", "name_or_path", "components", "weight",
-                        "steps", "lr", "group_size", "math", "grpo", "x", ""])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
-TREES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(KEYS, inner, max_size=5)), max_leaves=25)
+KEYS = st.sampled_from(
+    [
+        "model",
+        "data",
+        "reward",
+        "baseline",
+        "kl",
+        "train",
+        "sampling",
+        "name",
+        "options",
+        "path",
+        "name_or_path",
+        "components",
+        "weight",
+        "steps",
+        "lr",
+        "group_size",
+        "math",
+        "grpo",
+        "x",
+        "",
+    ]
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+TREES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(KEYS, inner, max_size=5)),
+    max_leaves=25,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,14 +86,30 @@ def test_random_bytes_as_yaml(tmp_path_factory, text):
 
 
 PIECES = list("0123456789+-*/^_{}()[]\\,.=!%$ xyπ√½²") + [
-    "\\frac", "\\sqrt", "\\boxed{", "\\pi", "\\infty", "\\pm", "\\cup", "\\begin{pmatrix}",
-    "&", "\\\\", "\\end{pmatrix}", "\\text{", "^{", "#### ", "the answer is "]
+    "\\frac",
+    "\\sqrt",
+    "\\boxed{",
+    "\\pi",
+    "\\infty",
+    "\\pm",
+    "\\cup",
+    "\\begin{pmatrix}",
+    "&",
+    "\\\\",
+    "\\end{pmatrix}",
+    "\\text{",
+    "^{",
+    "#### ",
+    "the answer is ",
+]
 MATHY = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(MATHY, st.text(max_size=200)), st.one_of(MATHY, st.sampled_from(
-    ["1", "\\frac12", "x+1", "(1,2]", "\\{1,2\\}"])))
+@given(
+    st.one_of(MATHY, st.text(max_size=200)),
+    st.one_of(MATHY, st.sampled_from(["1", "\\frac12", "x+1", "(1,2]", "\\{1,2\\}"])),
+)
 def test_math_extraction_and_comparison_never_raise(text, gold):
     t0 = time.monotonic()
     pred = extract_answer(text)

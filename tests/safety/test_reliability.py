@@ -29,20 +29,39 @@ DIGIT = {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}}
 
 
 def resumable_config(tiny_model, addition_data, out, steps=8):
-    return make_config(tiny_model, addition_data, out, reward=DIGIT,
-                       sampling={"group_size": 4, "max_new_tokens": 6},
-                       baseline={"name": "mixed"},
-                       kl={"name": "adaptive", "options": {"init_coef": 0.05}},
-                       train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3}, optimizer={"lr": 1e-2, "lr_schedule": "cosine", "warmup_steps": 2}, runtime={"device": "cpu", "threads": 1},
-                       output={"dir": out, "checkpoint_every": 1, "keep_last": 2,
-                               "progress": False, "samples_every": 0})
+    return make_config(
+        tiny_model,
+        addition_data,
+        out,
+        reward=DIGIT,
+        sampling={"group_size": 4, "max_new_tokens": 6},
+        baseline={"name": "mixed"},
+        kl={"name": "adaptive", "options": {"init_coef": 0.05}},
+        train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
+        optimizer={"lr": 1e-2, "lr_schedule": "cosine", "warmup_steps": 2},
+        runtime={"device": "cpu", "threads": 1},
+        output={
+            "dir": out,
+            "checkpoint_every": 1,
+            "keep_last": 2,
+            "progress": False,
+            "samples_every": 0,
+        },
+    )
 
 
 def start(cfg_path, resume, env=None):
-    args = [sys.executable, "-m", "grpo_core.cli", "train", cfg_path] + (["--resume"] if resume
-                                                                         else [])
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=ROOT)
+    args = [sys.executable, "-m", "grpo_core.cli", "train", cfg_path] + (
+        ["--resume"] if resume else []
+    )
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
 def lines(run_dir):
@@ -60,11 +79,16 @@ def wait_for(pred, timeout=120):
 
 def test_sigkill_and_resume_is_bitwise_identical(tiny_model, addition_data, tmp_path):
     ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "run")
-    ref_cfg = write_config(tmp_path / "ref.json",
-                           resumable_config(tiny_model, addition_data, ref_dir))
+    ref_cfg = write_config(
+        tmp_path / "ref.json", resumable_config(tiny_model, addition_data, ref_dir)
+    )
     cfg = write_config(tmp_path / "run.json", resumable_config(tiny_model, addition_data, run_dir))
-    done = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", ref_cfg],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", ref_cfg],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     rng = random.Random(7)
     ckpts = os.path.join(run_dir, "checkpoints")
@@ -78,8 +102,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny_model, addition_data, tmp_
     kills.append(lines(run_dir))
     # 2: in the middle of a checkpoint write (the writer pauses after the weights)
     p = start(cfg, resume=True, env={FAULT_PAUSE_ENV: "3"})
-    wait_for(lambda: os.path.isdir(ckpts) and any(d.startswith(".tmp-")
-                                                   for d in os.listdir(ckpts)))
+    wait_for(lambda: os.path.isdir(ckpts) and any(d.startswith(".tmp-") for d in os.listdir(ckpts)))
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert any(d.startswith(".tmp-") for d in os.listdir(ckpts))  # a half-written checkpoint
@@ -110,9 +133,12 @@ def test_leftovers_of_a_crash_are_cleared_and_never_counted(tmp_path):
     from grpo_core.store.checkpoint import clear_leftovers, list_checkpoints
 
     root = tmp_path / "checkpoints"
-    for name, files in (("step-00000002", ["state.json", "model.safetensors"]),
-                        ("step-00000001", ["model.safetensors"]),  # its state.json gone
-                        (".del-step-00000000", ["x"]), (".tmp-step-00000003-9", ["y"])):
+    for name, files in (
+        ("step-00000002", ["state.json", "model.safetensors"]),
+        ("step-00000001", ["model.safetensors"]),  # its state.json gone
+        (".del-step-00000000", ["x"]),
+        (".tmp-step-00000003-9", ["y"]),
+    ):
         (root / name).mkdir(parents=True)
         for f in files:
             (root / name / f).write_text("{}")
@@ -136,8 +162,9 @@ def test_incompatible_resume_is_refused_unless_forced(tiny_model, addition_data,
 
 
 def test_resume_without_checkpoint_is_a_user_error(tiny_model, addition_data, tmp_path):
-    path = write_config(tmp_path / "c.json", resumable_config(tiny_model, addition_data,
-                                                              str(tmp_path / "none")))
+    path = write_config(
+        tmp_path / "c.json", resumable_config(tiny_model, addition_data, str(tmp_path / "none"))
+    )
     out = run_grpo("train", path, "--resume", cwd=ROOT)
     assert out.returncode == 2 and "no intact checkpoint" in out.stderr
 
@@ -147,12 +174,18 @@ def limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
 
 
-def test_full_disk_during_checkpoint_leaves_nothing_half_written(tiny_model, addition_data,
-                                                                 tmp_path):
+def test_full_disk_during_checkpoint_leaves_nothing_half_written(
+    tiny_model, addition_data, tmp_path
+):
     out = str(tmp_path / "run")
     path = write_config(tmp_path / "c.json", resumable_config(tiny_model, addition_data, out, 3))
-    p = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", path],
-                       capture_output=True, text=True, cwd=ROOT, preexec_fn=limit_file_size)
+    p = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", path],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=limit_file_size,
+    )
     assert p.returncode == 2, p.stderr
     assert "cannot write checkpoint" in p.stderr and "File too large" in p.stderr
     assert "Traceback" not in p.stderr
@@ -165,8 +198,9 @@ def test_full_disk_while_writing_metrics(tiny_model, addition_data, tmp_path):
     assert run_grpo("train", write_config(tmp_path / "a.json", first), cwd=ROOT).returncode == 0
     (out / "metrics.jsonl").unlink()
     os.symlink("/dev/full", out / "metrics.jsonl")  # every write: No space left on device
-    path = write_config(tmp_path / "c.json",
-                        resumable_config(tiny_model, addition_data, str(out), 2))
+    path = write_config(
+        tmp_path / "c.json", resumable_config(tiny_model, addition_data, str(out), 2)
+    )
     p = run_grpo("train", path, "--resume", cwd=ROOT)
     assert p.returncode == 2 and "cannot write metrics" in p.stderr
     assert "No space left on device" in p.stderr and "Traceback" not in p.stderr
@@ -175,8 +209,9 @@ def test_full_disk_while_writing_metrics(tiny_model, addition_data, tmp_path):
 def test_dataset_row_missing_a_field(tiny_model, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
-    path = write_config(tmp_path / "c.json", make_config(tiny_model, str(data),
-                                                         str(tmp_path / "r")))
+    path = write_config(
+        tmp_path / "c.json", make_config(tiny_model, str(data), str(tmp_path / "r"))
+    )
     p = run_grpo("train", path, cwd=ROOT)
     assert p.returncode == 2
     assert "row 1 has no field 'answer'" in p.stderr and "Traceback" not in p.stderr
@@ -193,8 +228,13 @@ def test_hanging_reward_is_cut_off(tiny_model, addition_data, tmp_path):
         time.sleep(30)
 
     register("reward", "hang", lambda: hang, "test-hang")
-    base = make_config(tiny_model, addition_data, str(tmp_path / "a"), reward={"name": "hang", "timeout": 0.5, "failure": "zero"},
-                       train={"steps": 1, "prompts_per_step": 2})
+    base = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "a"),
+        reward={"name": "hang", "timeout": 0.5, "failure": "zero"},
+        train={"steps": 1, "prompts_per_step": 2},
+    )
     t0 = time.monotonic()
     summary = train(config.validate(base))
     assert summary["steps"] == 1 and time.monotonic() - t0 < 20
@@ -216,22 +256,35 @@ def test_empty_completions_do_not_break_the_step(tiny_model, addition_data, tmp_
             P = len(prompt_ids)
             width = max(map(len, prompt_ids))
             pids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids])
-            pmask = (torch.arange(width)[None] >= width - torch.tensor(
-                [len(p) for p in prompt_ids])[:, None]).long()
+            pmask = (
+                torch.arange(width)[None]
+                >= width - torch.tensor([len(p) for p in prompt_ids])[:, None]
+            ).long()
             B = P * n
-            return Rollout(pids, pmask, torch.zeros(B, 0, dtype=torch.long),
-                           torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, 0),
-                           torch.zeros(B, dtype=torch.bool), torch.arange(B) // n)
+            return Rollout(
+                pids,
+                pmask,
+                torch.zeros(B, 0, dtype=torch.long),
+                torch.zeros(B, 0, dtype=torch.long),
+                torch.zeros(B, 0),
+                torch.zeros(B, dtype=torch.bool),
+                torch.arange(B) // n,
+            )
 
     register("generator", "empty", Empty, "test-empty")
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                                      generator={"name": "empty"},
-                                      kl={"name": "fixed", "options": {"coef": 0.1}},
-                                      train={"steps": 2, "prompts_per_step": 2}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "r"),
+            generator={"name": "empty"},
+            kl={"name": "fixed", "options": {"coef": 0.1}},
+            train={"steps": 2, "prompts_per_step": 2},
+        )
+    )
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
-    assert all(r["completion_len"] == 0 and r["reward"] == 0 and r["loss"] == 0
-               for r in rows)
+    assert all(r["completion_len"] == 0 and r["reward"] == 0 and r["loss"] == 0 for r in rows)
 
 
 def test_nan_guard_skips_then_stops(tiny_model, addition_data, tmp_path, capsys):
@@ -240,9 +293,15 @@ def test_nan_guard_skips_then_stops(tiny_model, addition_data, tmp_path, capsys)
             return torch.full_like(rewards, float("inf"))
 
     register("baseline", "inf", Inf, "test-inf")
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                                      baseline={"name": "inf"},
-                                      train={"steps": 5, "prompts_per_step": 2, "max_nonfinite_steps": 2}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "r"),
+            baseline={"name": "inf"},
+            train={"steps": 5, "prompts_per_step": 2, "max_nonfinite_steps": 2},
+        )
+    )
     with pytest.raises(TrainingError, match="non-finite loss or gradient in 2 steps in a row"):
         train(cfg)
     assert "update skipped" in capsys.readouterr().err
@@ -262,8 +321,13 @@ def test_pickle_weights_refused_unless_opted_in(tiny_model, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(dst))
     os.remove(dst / "model.safetensors")
     torch.save(model.state_dict(), dst / "pytorch_model.bin")
-    cfg = {"name_or_path": str(dst), "dtype": "auto", "trust_remote_code": False,
-           "allow_unsafe_weights": False, "gradient_checkpointing": False}
+    cfg = {
+        "name_or_path": str(dst),
+        "dtype": "auto",
+        "trust_remote_code": False,
+        "allow_unsafe_weights": False,
+        "gradient_checkpointing": False,
+    }
     with pytest.raises(UserError, match="only pickle weights"):
         load_model(cfg, torch.device("cpu"))
     load_model({**cfg, "allow_unsafe_weights": True}, torch.device("cpu"))

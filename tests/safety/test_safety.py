@@ -44,12 +44,15 @@ def leaks(root, *outputs: str) -> list[str]:
 
 # --- secrets ----------------------------------------------------------------------------
 
+
 def test_a_resolved_value_is_redacted_wherever_it_is_printed(monkeypatch, capsys):
     monkeypatch.setenv("GRPO_T_SECRET", SECRET)
     resolved = resolve_env({"h": "Bearer ${env:GRPO_T_SECRET}"})["h"]
     assert resolved == f"Bearer {SECRET}"
-    assert redact(f"401 for key={SECRET} ({resolved})") == \
-        "401 for key=${env:GRPO_T_SECRET} (Bearer ${env:GRPO_T_SECRET})"
+    assert (
+        redact(f"401 for key={SECRET} ({resolved})")
+        == "401 for key=${env:GRPO_T_SECRET} (Bearer ${env:GRPO_T_SECRET})"
+    )
     print(f"warning: {SECRET}", file=sys.stderr)
     print(f"url?k={SECRET}")
     out = capsys.readouterr()
@@ -79,13 +82,29 @@ class FailingService:
 
 
 def http_config(tiny_model, data, out, url, failure) -> dict:
-    return make_config(tiny_model, data, str(out),
-                       reward={"name": "http", "failure": failure, "options": {
-                           "url": url + "?key=${env:GRPO_T_SECRET}", "retries": 1,
-                           "backoff": 0, "headers": {"X-Key": "${env:GRPO_T_SECRET}"}}},
-                       train={"steps": 2, "prompts_per_step": 2, "seed": 0},
-                       output={"dir": str(out), "progress": True, "samples_every": 1,
-                               "checkpoint_every": 1, "loggers": [{"name": "tensorboard"}]})
+    return make_config(
+        tiny_model,
+        data,
+        str(out),
+        reward={
+            "name": "http",
+            "failure": failure,
+            "options": {
+                "url": url + "?key=${env:GRPO_T_SECRET}",
+                "retries": 1,
+                "backoff": 0,
+                "headers": {"X-Key": "${env:GRPO_T_SECRET}"},
+            },
+        },
+        train={"steps": 2, "prompts_per_step": 2, "seed": 0},
+        output={
+            "dir": str(out),
+            "progress": True,
+            "samples_every": 1,
+            "checkpoint_every": 1,
+            "loggers": [{"name": "tensorboard"}],
+        },
+    )
 
 
 def test_a_failing_http_reward_never_shows_its_key(tiny_model, addition_data, tmp_path):
@@ -94,44 +113,65 @@ def test_a_failing_http_reward_never_shows_its_key(tiny_model, addition_data, tm
     svc = FailingService()
     env = {"GRPO_T_SECRET": SECRET}
     try:
-        zero = write_config(tmp_path / "z.json", http_config(
-            tiny_model, addition_data, tmp_path / "zero", svc.url, "zero"))
+        zero = write_config(
+            tmp_path / "z.json",
+            http_config(tiny_model, addition_data, tmp_path / "zero", svc.url, "zero"),
+        )
         warned = run_grpo("train", zero, env=env)
-        fail = write_config(tmp_path / "r.json", http_config(
-            tiny_model, addition_data, tmp_path / "raise", svc.url, "raise"))
+        fail = write_config(
+            tmp_path / "r.json",
+            http_config(tiny_model, addition_data, tmp_path / "raise", svc.url, "raise"),
+        )
         failed = run_grpo("train", fail, env=env)
-        study = run_grpo("compare", fail, "--vary", "optimizer.lr=1e-3", "--seeds", "1",
-                         "--out", str(tmp_path / "study"),
-                         env=env)
+        study = run_grpo(
+            "compare",
+            fail,
+            "--vary",
+            "optimizer.lr=1e-3",
+            "--seeds",
+            "1",
+            "--out",
+            str(tmp_path / "study"),
+            env=env,
+        )
     finally:
         svc.close()
     assert warned.returncode == 0, warned.stderr
     assert "?key=${env:GRPO_T_SECRET} failed" in warned.stderr  # the message names the URL
     assert failed.returncode == 2 and "?key=${env:GRPO_T_SECRET}" in failed.stderr
     assert "Traceback" not in failed.stderr
-    assert study.returncode == 2 and any(f.endswith(".log") for f in every_file(
-        tmp_path / "study"))
-    assert not leaks(tmp_path, warned.stdout, warned.stderr, failed.stdout, failed.stderr,
-                     study.stdout, study.stderr)
+    assert study.returncode == 2 and any(f.endswith(".log") for f in every_file(tmp_path / "study"))
+    assert not leaks(
+        tmp_path,
+        warned.stdout,
+        warned.stderr,
+        failed.stdout,
+        failed.stderr,
+        study.stdout,
+        study.stderr,
+    )
 
 
 def test_a_missing_data_file_is_named_as_written(tiny_model, tmp_path):
     cfg = cfg_for(tiny_model, "${env:GRPO_T_SECRET}/train.jsonl", tmp_path / "r")
-    shown = run_grpo("validate", write_config(tmp_path / "c.json", cfg),
-                     env={"GRPO_T_SECRET": f"/data/{SECRET}"})
+    shown = run_grpo(
+        "validate", write_config(tmp_path / "c.json", cfg), env={"GRPO_T_SECRET": f"/data/{SECRET}"}
+    )
     assert shown.returncode == 2 and "${env:GRPO_T_SECRET}/train.jsonl" in shown.stderr
     assert SECRET not in shown.stderr + shown.stdout
 
 
 # --- --overwrite --------------------------------------------------------------------------
 
+
 def snapshot(root) -> dict[str, int]:
     return {f: os.path.getsize(f) for f in every_file(root)}
 
 
 @pytest.mark.parametrize("inside", ["model.name_or_path", "data.path", "eval.data"])
-def test_overwrite_never_deletes_an_input_of_the_run(tiny_model, addition_data, tmp_path,
-                                                      capsys, inside):
+def test_overwrite_never_deletes_an_input_of_the_run(
+    tiny_model, addition_data, tmp_path, capsys, inside
+):
     out = tmp_path / "run"
     train(config.validate(cfg_for(tiny_model, addition_data, out, steps=1)))
     shutil.copy(addition_data, out / "mine.jsonl")
@@ -145,16 +185,17 @@ def test_overwrite_never_deletes_an_input_of_the_run(tiny_model, addition_data, 
         extra["eval"] = {"data": str(out / "mine.jsonl"), "split": "train"}
     before = snapshot(out)
     path = write_config(tmp_path / "c.json", cfg_for(model, data, out, steps=1, **extra))
-    one_line_error(*cli(["train", path, "--overwrite"], capsys), "--overwrite", inside,
-                   "nothing was deleted")
+    one_line_error(
+        *cli(["train", path, "--overwrite"], capsys), "--overwrite", inside, "nothing was deleted"
+    )
     assert snapshot(out) == before
-    elsewhere = write_config(tmp_path / "e.json", cfg_for(tiny_model, addition_data, out,
-                                                          steps=1))
+    elsewhere = write_config(tmp_path / "e.json", cfg_for(tiny_model, addition_data, out, steps=1))
     assert cli(["train", elsewhere, "--overwrite"], capsys)[0] == 0  # still clears the run
     assert not (out / "mine.jsonl").exists()
 
 
 # --- SIGINT / SIGTERM -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_with_a_checkpoint(tiny_model, addition_data, tmp_path, sig):
@@ -164,9 +205,14 @@ def test_a_signal_stops_the_run_with_a_checkpoint(tiny_model, addition_data, tmp
     cfg = cfg_for(tiny_model, addition_data, out, steps=500)
     cfg["output"]["checkpoint_every"] = 0  # the signal's checkpoint is the only one
     path = write_config(tmp_path / "c.json", cfg)
-    p = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", path], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "grpo_core.cli", "train", path],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     while not (out / "metrics.jsonl").exists() or len(open(out / "metrics.jsonl").readlines()) < 2:
         assert p.poll() is None and time.monotonic() - t0 < 300, p.stderr.read()
@@ -191,6 +237,7 @@ def test_a_signal_stops_the_run_with_a_checkpoint(tiny_model, addition_data, tmp
 
 # --- memory and bad values ----------------------------------------------------------------
 
+
 class CountingTokenizer:
     """A real tokenizer that records the longest text it was asked to tokenize."""
 
@@ -206,12 +253,18 @@ class CountingTokenizer:
 
 
 def test_a_huge_prompt_is_never_tokenized_whole(tiny_model):
-    tok = CountingTokenizer(load_tokenizer({"name_or_path": tiny_model,
-                                            "trust_remote_code": False}))
+    tok = CountingTokenizer(
+        load_tokenizer({"name_or_path": tiny_model, "trust_remote_code": False})
+    )
     huge = "7 + " * 2_000_000  # 8 MB
     rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": huge, "answer": "3"}]
-    dc = {"prompt_field": "prompt", "chat_template": "auto", "system_prompt": None,
-          "long_prompts": "drop", "columns": ["answer"]}
+    dc = {
+        "prompt_field": "prompt",
+        "chat_template": "auto",
+        "system_prompt": None,
+        "long_prompts": "drop",
+        "columns": ["answer"],
+    }
     kept, long = fit_prompts(rows, tok, dc, 50)
     assert long == 1 and kept == rows[:1] and tok.longest < 100_000
     kept, _ = fit_prompts(rows, tok, {**dc, "long_prompts": "truncate_left"}, 50)
@@ -228,8 +281,12 @@ def test_a_huge_prompt_is_never_tokenized_whole(tiny_model):
 
 def test_validate_says_what_train_does_with_long_prompts(tiny_model, tmp_path):
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n"
-                    + json.dumps({"prompt": "9" * 3_000_000, "answer": "3"}) + "\n")
+    data.write_text(
+        json.dumps({"prompt": "1+1=", "answer": "2"})
+        + "\n"
+        + json.dumps({"prompt": "9" * 3_000_000, "answer": "3"})
+        + "\n"
+    )
     cfg = cfg_for(tiny_model, str(data), tmp_path / "r")
     shown = run_grpo("validate", write_config(tmp_path / "c.json", cfg))
     assert shown.returncode == 0, shown.stderr
@@ -254,36 +311,47 @@ def _register(name, fn):
     registry().add(module, f"test-{name}")
 
 
-def test_a_reward_returning_text_fails_under_its_policy(tiny_model, addition_data, tmp_path,
-                                                         capsys):
+def test_a_reward_returning_text_fails_under_its_policy(
+    tiny_model, addition_data, tmp_path, capsys
+):
     _register("text_reward", lambda p, c, **k: "1" * len(c))
     cfg = cfg_for(tiny_model, addition_data, tmp_path / "r", steps=1)
     cfg["reward"] = {"name": "text_reward", "failure": "raise"}
-    one_line_error(*cli(["train", write_config(tmp_path / "c.json", cfg)], capsys),
-                   "returned a str, expected a list of 4 numbers", "reward.failure: raise")
+    one_line_error(
+        *cli(["train", write_config(tmp_path / "c.json", cfg)], capsys),
+        "returned a str, expected a list of 4 numbers",
+        "reward.failure: raise",
+    )
     cfg["reward"]["failure"], cfg["output"]["dir"] = "zero", str(tmp_path / "z")
     code, err = cli(["train", write_config(tmp_path / "z.json", cfg)], capsys)
     assert code == 0 and "returned a str" in err, err
     assert all(r["reward"] == 0.0 for r in map(json.loads, open(tmp_path / "z" / "samples.jsonl")))
 
 
-def test_non_numeric_dimensions_are_left_out_and_samples_stay_json(tiny_model, addition_data,
-                                                                    tmp_path, capsys):
-    _register("odd_dims", lambda p, c, **k: Scores(
-        [float("nan")] + [1.0] * (len(c) - 1),
-        dimensions={"words": ["a"] * len(c), "gaps": [None] + [1.0] * (len(c) - 1)}))
+def test_non_numeric_dimensions_are_left_out_and_samples_stay_json(
+    tiny_model, addition_data, tmp_path, capsys
+):
+    _register(
+        "odd_dims",
+        lambda p, c, **k: Scores(
+            [float("nan")] + [1.0] * (len(c) - 1),
+            dimensions={"words": ["a"] * len(c), "gaps": [None] + [1.0] * (len(c) - 1)},
+        ),
+    )
     cfg = cfg_for(tiny_model, addition_data, tmp_path / "r", steps=1)
     cfg["reward"] = {"name": "odd_dims", "failure": "drop_group"}
     code, err = cli(["train", write_config(tmp_path / "c.json", cfg)], capsys)
     assert code == 0 and "dimension 'words' holds str 'a', expected numbers; left out" in err
     text = open(tmp_path / "r" / "samples.jsonl").read()
     assert "NaN" not in text
-    samples = [json.loads(x, parse_constant=lambda c: pytest.fail(c)) for x in text.split("\n")
-               if x]
+    samples = [
+        json.loads(x, parse_constant=lambda c: pytest.fail(c)) for x in text.split("\n") if x
+    ]
     assert samples[0]["reward"] is None and samples[0]["dimensions"] == {"gaps": None}
 
 
 # --- refusals that came late or not at all ------------------------------------------------
+
 
 def test_validate_refuses_a_fifo_at_once(tiny_model, addition_data, tmp_path):
     fifo = tmp_path / "c.yaml"
@@ -294,18 +362,32 @@ def test_validate_refuses_a_fifo_at_once(tiny_model, addition_data, tmp_path):
     os.mkfifo(data)
     cfg = cfg_for(tiny_model, str(data), tmp_path / "r")
     shown = run_grpo("validate", write_config(tmp_path / "d.json", cfg), timeout=60)
-    assert shown.returncode == 2 and "data.path" in shown.stderr and \
-        "not a regular file" in shown.stderr
+    assert (
+        shown.returncode == 2
+        and "data.path" in shown.stderr
+        and "not a regular file" in shown.stderr
+    )
 
 
-@pytest.mark.parametrize("reward,needle", [
-    ({"name": "weighted", "options": {"components": [{"name": "math", "requires": ["nope"]}]}},
-     "reward.options.components[0].requires: 'nope' is not a dimension"),
-    ({"name": "length", "options": {"max_length": 100, "buffer": 200}},
-     "reward.options.buffer: 200 must not exceed max_length (100)"),
-])
-def test_validate_checks_options_the_plugin_would_refuse(tiny_model, addition_data, tmp_path,
-                                                         capsys, reward, needle):
+@pytest.mark.parametrize(
+    "reward,needle",
+    [
+        (
+            {
+                "name": "weighted",
+                "options": {"components": [{"name": "math", "requires": ["nope"]}]},
+            },
+            "reward.options.components[0].requires: 'nope' is not a dimension",
+        ),
+        (
+            {"name": "length", "options": {"max_length": 100, "buffer": 200}},
+            "reward.options.buffer: 200 must not exceed max_length (100)",
+        ),
+    ],
+)
+def test_validate_checks_options_the_plugin_would_refuse(
+    tiny_model, addition_data, tmp_path, capsys, reward, needle
+):
     cfg = cfg_for(tiny_model, addition_data, tmp_path / "r")
     cfg["reward"] = reward
     one_line_error(*cli(["validate", write_config(tmp_path / "c.json", cfg)], capsys), needle)
@@ -314,12 +396,16 @@ def test_validate_checks_options_the_plugin_would_refuse(tiny_model, addition_da
 def test_a_data_files_glob_that_matches_nothing(tiny_model, tmp_path, capsys):
     cfg = cfg_for(tiny_model, "json", tmp_path / "r")
     cfg["data"]["data_files"] = str(tmp_path / "nowhere" / "*.jsonl")
-    one_line_error(*cli(["validate", write_config(tmp_path / "c.json", cfg)], capsys),
-                   "data.data_files", "matches no file")
+    one_line_error(
+        *cli(["validate", write_config(tmp_path / "c.json", cfg)], capsys),
+        "data.data_files",
+        "matches no file",
+    )
 
 
-def test_a_malformed_rng_entry_falls_back_to_an_older_checkpoint(tiny_model, addition_data,
-                                                                 tmp_path, capsys):
+def test_a_malformed_rng_entry_falls_back_to_an_older_checkpoint(
+    tiny_model, addition_data, tmp_path, capsys
+):
     out = tmp_path / "run"
     train(config.validate(cfg_for(tiny_model, addition_data, out, steps=3)))
     state_path = out / "checkpoints" / "step-00000003" / "state.json"
@@ -332,40 +418,60 @@ def test_a_malformed_rng_entry_falls_back_to_an_older_checkpoint(tiny_model, add
     assert [json.loads(x)["step"] for x in open(out / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["plan-memory", "--model", "/dev/zero"], "not a regular file"),
-    (["plan-memory", "--model", "BADJSON"], "invalid JSON"),
-    (["plan-memory", "--model", "BADSIZE"], "hidden_size is 'big', expected a positive"),
-    (["plot", "RUN", "--out", "/dev/null/x"], "--out: cannot create /dev/null/x"),
-])
-def test_small_commands_end_in_one_line(tiny_model, addition_data, tmp_path, capsys, args,
-                                        needle):
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["plan-memory", "--model", "/dev/zero"], "not a regular file"),
+        (["plan-memory", "--model", "BADJSON"], "invalid JSON"),
+        (["plan-memory", "--model", "BADSIZE"], "hidden_size is 'big', expected a positive"),
+        (["plot", "RUN", "--out", "/dev/null/x"], "--out: cannot create /dev/null/x"),
+    ],
+)
+def test_small_commands_end_in_one_line(tiny_model, addition_data, tmp_path, capsys, args, needle):
     (tmp_path / "bad.json").write_text('{"hidden_size": ')
-    (tmp_path / "size.json").write_text(json.dumps({
-        "hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 8, "vocab_size": 10}))
+    (tmp_path / "size.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": "big",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 8,
+                "vocab_size": 10,
+            }
+        )
+    )
     run = tmp_path / "run"
     if "RUN" in args:
         train(config.validate(cfg_for(tiny_model, addition_data, run, steps=1)))
-    names = {"BADJSON": str(tmp_path / "bad.json"), "BADSIZE": str(tmp_path / "size.json"),
-             "RUN": str(run)}
+    names = {
+        "BADJSON": str(tmp_path / "bad.json"),
+        "BADSIZE": str(tmp_path / "size.json"),
+        "RUN": str(run),
+    }
     one_line_error(*cli([names.get(a, a) for a in args], capsys), needle)
 
 
-def test_a_refused_simultaneous_start_names_the_lock_holder(tiny_model, addition_data,
-                                                             tmp_path):
+def test_a_refused_simultaneous_start_names_the_lock_holder(tiny_model, addition_data, tmp_path):
     """Starts racing for one new directory: each refused one names the PID that holds it,
     never calls the directory foreign."""
     out = tmp_path / "run"
     path = write_config(tmp_path / "c.json", cfg_for(tiny_model, addition_data, out, steps=1))
-    starts = [subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", path],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True) for _ in range(4)]
+    starts = [
+        subprocess.Popen(
+            [sys.executable, "-m", "grpo_core.cli", "train", path],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     errors = [p.communicate(timeout=600)[1] for p in starts]
     codes = [p.returncode for p in starts]
     assert codes.count(0) >= 1, errors
     for code, err in zip(codes, errors):
         if code:
-            assert "is in use by another grpo process (PID" in err or \
-                "holds an earlier run" in err, err
+            assert (
+                "is in use by another grpo process (PID" in err or "holds an earlier run" in err
+            ), err
             assert "not a grpo run directory" not in err, err

@@ -67,8 +67,16 @@ def test_parser_builds_sympy_without_string_conversion():
     sympy.sympify = spy
     sympy.core.sympify.sympify = spy
     try:
-        for text in ["\\frac{x+1}{2}", "\\sqrt[3]{8}", "(1,2]", "x=3", "2\\pm\\sqrt{5}",
-                     "\\begin{pmatrix}1&2\\end{pmatrix}", "Monday", "4!"]:
+        for text in [
+            "\\frac{x+1}{2}",
+            "\\sqrt[3]{8}",
+            "(1,2]",
+            "x=3",
+            "2\\pm\\sqrt{5}",
+            "\\begin{pmatrix}1&2\\end{pmatrix}",
+            "Monday",
+            "4!",
+        ]:
             parse_module.parse(text)
     finally:
         sympy.sympify = original

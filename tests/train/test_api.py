@@ -18,8 +18,7 @@ from grpo_core.tiny import addition_rows
 
 def small(tiny_model, out, reward=None, steps=2):
     """A config without data (the test passes rows) and with ``reward`` only when given."""
-    cfg = make_config(tiny_model, "unused", str(out), train={"steps": steps,
-                                                             "prompts_per_step": 2})
+    cfg = make_config(tiny_model, "unused", str(out), train={"steps": steps, "prompts_per_step": 2})
     del cfg["data"], cfg["reward"]
     return {**cfg, "reward": reward} if reward else cfg
 
@@ -37,17 +36,28 @@ def test_plain_function_inside_weighted_runs_in_the_worker_process(tiny_model, t
             f.write(f"{os.getpid()}\n")
         return [1.0 if c[:1].isdigit() else 0.0 for c in completions]
 
-    cfg = small(tiny_model, tmp_path / "run", reward={"name": "weighted", "options": {
-        "components": [{"name": "starts_with_digit", "weight": 1.0},
-                       {"name": "math", "weight": 1.0}]}})
+    cfg = small(
+        tiny_model,
+        tmp_path / "run",
+        reward={
+            "name": "weighted",
+            "options": {
+                "components": [
+                    {"name": "starts_with_digit", "weight": 1.0},
+                    {"name": "math", "weight": 1.0},
+                ]
+            },
+        },
+    )
     rows = addition_rows(0)[0][:8]
     summary = grpo_core.train(cfg, rewards=[starts_with_digit], dataset=rows)
     assert summary["steps"] == 2
     assert os.path.isfile(tmp_path / "run" / "final" / "model.safetensors")
     scored_in = {int(p) for p in pids.read_text().split()}
     assert scored_in and os.getpid() not in scored_in  # reward.isolation: process, the default
-    assert {"reward/starts_with_digit", "reward_std/starts_with_digit"} <= \
-        metric_keys(tmp_path / "run")
+    assert {"reward/starts_with_digit", "reward_std/starts_with_digit"} <= metric_keys(
+        tmp_path / "run"
+    )
 
 
 def test_functions_without_a_reward_section_are_summed(tiny_model, tmp_path):
@@ -100,7 +110,7 @@ def test_rewards_need_names_and_must_not_shadow_plugins():
         grpo_core.train({}, rewards={"math": len})
 
 
-REWARD_FILE = '''
+REWARD_FILE = """
 import os
 
 with open("pids", "a") as f:  # loaded by a process (the trainer's first, at validation)
@@ -111,16 +121,21 @@ def brevity(prompts, completions, **columns):
     with open("pids", "a") as f:  # called by a process
         f.write(f"call {os.getpid()}\\n")
     return [1.0 if len(c) < 3 else 0.0 for c in completions]
-'''
+"""
 
 
-def test_a_reward_file_named_in_the_config_runs_in_the_worker(tiny_model, addition_data,
-                                                              tmp_path):
+def test_a_reward_file_named_in_the_config_runs_in_the_worker(tiny_model, addition_data, tmp_path):
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"),
-                      train={"steps": 1, "prompts_per_step": 2},
-                      reward={"name": "weighted", "options": {"components": [
-                          {"name": "my_rewards.py:brevity"}, {"name": "math"}]}})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        train={"steps": 1, "prompts_per_step": 2},
+        reward={
+            "name": "weighted",
+            "options": {"components": [{"name": "my_rewards.py:brevity"}, {"name": "math"}]},
+        },
+    )
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     lines = [line.split() for line in (tmp_path / "pids").read_text().splitlines()]
@@ -130,15 +145,20 @@ def test_a_reward_file_named_in_the_config_runs_in_the_worker(tiny_model, additi
     assert "reward/my_rewards.py:brevity" in metric_keys(tmp_path / "run")
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("missing.py:f", "file not found: missing.py"),
-    ("json:no_such_function", "json has no function 'no_such_function'"),
-    ("no_such_module_xyz:f", "cannot import no_such_module_xyz"),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("missing.py:f", "file not found: missing.py"),
+        ("json:no_such_function", "json has no function 'no_such_function'"),
+        ("no_such_module_xyz:f", "cannot import no_such_module_xyz"),
+    ],
+)
 def test_bad_references_are_one_line_errors(name, expected):
-    cfg = {"model": {"name_or_path": "m"},
-           "data": {"path": os.path.join(ROOT, "tests", "data", "prompts.jsonl")},
-           "reward": {"name": "weighted", "options": {"components": [{"name": name}]}}}
+    cfg = {
+        "model": {"name_or_path": "m"},
+        "data": {"path": os.path.join(ROOT, "tests", "data", "prompts.jsonl")},
+        "reward": {"name": "weighted", "options": {"components": [{"name": name}]}},
+    }
     with pytest.raises(ConfigError) as info:
         config.validate(cfg)
     assert info.value.problems[0].startswith("reward.options.components[0].name: ")

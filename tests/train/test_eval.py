@@ -24,11 +24,25 @@ def test_pass_at_k_by_hand():
 
 
 def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_path):
-    cfg = write_config(tmp_path / "c.json", make_config(tiny_model, addition_data,
-                                                        str(tmp_path / "run")))
+    cfg = write_config(
+        tmp_path / "c.json", make_config(tiny_model, addition_data, str(tmp_path / "run"))
+    )
     out = tmp_path / "ev"
-    p = run_grpo("eval", cfg, "--data", addition_data, "--n", "4", "--temperature", "1.0",
-                 "--max-problems", "6", "--out", str(out), cwd=ROOT)
+    p = run_grpo(
+        "eval",
+        cfg,
+        "--data",
+        addition_data,
+        "--n",
+        "4",
+        "--temperature",
+        "1.0",
+        "--max-problems",
+        "6",
+        "--out",
+        str(out),
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     report = json.load(open(out / "report.json"))
     assert report["problems"] == 6 and report["samples_per_problem"] == 4
@@ -38,20 +52,47 @@ def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_
     assert report["pass@4"] >= report["pass@2"] >= report["pass@1"]
     rows = [json.loads(x) for x in open(out / "completions.jsonl")]
     assert len(rows) == 24
-    assert set(rows[0]) >= {"problem", "prompt", "completion", "reward", "correct", "tokens",
-                            "answer"}
-    greedy = run_grpo("eval", cfg, "--data", addition_data, "--max-problems", "3", "--out",
-                      str(tmp_path / "g"), cwd=ROOT)
+    assert set(rows[0]) >= {
+        "problem",
+        "prompt",
+        "completion",
+        "reward",
+        "correct",
+        "tokens",
+        "answer",
+    }
+    greedy = run_grpo(
+        "eval",
+        cfg,
+        "--data",
+        addition_data,
+        "--max-problems",
+        "3",
+        "--out",
+        str(tmp_path / "g"),
+        cwd=ROOT,
+    )
     assert greedy.returncode == 0
     assert json.load(open(tmp_path / "g" / "report.json"))["temperature"] == 0.0
 
 
 def test_validation_during_training(tiny_model, addition_data, tmp_path):
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "run"),
-        train={"steps": 5, "prompts_per_step": 2},
-        eval={"data": addition_data, "every_n_steps": 2, "max_problems": 4, "n": 2,
-              "temperature": 1.0, "keep_best": "accuracy"}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            train={"steps": 5, "prompts_per_step": 2},
+            eval={
+                "data": addition_data,
+                "every_n_steps": 2,
+                "max_problems": 4,
+                "n": 2,
+                "temperature": 1.0,
+                "keep_best": "accuracy",
+            },
+        )
+    )
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     with_eval = [r["step"] for r in rows if "eval/accuracy" in r]

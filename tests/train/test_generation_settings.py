@@ -50,8 +50,9 @@ def test_min_p_by_hand():
 def test_min_p_samples_only_kept_tokens_in_their_proportions():
     z = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().expand(20_000, 4)
     counts = torch.bincount(sample(z, 5, torch.arange(20_000), 0, min_p=0.5), minlength=4)
-    torch.testing.assert_close(counts / 20_000, torch.tensor([0.625, 0.375, 0.0, 0.0]),
-                               atol=0.015, rtol=0)
+    torch.testing.assert_close(
+        counts / 20_000, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.015, rtol=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +128,8 @@ def test_stop_strings_end_a_completion_at_the_token_completing_them(tiny):
     ro = gen.generate(prompts, 3, replace(sp, stop=(stop, "never emitted")), seed=2)
     cut = 0
     for i, (full, got) in enumerate(zip(plain, _completions(ro))):
-        ends = [k + 1 for k in range(len(full)) if stop in tok.decode(full[:k + 1])]
-        assert got == full[:ends[0]] if ends else got == full
+        ends = [k + 1 for k in range(len(full)) if stop in tok.decode(full[: k + 1])]
+        assert got == full[: ends[0]] if ends else got == full
         assert bool(ro.truncated[i]) == (not ends and len(full) == 16)
         cut += bool(ends)
     assert cut >= 1
@@ -184,9 +185,13 @@ def configured_model(tiny_model, tmp_path_factory, tiny):
     path = str(tmp_path_factory.mktemp("gencfg") / "model")
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    model.generation_config.update(do_sample=True, temperature=0.7, top_k=5,
-                                   repetition_penalty=1.3,
-                                   eos_token_id=[tok.eos_token_id, int(first)])
+    model.generation_config.update(
+        do_sample=True,
+        temperature=0.7,
+        top_k=5,
+        repetition_penalty=1.3,
+        eos_token_id=[tok.eos_token_id, int(first)],
+    )
     model.generation_config.save_pretrained(path)
     return path, int(first)
 
@@ -201,11 +206,21 @@ def test_generation_config_fills_what_the_config_leaves_null(configured_model, c
     model = load_model(cfg["model"], CPU)
     resolve_sampling(model, cfg["sampling"], announce=True)
     sc = cfg["sampling"]
-    assert (sc["temperature"], sc["top_p"], sc["top_k"], sc["min_p"],
-            sc["repetition_penalty"]) == (0.7, 1.0, 0, 0.0, 1.3)  # top_k: the config's 0 wins
+    assert (sc["temperature"], sc["top_p"], sc["top_k"], sc["min_p"], sc["repetition_penalty"]) == (
+        0.7,
+        1.0,
+        0,
+        0.0,
+        1.3,
+    )  # top_k: the config's 0 wins
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("note:") and "temperature=0.7" in err[0] \
-        and "repetition_penalty=1.3" in err[0] and "top_k" not in err[0]
+    assert (
+        len(err) == 1
+        and err[0].startswith("note:")
+        and "temperature=0.7" in err[0]
+        and "repetition_penalty=1.3" in err[0]
+        and "top_k" not in err[0]
+    )
     sp = SamplingParams.from_config(sc)
     assert (sp.temperature, sp.repetition_penalty, sp.stop) == (0.7, 1.3, ())
 
@@ -231,23 +246,34 @@ def test_every_eos_id_of_the_generation_config_ends_a_completion(configured_mode
 def test_vllm_gets_the_same_settings():
     sp = SamplingParams(8, temperature=0.7, top_k=0, min_p=0.1, repetition_penalty=1.2)
     assert settings(sp, ("</a>",)) == dict(
-        temperature=0.7, top_p=1.0, top_k=-1, min_p=0.1, repetition_penalty=1.2,
-        stop=["</a>"], include_stop_str_in_output=True)
+        temperature=0.7,
+        top_p=1.0,
+        top_k=-1,
+        min_p=0.1,
+        repetition_penalty=1.2,
+        stop=["</a>"],
+        include_stop_str_in_output=True,
+    )
     assert settings(replace(sp, greedy=True, top_k=5), ())["temperature"] == 0.0
     assert settings(replace(sp, top_k=5), ())["top_k"] == 5
     assert settings(sp, ())["stop"] is None
 
 
-def test_a_run_with_model_defaults_writes_them_and_resumes(configured_model, addition_data,
-                                                          tmp_path):
+def test_a_run_with_model_defaults_writes_them_and_resumes(
+    configured_model, addition_data, tmp_path
+):
     """config.json keeps the nulls as written, checkpoints hold the resolved values, and the
     run resumes from its own checkpoint (and from one written before min_p existed)."""
     path, _ = configured_model
     out = str(tmp_path / "run")
-    cfg = make_config(path, addition_data, out, train={"steps": 2, "prompts_per_step": 2,
-                                                       "micro_batch_groups": 1, "seed": 0},
-                      sampling={"group_size": 2, "max_new_tokens": 3, "stop": ["="]},
-                      output={"dir": out, "progress": False, "checkpoint_every": 1})
+    cfg = make_config(
+        path,
+        addition_data,
+        out,
+        train={"steps": 2, "prompts_per_step": 2, "micro_batch_groups": 1, "seed": 0},
+        sampling={"group_size": 2, "max_new_tokens": 3, "stop": ["="]},
+        output={"dir": out, "progress": False, "checkpoint_every": 1},
+    )
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert sum(line.startswith("note:") for line in p.stderr.splitlines()) == 1
@@ -255,8 +281,9 @@ def test_a_run_with_model_defaults_writes_them_and_resumes(configured_model, add
     assert written["sampling"]["temperature"] is None
     meta = glob.glob(os.path.join(out, "checkpoints", "*", "state.json"))
     held = [json.load(open(m)).get("config", {}).get("sampling") for m in meta]
-    assert {"temperature": 0.7, "top_k": 5, "repetition_penalty": 1.3}.items() <= \
-        next(h for h in held if h).items()
+    assert {"temperature": 0.7, "top_k": 5, "repetition_penalty": 1.3}.items() <= next(
+        h for h in held if h
+    ).items()
     for m in meta:  # as a checkpoint written before min_p existed: it read as 0.0 there
         state = json.load(open(m))
         del state["config"]["sampling"]["min_p"]
@@ -277,8 +304,9 @@ def test_an_episode_turn_samples_as_generate_does(tiny):
     ro = gen.generate(prompts, 2, replace(sp, stop=(stop,)), seed=6)
     sampler = gen.start_episodes(prompts, 2, sp, seed=6)
     try:
-        turns = sampler.turn(list(range(ro.size)), [[] for _ in range(ro.size)],
-                             [10] * ro.size, (stop,))
+        turns = sampler.turn(
+            list(range(ro.size)), [[] for _ in range(ro.size)], [10] * ro.size, (stop,)
+        )
     finally:
         sampler.close()
     assert [t.ids for t in turns] == _completions(ro)

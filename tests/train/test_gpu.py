@@ -18,19 +18,30 @@ from grpo_core.cli.gpu_check import parse
 
 #: what a passing check on one GPU without vLLM collects
 GOOD = {
-    "gpu": "NVIDIA H200", "gpus": 1, "torch": "2.13.0",
+    "gpu": "NVIDIA H200",
+    "gpus": 1,
+    "torch": "2.13.0",
     "gpu_tests": {"exit_code": 0},
-    "training": {"steps": 30, "rewards": [0.2] * 10 + [0.3] * 10 + [0.5] * 10,
-                 "completion_len": [3.0] * 30},
-    "generation": {"hf random 0.5B": {"8": 900.0, "64": 6500.0},
-                   "vllm random 0.5B": {"skipped": "vllm is not installed"},
-                   "hf Qwen2.5-7B": {"8": 300.0, "64": 2100.0},
-                   "vllm Qwen2.5-7B": {"8": 1200.0, "64": 9000.0}},
-    "logprob_mismatch": {"random 0.5B": {"skipped": "vllm is not installed"},
-                         "Qwen2.5-7B": {"mean_abs": 0.004, "max_abs": 0.3, "tokens": 4096}},
+    "training": {
+        "steps": 30,
+        "rewards": [0.2] * 10 + [0.3] * 10 + [0.5] * 10,
+        "completion_len": [3.0] * 30,
+    },
+    "generation": {
+        "hf random 0.5B": {"8": 900.0, "64": 6500.0},
+        "vllm random 0.5B": {"skipped": "vllm is not installed"},
+        "hf Qwen2.5-7B": {"8": 300.0, "64": 2100.0},
+        "vllm Qwen2.5-7B": {"8": 1200.0, "64": 9000.0},
+    },
+    "logprob_mismatch": {
+        "random 0.5B": {"skipped": "vllm is not installed"},
+        "Qwen2.5-7B": {"mean_abs": 0.004, "max_abs": 0.3, "tokens": 4096},
+    },
     "memory": {"measured_mib": 5000.0, "planned_mib": 6000.0},
-    "distributed": {"fsdp": {"skipped": "needs 2 or more GPUs, 1 visible"},
-                    "zero3": {"world": 2, "exit_code": 0, "ranks_in_sync": True}},
+    "distributed": {
+        "fsdp": {"skipped": "needs 2 or more GPUs, 1 visible"},
+        "zero3": {"world": 2, "exit_code": 0, "ranks_in_sync": True},
+    },
 }
 
 
@@ -54,23 +65,35 @@ def test_good_figures_pass_and_skips_say_why():
     assert len(gpu_verdict.table(checks).splitlines()) == len(checks) + 2  # header, rule
 
 
-@pytest.mark.parametrize("path,value,failing", [
-    ("gpu_tests/exit_code", 1, "GPU-marked tests"),  # pytest's exit code, propagated
-    ("gpu_tests/exit_code", 5, "GPU-marked tests"),  # no test collected
-    ("training/completion_len", [3.0] * 29 + [0.0], "completions not empty"),
-    ("training/rewards", [0.0] * 30, "reward rises (bf16)"),  # zero reward, zero updates
-    ("training/rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
-    ("generation/hf random 0.5B", {"8": 900.0, "64": 800.0},
-     "hf random 0.5B generation tokens/s"),
-    ("logprob_mismatch/Qwen2.5-7B", {"mean_abs": 0.2, "max_abs": 0.9, "tokens": 99},
-     "hf/vLLM log-prob mismatch Qwen2.5-7B"),
-    ("logprob_mismatch/random 0.5B", {"mean_abs": 0.01, "max_abs": 4.0, "tokens": 99},
-     "hf/vLLM log-prob mismatch random 0.5B"),
-    ("memory/measured_mib", 8000.0, "peak memory vs plan-memory"),
-    ("distributed/zero3/ranks_in_sync", False, "zero3 over the GPUs"),
-    ("distributed/zero3/exit_code", 1, "zero3 over the GPUs"),
-    ("memory", {"error": "OutOfMemoryError: CUDA out of memory"}, "peak memory vs plan-memory"),
-])
+@pytest.mark.parametrize(
+    "path,value,failing",
+    [
+        ("gpu_tests/exit_code", 1, "GPU-marked tests"),  # pytest's exit code, propagated
+        ("gpu_tests/exit_code", 5, "GPU-marked tests"),  # no test collected
+        ("training/completion_len", [3.0] * 29 + [0.0], "completions not empty"),
+        ("training/rewards", [0.0] * 30, "reward rises (bf16)"),  # zero reward, zero updates
+        ("training/rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
+        (
+            "generation/hf random 0.5B",
+            {"8": 900.0, "64": 800.0},
+            "hf random 0.5B generation tokens/s",
+        ),
+        (
+            "logprob_mismatch/Qwen2.5-7B",
+            {"mean_abs": 0.2, "max_abs": 0.9, "tokens": 99},
+            "hf/vLLM log-prob mismatch Qwen2.5-7B",
+        ),
+        (
+            "logprob_mismatch/random 0.5B",
+            {"mean_abs": 0.01, "max_abs": 4.0, "tokens": 99},
+            "hf/vLLM log-prob mismatch random 0.5B",
+        ),
+        ("memory/measured_mib", 8000.0, "peak memory vs plan-memory"),
+        ("distributed/zero3/ranks_in_sync", False, "zero3 over the GPUs"),
+        ("distributed/zero3/exit_code", 1, "zero3 over the GPUs"),
+        ("memory", {"error": "OutOfMemoryError: CUDA out of memory"}, "peak memory vs plan-memory"),
+    ],
+)
 def test_each_failing_figure_fails_its_check_and_the_exit_code(path, value, failing):
     checks = gpu_verdict.judge(_set(GOOD, path, value))
     assert [c.name for c in checks if c.status == "fail"] == [failing]
@@ -96,8 +119,13 @@ def test_the_exit_code_of_the_real_command(tmp_path, how):
     for name, src in (("bad", bad), ("good", good)):
         args = ["--from-figures", str(src), "--out", str(tmp_path / f"{name}-out.json")]
         if how == "script":
-            p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), *args],
-                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+            p = subprocess.run(
+                ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), *args],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=120,
+            )
         else:
             p = run_grpo("gpu-check", *args, cwd=ROOT, timeout=120)
         codes[name] = p.returncode
@@ -109,27 +137,49 @@ def test_the_exit_code_of_the_real_command(tmp_path, how):
     assert written["figures"]["gpu_tests"] == {"exit_code": 2}
     assert {c["name"]: c["status"] for c in written["checks"]}["GPU-marked tests"] == "fail"
 
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_gpu_check_says_no_gpu_and_parses_arguments():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the no-GPU message does not apply")
-    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "2"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 3 and "no CUDA device" in out.stderr
     assert parse(["--steps", "3", "--skip-vllm"]).skip_vllm
-    bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "0"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    bad = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--steps", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
     assert parse(["--group-sizes", "4,32"]).group_sizes == (4, 32)
-    nowhere = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--model",
-                              "Qwen/Qwen2.5-7B"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=120)
-    assert nowhere.returncode == 2 and "--model: Qwen/Qwen2.5-7B is not a model directory" \
-        in nowhere.stderr
-    helped = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--help"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    nowhere = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--model", "Qwen/Qwen2.5-7B"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert (
+        nowhere.returncode == 2
+        and "--model: Qwen/Qwen2.5-7B is not a model directory" in nowhere.stderr
+    )
+    helped = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert helped.returncode == 0 and "--from-figures" in helped.stdout
 
 
@@ -145,10 +195,13 @@ def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
     trained = gpu_probes.demo_training(str(tmp_path / "demo"), 2, device="cpu")
     assert trained["steps"] == 2 and len(trained["rewards"]) == len(trained["completion_len"])
     assert gpu_probes.vllm_rows(tiny_model, (2,), 2, 4) == (
-        {"skipped": "vllm is not installed"}, {"skipped": "vllm is not installed"})
+        {"skipped": "vllm is not installed"},
+        {"skipped": "vllm is not installed"},
+    )
     if not torch.cuda.is_available():
         assert gpu_probes.distributed(str(tmp_path), "fsdp")["skipped"].startswith(
-            "needs 2 or more GPUs, 0 visible")
+            "needs 2 or more GPUs, 0 visible"
+        )
 
 
 @pytest.mark.gpu
@@ -156,9 +209,16 @@ def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
 def test_bf16_training_on_cuda(tiny_model, addition_data, tmp_path):
     from grpo_core.trainer import train
 
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                                      kl={"name": "fixed", "options": {"coef": 0.05}},
-                                      train={"steps": 2, "prompts_per_step": 4}, runtime={"device": "cuda"}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "r"),
+            kl={"name": "fixed", "options": {"coef": 0.05}},
+            train={"steps": 2, "prompts_per_step": 4},
+            runtime={"device": "cuda"},
+        )
+    )
     summary = train(cfg)
     assert summary["steps"] == 2 and summary["peak_memory_mb"] > 0
 
@@ -169,11 +229,19 @@ def test_vllm_generator_trains_and_syncs(tiny_model, addition_data, tmp_path):
     pytest.importorskip("vllm", reason="vllm is not installed")
     from grpo_core.trainer import train
 
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "r"),
-        generator={"name": "vllm", "options": {"gpu_memory_utilization": 0.2,
-                                               "enforce_eager": True}},
-        train={"steps": 2, "prompts_per_step": 4}, runtime={"device": "cuda"}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "r"),
+            generator={
+                "name": "vllm",
+                "options": {"gpu_memory_utilization": 0.2, "enforce_eager": True},
+            },
+            train={"steps": 2, "prompts_per_step": 4},
+            runtime={"device": "cuda"},
+        )
+    )
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
     assert len(rows) == 2 and all(r["samples"] == 16 for r in rows)
@@ -194,8 +262,9 @@ def test_vllm_sync_changes_the_engines_weights(tiny_model):
     cuda = torch.device("cuda")
     mc = fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": tiny_model}})["model"]
     model, tok = load_model(mc, cuda), load_tokenizer(mc)
-    gen = grpo_core.create("generator", "vllm", {"gpu_memory_utilization": 0.2,
-                                                 "enforce_eager": True, "sleep": False})
+    gen = grpo_core.create(
+        "generator", "vllm", {"gpu_memory_utilization": 0.2, "enforce_eager": True, "sleep": False}
+    )
     gen.setup(model, tok, cuda)
     before = sum(gen.llm.collective_rpc("weights_checksum"))
     with torch.no_grad():

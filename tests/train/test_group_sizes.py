@@ -28,14 +28,20 @@ def test_allocation_by_hand():
 
 
 def run_cfg(model, data, out, **groups):
-    return config.validate(make_config(
-        model, data, str(out), reward={"name": "format", "options": {"tags": [],
-                                                                     "patterns": ["[0-9]"]}},
-        groups=groups, sampling={"group_size": 4, "max_new_tokens": 6},
-        train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
-        optimizer={"lr": 1e-2}, runtime={"device": "cpu", "threads": 1},
-        output={"dir": str(out), "progress": False, "samples_every": 1,
-                "tensorboard": "off"}))
+    return config.validate(
+        make_config(
+            model,
+            data,
+            str(out),
+            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            groups=groups,
+            sampling={"group_size": 4, "max_new_tokens": 6},
+            train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
+            optimizer={"lr": 1e-2},
+            runtime={"device": "cpu", "threads": 1},
+            output={"dir": str(out), "progress": False, "samples_every": 1, "tensorboard": "off"},
+        )
+    )
 
 
 def test_groups_get_their_own_sizes_within_the_budget(tiny_model, addition_data, tmp_path):
@@ -47,17 +53,18 @@ def test_groups_get_their_own_sizes_within_the_budget(tiny_model, addition_data,
     sizes = Counter((s["step"], s["group"]) for s in samples)
     assert all(n >= 2 for n in sizes.values())
     for s in samples:  # GRPO's advantages within each group of its own size
-        group = [x["reward"] for x in samples if (x["step"], x["group"]) == (s["step"],
-                                                                            s["group"])]
+        group = [x["reward"] for x in samples if (x["step"], x["group"]) == (s["step"], s["group"])]
         t = torch.tensor(group)
         want = 0.0 if t.std() == 0 else float((s["reward"] - t.mean()) / (t.std() + 1e-6))
         assert s["advantage"] == pytest.approx(want, abs=1e-5)
 
 
-def test_refused_beside_dynamic_sampling_and_at_full_size(tiny_model, addition_data,
-                                                           tmp_path):
+def test_refused_beside_dynamic_sampling_and_at_full_size(tiny_model, addition_data, tmp_path):
     with pytest.raises(UserError, match="adaptive_first: 4 leaves no completions"):
         train(run_cfg(tiny_model, addition_data, tmp_path / "a", adaptive_first=4))
     with pytest.raises(UserError, match="groups.dynamic_sampling"):
-        train(run_cfg(tiny_model, addition_data, tmp_path / "b", adaptive_first=2,
-                      dynamic_sampling=True))
+        train(
+            run_cfg(
+                tiny_model, addition_data, tmp_path / "b", adaptive_first=2, dynamic_sampling=True
+            )
+        )

@@ -12,10 +12,20 @@ from grpo_core.observe.pitfalls import suggest
 
 
 def healthy(step: int) -> dict:
-    return {"step": step, "reward": 0.2 + 0.01 * step, "zero_std_frac": 0.1, "solved_frac": 0.05,
-            "kl": 0.01 + 0.0001 * step, "kl_coef": 0.04, "entropy": 1.2 - 0.002 * step,
-            "grad_norm": 1.0 + 0.05 * (step % 3), "completion_len": 100 + step * 0.1,
-            "truncated_frac": 0.02, "loss": 0.01, "skipped_updates": 0}
+    return {
+        "step": step,
+        "reward": 0.2 + 0.01 * step,
+        "zero_std_frac": 0.1,
+        "solved_frac": 0.05,
+        "kl": 0.01 + 0.0001 * step,
+        "kl_coef": 0.04,
+        "entropy": 1.2 - 0.002 * step,
+        "grad_norm": 1.0 + 0.05 * (step % 3),
+        "completion_len": 100 + step * 0.1,
+        "truncated_frac": 0.02,
+        "loss": 0.01,
+        "skipped_updates": 0,
+    }
 
 
 def stream(n: int = 30, **changes) -> list[str]:
@@ -43,8 +53,12 @@ def test_zero_std_groups():
 
 
 def test_solved_groups_are_not_a_problem():
-    w = stream(reward=lambda s: 0.95, zero_std_frac=lambda s: 0.9, solved_frac=lambda s: 0.85,
-               entropy=lambda s: 0.01)
+    w = stream(
+        reward=lambda s: 0.95,
+        zero_std_frac=lambda s: 0.9,
+        solved_frac=lambda s: 0.85,
+        entropy=lambda s: 0.01,
+    )
     assert not fired(w, "identical") and not fired(w, "entropy fell")
 
 
@@ -55,7 +69,7 @@ def test_kl_too_small():
 
 def test_kl_exploding_and_growing():
     assert fired(stream(kl=lambda s: 12.0), "KL is 12")
-    w = stream(kl=lambda s: 0.005 * 1.25 ** s)
+    w = stream(kl=lambda s: 0.005 * 1.25**s)
     # at step 19, steps 10-14 against 15-19: 1.25^5 = 3.05x, from
     # 0.005 * 1.25^10 * mean(1.25^0..4) = 0.005 * 9.3132 * 1.64141 = 0.0764
     assert w[0].startswith("KL grew 3.1x (0.0764 -> 0.233) in 10 steps")
@@ -63,21 +77,25 @@ def test_kl_exploding_and_growing():
 
 def test_kl_rising_from_zero_is_not_growth():
     # every run starts at KL 0; growth is judged only after a window, from a measurable base
-    assert not fired(stream(12, kl=lambda s: 0.3 * (1 - 0.5 ** s)), "KL grew")
+    assert not fired(stream(12, kl=lambda s: 0.3 * (1 - 0.5**s)), "KL grew")
     assert not fired(stream(40, kl=lambda s: min(0.004 * s, 0.3)), "KL grew")
 
 
 def test_kl_advice_takes_the_coefficient_into_account():
     mon = HealthMonitor(window=10, settings={"lr": 0.05, "kl_option": "kl.options.coef"})
     large = mon.observe({**healthy(0), "kl": 3.0, "kl_coef": 5.0})
-    assert large == ["KL is 3: the policy is running away from the reference; the KL "
-                     "coefficient is already 5, so lower optimizer.lr from 0.05 (e.g. to 0.01) "
-                     "rather than raising it"]
+    assert large == [
+        "KL is 3: the policy is running away from the reference; the KL "
+        "coefficient is already 5, so lower optimizer.lr from 0.05 (e.g. to 0.01) "
+        "rather than raising it"
+    ]
     small = HealthMonitor(window=10, settings={"lr": 1e-3, "kl_option": "kl.options.coef"})
     w = small.observe({**healthy(0), "kl": 3.0, "kl_coef": 0.04})
-    assert w == ["KL is 3: the policy is running away from the reference; raise "
-                 "kl.options.coef from 0.04 (e.g. to 0.1) or lower optimizer.lr from 0.001 "
-                 "(e.g. to 0.0003)"]
+    assert w == [
+        "KL is 3: the policy is running away from the reference; raise "
+        "kl.options.coef from 0.04 (e.g. to 0.1) or lower optimizer.lr from 0.001 "
+        "(e.g. to 0.0003)"
+    ]
 
 
 def test_entropy_collapse():
@@ -96,7 +114,7 @@ def test_reward_flat():
 
 
 def test_length_running_away():
-    w = stream(completion_len=lambda s: 100 * 1.1 ** s, truncated_frac=lambda s: 0.4)
+    w = stream(completion_len=lambda s: 100 * 1.1**s, truncated_frac=lambda s: 0.4)
     assert fired(w, "reward hacking by length")
 
 
@@ -116,7 +134,7 @@ def test_a_warning_repeats_only_when_its_figure_moves():
         out += mon.observe({**healthy(s), "kl": 80.0})
     assert [w[:8] for w in out] == ["KL is 50", "KL is 80"]
     quick = HealthMonitor(window=5)
-    shown = [quick.observe({**healthy(s), "kl": 2.0 * 2 ** s}) for s in range(8)]
+    shown = [quick.observe({**healthy(s), "kl": 2.0 * 2**s}) for s in range(8)]
     assert [bool(w) for w in shown] == [True] + [False] * 4 + [True] + [False] * 2  # a window
 
 
@@ -129,65 +147,112 @@ def test_kl_term_dominating_with_a_flat_reward():
     mon = HealthMonitor(window=10, settings={"kl_option": "kl.options.coef"})
     out = []
     for s in range(10):  # policy term |0.02| on average, KL term 0.5: 25x
-        out += mon.observe({**healthy(s), "reward": 0.16 + 0.01 * (s % 2), "kl_coef": 5.0,
-                            "loss/kl": 0.5, "loss/policy": 0.02 * (-1) ** s})
-    assert out == ["the KL term is 25x the policy term (0.5 vs 0.02) and the reward stayed "
-                   "flat (0.164 -> 0.166) for 10 steps: the KL penalty holds the policy at the "
-                   "reference; lower kl.options.coef from 5 (e.g. to 0.2)"]
-    rising = stream(kl_coef=lambda s: 5.0, **{"loss/kl": lambda s: 0.5,
-                                              "loss/policy": lambda s: 0.02})
+        out += mon.observe(
+            {
+                **healthy(s),
+                "reward": 0.16 + 0.01 * (s % 2),
+                "kl_coef": 5.0,
+                "loss/kl": 0.5,
+                "loss/policy": 0.02 * (-1) ** s,
+            }
+        )
+    assert out == [
+        "the KL term is 25x the policy term (0.5 vs 0.02) and the reward stayed "
+        "flat (0.164 -> 0.166) for 10 steps: the KL penalty holds the policy at the "
+        "reference; lower kl.options.coef from 5 (e.g. to 0.2)"
+    ]
+    rising = stream(
+        kl_coef=lambda s: 5.0, **{"loss/kl": lambda s: 0.5, "loss/policy": lambda s: 0.02}
+    )
     assert not fired(rising, "KL term")  # the healthy stream's reward rises 0.05 a window
 
 
 def test_a_part_of_the_reward_falling_while_the_total_rises():
-    settings = {"components": {"farm": {"weight": 1.0, "requires": [], "max": 1.0},
-                               "math": {"weight": 0.5, "requires": [], "max": 1.0}}}
+    settings = {
+        "components": {
+            "farm": {"weight": 1.0, "requires": [], "max": 1.0},
+            "math": {"weight": 0.5, "requires": [], "max": 1.0},
+        }
+    }
     mon, out = HealthMonitor(window=4, settings=settings), []
     for s, (farm, math_) in enumerate([(0, 0.2), (0, 0.2), (0.5, 0.1), (0.9, 0.0)]):
-        out += mon.observe({**healthy(s), "reward": farm + 0.5 * math_, "reward/farm": farm,
-                            "reward/math": math_})
-    assert out == ["the reward rose 0.1 -> 0.725 in 4 steps while reward/math fell 0.2 -> "
-                   "0.05: the policy earns the other parts of the reward at math's expense "
-                   "(reward hacking); make farm require math (the component's `requires`), or "
-                   "raise math's weight (now 0.5)"]
+        out += mon.observe(
+            {**healthy(s), "reward": farm + 0.5 * math_, "reward/farm": farm, "reward/math": math_}
+        )
+    assert out == [
+        "the reward rose 0.1 -> 0.725 in 4 steps while reward/math fell 0.2 -> "
+        "0.05: the policy earns the other parts of the reward at math's expense "
+        "(reward hacking); make farm require math (the component's `requires`), or "
+        "raise math's weight (now 0.5)"
+    ]
 
 
 def test_one_part_saturated_while_a_gated_one_stays_at_zero():
-    settings = {"components": {"digits": {"weight": 0.5, "requires": [], "max": 1.0},
-                               "math": {"weight": 1.0, "requires": ["digits"], "max": 1.0}}}
+    settings = {
+        "components": {
+            "digits": {"weight": 0.5, "requires": [], "max": 1.0},
+            "math": {"weight": 1.0, "requires": ["digits"], "max": 1.0},
+        }
+    }
     mon, out = HealthMonitor(window=4, settings=settings), []
     for s in range(4):
-        out += mon.observe({**healthy(s), "reward": 0.5, "reward/digits": 1.0,
-                            "reward/math": 0.0, "truncated_frac": 0.8})
-    assert [w for w in out if w.startswith("reward/digits")] == [("reward/digits is at its best (1 of 1) for 4 steps while reward/math "
-                      "(gated on digits) stayed at 0: the policy has learned digits alone "
-                      "(reward hacking), and digits no longer tells completions apart; lower "
-                      "digits's weight (now 0.5) or make it require math, and check that math "
-                      "can be earned at all; a larger sampling.max_new_tokens will not help")]
-    assert fired(out, "80% of completions hit sampling.max_new_tokens while the reward is "
-                      "being gamed (saturated): fix the reward first")
+        out += mon.observe(
+            {
+                **healthy(s),
+                "reward": 0.5,
+                "reward/digits": 1.0,
+                "reward/math": 0.0,
+                "truncated_frac": 0.8,
+            }
+        )
+    assert [w for w in out if w.startswith("reward/digits")] == [
+        (
+            "reward/digits is at its best (1 of 1) for 4 steps while reward/math "
+            "(gated on digits) stayed at 0: the policy has learned digits alone "
+            "(reward hacking), and digits no longer tells completions apart; lower "
+            "digits's weight (now 0.5) or make it require math, and check that math "
+            "can be earned at all; a larger sampling.max_new_tokens will not help"
+        )
+    ]
+    assert fired(
+        out,
+        "80% of completions hit sampling.max_new_tokens while the reward is "
+        "being gamed (saturated): fix the reward first",
+    )
     assert not fired(out, "raise max_new_tokens")
 
 
 def test_length_rising_with_the_reward():
-    w = stream(completion_len=lambda s: 100 * 1.1 ** s, reward=lambda s: 0.1 + 0.05 * s,
-               truncated_frac=lambda s: 0.0)
+    w = stream(
+        completion_len=lambda s: 100 * 1.1**s,
+        reward=lambda s: 0.1 + 0.05 * s,
+        truncated_frac=lambda s: 0.0,
+    )
     # steps 0-4 against 5-9: 100 * mean(1.1^0..4) = 122 -> 197 tokens, reward 0.2 -> 0.45
-    assert w[0] == ("completion length rose 122 -> 197 tokens in 10 steps with the reward (0.2 "
-                    "-> 0.45): the reward may be paying for length (reward hacking); read "
-                    "samples.txt, and add a length penalty (reward `length`) or use "
-                    "objective.aggregation: seq_mean_token_sum_norm")
+    assert w[0] == (
+        "completion length rose 122 -> 197 tokens in 10 steps with the reward (0.2 "
+        "-> 0.45): the reward may be paying for length (reward hacking); read "
+        "samples.txt, and add a length penalty (reward `length`) or use "
+        "objective.aggregation: seq_mean_token_sum_norm"
+    )
 
 
 def test_one_update_that_collapses_the_reward():
     mon, out = HealthMonitor(window=6, settings={"lr": 0.05}), []
     for s in range(8):
-        r = {**healthy(s), "reward": 0.3 if s < 3 else 0.0, "entropy": 1.0 if s < 3 else 4.0,
-             "zero_std_frac": 0.2 if s < 3 else 1.0, "truncated_frac": 0.0 if s < 3 else 1.0}
+        r = {
+            **healthy(s),
+            "reward": 0.3 if s < 3 else 0.0,
+            "entropy": 1.0 if s < 3 else 4.0,
+            "zero_std_frac": 0.2 if s < 3 else 1.0,
+            "truncated_frac": 0.0 if s < 3 else 1.0,
+        }
         out += mon.observe(r)
-    assert out == ["the reward fell 0.3 -> 0 right after one update (step 2, grad norm 1.1) "
-                   "that changed the entropy 1 -> 4: the learning rate is too high and the "
-                   "update overshot; lower optimizer.lr from 0.05 (e.g. to 0.005)"]
+    assert out == [
+        "the reward fell 0.3 -> 0 right after one update (step 2, grad norm 1.1) "
+        "that changed the entropy 1 -> 4: the learning rate is too high and the "
+        "update overshot; lower optimizer.lr from 0.05 (e.g. to 0.005)"
+    ]
     # the data and the token budget are not blamed for what followed
     assert set(mon.counts) == {"lr_high"}
 
@@ -195,12 +260,22 @@ def test_one_update_that_collapses_the_reward():
 def test_a_low_temperature_is_named_as_the_cause_of_flat_groups():
     mon, out = HealthMonitor(window=4, settings={"temperature": 0.01}), []
     for s in range(8):
-        out += mon.observe({**healthy(s), "reward": 0.0, "zero_std_frac": 1.0,
-                            "solved_frac": 0.0, "entropy": 1e-5 * (s + 1)})
-    assert fired(out, "every completion got the same reward (0) for 4 steps, so every advantage "
-                      "is 0 and nothing is learned: sampling.temperature is 0.01: a group's "
-                      "completions are near copies of one another, so their rewards are equal; "
-                      "raise sampling.temperature (e.g. to 1.0)")
+        out += mon.observe(
+            {
+                **healthy(s),
+                "reward": 0.0,
+                "zero_std_frac": 1.0,
+                "solved_frac": 0.0,
+                "entropy": 1e-5 * (s + 1),
+            }
+        )
+    assert fired(
+        out,
+        "every completion got the same reward (0) for 4 steps, so every advantage "
+        "is 0 and nothing is learned: sampling.temperature is 0.01: a group's "
+        "completions are near copies of one another, so their rewards are equal; "
+        "raise sampling.temperature (e.g. to 1.0)",
+    )
     assert not fired(out, "check that the reward can be earned")
     assert sum("entropy is" in w for w in out) == 1  # the temperature's figure does not move
 
@@ -212,16 +287,30 @@ def test_kl_oscillating():
 
 
 def test_loss_oscillating_with_growing_swings():
-    w = stream(40, loss=lambda s: (-1) ** s * 0.01 * 1.3 ** s)
+    w = stream(40, loss=lambda s: (-1) ** s * 0.01 * 1.3**s)
     assert fired(w, "the loss flips sign with growing swings")
     assert not fired(stream(40, loss=lambda s: (-1) ** s * 0.01), "flips sign")
 
 
 def test_update_metrics_average_every_inner_iteration():
-    first = {"tokens": 10.0, "kl": 0.0, "entropy": 20.0, "loss/policy": -0.1, "loss/kl": 0.0,
-             "clip_low": 0.0, "clip_high": 0.0}
-    second = {"tokens": 10.0, "kl": 2.0, "entropy": 16.0, "loss/policy": -0.3, "loss/kl": 0.02,
-              "clip_low": 1.0, "clip_high": 3.0}
+    first = {
+        "tokens": 10.0,
+        "kl": 0.0,
+        "entropy": 20.0,
+        "loss/policy": -0.1,
+        "loss/kl": 0.0,
+        "clip_low": 0.0,
+        "clip_high": 0.0,
+    }
+    second = {
+        "tokens": 10.0,
+        "kl": 2.0,
+        "entropy": 16.0,
+        "loss/policy": -0.3,
+        "loss/kl": 0.02,
+        "clip_low": 1.0,
+        "clip_high": 3.0,
+    }
     m = update_metrics([first, second])
     assert m["clip_high_frac"] == 0.15 and m["clip_high_frac_last"] == 0.3  # (0 + 0.3) / 2
     assert m["clip_low_frac"] == 0.05 and m["kl"] == 0.1 and m["kl_last"] == 0.2
@@ -239,6 +328,10 @@ def test_suggest():
 
 def test_no_kl_verdict_without_a_policy_gradient():
     # every group flat: the policy term is 0 and the KL term cannot be compared with it
-    w = stream(reward=lambda s: 0.0, zero_std_frac=lambda s: 1.0, solved_frac=lambda s: 0.0,
-               **{"loss/kl": lambda s: 0.001, "loss/policy": lambda s: 0.0})
+    w = stream(
+        reward=lambda s: 0.0,
+        zero_std_frac=lambda s: 1.0,
+        solved_frac=lambda s: 0.0,
+        **{"loss/kl": lambda s: 0.001, "loss/policy": lambda s: 0.0},
+    )
     assert fired(w, "every completion got the same reward") and not fired(w, "KL term")

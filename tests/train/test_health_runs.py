@@ -28,12 +28,18 @@ def register(kind: str, name: str, factory) -> None:
 
 
 def run(tiny_model, data, tmp_path, steps=8, window=4, **sections):
-    base = {"reward": DIGIT, "sampling": {"group_size": 4, "max_new_tokens": 4},
-            "train": {"steps": steps, "prompts_per_step": 4, "seed": 2},
-            "health": {"window": window}}
+    base = {
+        "reward": DIGIT,
+        "sampling": {"group_size": 4, "max_new_tokens": 4},
+        "train": {"steps": steps, "prompts_per_step": 4, "seed": 2},
+        "health": {"window": window},
+    }
     for key, value in sections.items():
-        base[key] = {**base[key], **value} if isinstance(base.get(key), dict) and \
-            isinstance(value, dict) and key != "reward" else value
+        base[key] = (
+            {**base[key], **value}
+            if isinstance(base.get(key), dict) and isinstance(value, dict) and key != "reward"
+            else value
+        )
     cfg = config.validate(make_config(tiny_model, data, str(tmp_path / "run"), **base))
     summary = train(cfg)
     rows = [json.loads(x) for x in open(os.path.join(cfg["output"]["dir"], "metrics.jsonl"))]
@@ -49,11 +55,16 @@ def first(fired: dict, text: str) -> int | None:
     return min(steps) if steps else None
 
 
-def test_a_reward_that_is_zero_everywhere_is_caught_within_one_window(tiny_model, addition_data,
-                                                                      tmp_path):
-    summary, rows, fired = run(tiny_model, addition_data, tmp_path,
-                               reward={"name": "format", "options": {"tags": ["x"]}},
-                               kl={"name": "fixed", "options": {"coef": 0.04}})
+def test_a_reward_that_is_zero_everywhere_is_caught_within_one_window(
+    tiny_model, addition_data, tmp_path
+):
+    summary, rows, fired = run(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        reward={"name": "format", "options": {"tags": ["x"]}},
+        kl={"name": "fixed", "options": {"coef": 0.04}},
+    )
     assert all(r["reward"] == 0 and r["solved_frac"] == 0 for r in rows)
     assert first(fired, "every completion got the same reward (0)") == 3
     assert first(fired, "check that the reward can be earned") == 3
@@ -62,7 +73,7 @@ def test_a_reward_that_is_zero_everywhere_is_caught_within_one_window(tiny_model
 
 
 def test_equal_rewards_everywhere_from_the_start(tiny_model, addition_data, tmp_path):
-    register("reward", "health_const", lambda: (lambda p, c, **k: [0.5] * len(c)))
+    register("reward", "health_const", lambda: lambda p, c, **k: [0.5] * len(c))
     _, _, fired = run(tiny_model, addition_data, tmp_path, reward={"name": "health_const"})
     assert first(fired, "every completion got the same reward (0.5)") == 3
 
@@ -86,14 +97,36 @@ def test_completions_cut_at_the_token_budget(tiny_model, addition_data, tmp_path
 
 def test_format_rising_while_correctness_stays_flat(warm_model, tmp_path):
     data = tmp_path / "d.jsonl"  # golds no completion can match: correctness stays at 0
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": "impossible"}) + "\n"
-                            for a in range(10) for b in range(10)))
-    weighted = {"name": "weighted", "options": {"components": [
-        {"name": "format", "as": "teens", "options": {"tags": [], "patterns": ["^1[0-9]$"]},
-         "weight": 0.5},
-        {"name": "math", "options": {"strict": True}, "weight": 1.0}]}}
-    _, rows, fired = run(warm_model, str(data), tmp_path, steps=16, reward=weighted,
-                         optimizer={"lr": 2e-3}, sampling={"group_size": 8})
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "answer": "impossible"}) + "\n"
+            for a in range(10)
+            for b in range(10)
+        )
+    )
+    weighted = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {
+                    "name": "format",
+                    "as": "teens",
+                    "options": {"tags": [], "patterns": ["^1[0-9]$"]},
+                    "weight": 0.5,
+                },
+                {"name": "math", "options": {"strict": True}, "weight": 1.0},
+            ]
+        },
+    }
+    _, rows, fired = run(
+        warm_model,
+        str(data),
+        tmp_path,
+        steps=16,
+        reward=weighted,
+        optimizer={"lr": 2e-3},
+        sampling={"group_size": 8},
+    )
     teens = [r["reward/teens"] for r in rows]
     assert sum(teens[-4:]) / 4 - sum(teens[:4]) / 4 > 0.1
     assert all(r["reward/math"] == 0 for r in rows)
@@ -102,36 +135,54 @@ def test_format_rising_while_correctness_stays_flat(warm_model, tmp_path):
 
 
 def test_entropy_collapse_before_the_task_is_solved(tiny_model, addition_data, tmp_path):
-    _, rows, fired = run(tiny_model, addition_data, tmp_path, steps=10,
-                         objective={"name": "grpo", "entropy_coef": -2.0},
-                         optimizer={"lr": 5e-2})
+    _, rows, fired = run(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        steps=10,
+        objective={"name": "grpo", "entropy_coef": -2.0},
+        optimizer={"lr": 5e-2},
+    )
     assert rows[-1]["entropy"] < 0.05 and rows[-1]["solved_frac"] < 0.5
     assert first(fired, "entropy fell") is not None
 
 
 def test_kl_running_away(tiny_model, addition_data, tmp_path):
-    _, rows, fired = run(tiny_model, addition_data, tmp_path, steps=10,
-                         kl={"name": "fixed", "options": {"coef": 1e-4}},
-                         objective={"name": "grpo", "entropy_coef": -2.0},
-                         optimizer={"lr": 5e-2})
+    _, rows, fired = run(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        steps=10,
+        kl={"name": "fixed", "options": {"coef": 1e-4}},
+        objective={"name": "grpo", "entropy_coef": -2.0},
+        optimizer={"lr": 5e-2},
+    )
     assert max(r["kl"] for r in rows) > 1
     assert first(fired, "the policy is running away from the reference") is not None
 
 
-def test_an_adaptive_kl_controller_that_cannot_reach_its_target(warm_model, addition_data,
-                                                                tmp_path):
-    _, rows, fired = run(warm_model, addition_data, tmp_path, steps=12, window=6,
-                         kl={"name": "adaptive", "options": {"init_coef": 0.5, "target": 0.05,
-                                                             "horizon": 20}},
-                         optimizer={"lr": 3e-3}, sampling={"group_size": 8})
+def test_an_adaptive_kl_controller_that_cannot_reach_its_target(
+    warm_model, addition_data, tmp_path
+):
+    _, rows, fired = run(
+        warm_model,
+        addition_data,
+        tmp_path,
+        steps=12,
+        window=6,
+        kl={"name": "adaptive", "options": {"init_coef": 0.5, "target": 0.05, "horizon": 20}},
+        optimizer={"lr": 3e-3},
+        sampling={"group_size": 8},
+    )
     assert rows[-1]["kl_coef"] > 4 * rows[0]["kl_coef"]
     assert sum(r["kl"] for r in rows[1:]) / 11 > 0.05  # above its target all along
     assert first(fired, "the controller cannot reach its target") is not None
 
 
 def test_peak_memory_near_the_limit(tiny_model, addition_data, tmp_path):
-    _, rows, fired = run(tiny_model, addition_data, tmp_path, steps=2,
-                         health={"memory_limit_mb": 50})
+    _, rows, fired = run(
+        tiny_model, addition_data, tmp_path, steps=2, health={"memory_limit_mb": 50}
+    )
     assert rows[0]["memory_frac"] > 1 and rows[0]["peak_memory_mb"] > 50
     assert first(fired, "of the 50 MiB available") == 0
 
@@ -142,18 +193,31 @@ def test_non_finite_updates(tiny_model, addition_data, tmp_path):
             return torch.full_like(rewards, float("inf"))
 
     register("baseline", "health_inf", Inf)
-    _, _, fired = run(tiny_model, addition_data, tmp_path, steps=2,
-                      baseline={"name": "health_inf"}, train={"max_nonfinite_steps": 5})
+    _, _, fired = run(
+        tiny_model,
+        addition_data,
+        tmp_path,
+        steps=2,
+        baseline={"name": "health_inf"},
+        train={"max_nonfinite_steps": 5},
+    )
     assert first(fired, "non-finite values: loss, skipped updates") == 0
 
 
 @pytest.mark.parametrize("objective", ["grpo", "cispo"])
 def test_a_healthy_run_stays_quiet(warm_model, addition_data, tmp_path, objective):
     answers_in_the_teens = {"name": "format", "options": {"tags": [], "patterns": ["^1[0-9]$"]}}
-    summary, rows, fired = run(warm_model, addition_data, tmp_path, steps=12,
-                               reward=answers_in_the_teens, objective={"name": objective},
-                               kl={"name": "fixed", "options": {"coef": 0.04}},
-                               optimizer={"lr": 1e-4}, sampling={"group_size": 8})
+    summary, rows, fired = run(
+        warm_model,
+        addition_data,
+        tmp_path,
+        steps=12,
+        reward=answers_in_the_teens,
+        objective={"name": objective},
+        kl={"name": "fixed", "options": {"coef": 0.04}},
+        optimizer={"lr": 1e-4},
+        sampling={"group_size": 8},
+    )
     assert fired == {} and summary["health"] == [], fired
     assert all(r["zero_std_frac"] < 1 for r in rows) and rows[-1]["kl"] > 0
 
@@ -184,8 +248,9 @@ def demo_run(demo: str, tmp_path, steps: int, window: int, **sections):
     cfg["output"].update(dir=str(tmp_path / "run"), progress=False, samples_every=0)
     cfg["health"]["window"] = window
     for key, value in sections.items():
-        cfg[key] = {**cfg[key], **value} if isinstance(cfg.get(key), dict) and \
-            key != "reward" else value
+        cfg[key] = (
+            {**cfg[key], **value} if isinstance(cfg.get(key), dict) and key != "reward" else value
+        )
     summary = train(config.validate(cfg))
     rows = [json.loads(x) for x in open(os.path.join(cfg["output"]["dir"], "metrics.jsonl"))]
     return summary, rows, [(r["step"], w) for r in rows for w in r.get("health") or []]
@@ -204,51 +269,96 @@ def test_the_demo_run_stays_quiet(demo, tmp_path):
 
 
 def test_a_farmed_part_of_the_reward_at_correctness_expense(demo, tmp_path):
-    farmed = {"name": "weighted", "options": {"components": [
-        {"name": "format", "as": "farm", "options": {"tags": [], "patterns": ["^0"]},
-         "weight": 1.0},
-        {"name": "math", "options": {"strict": True}, "weight": 0.5}]}}
+    farmed = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {
+                    "name": "format",
+                    "as": "farm",
+                    "options": {"tags": [], "patterns": ["^0"]},
+                    "weight": 1.0,
+                },
+                {"name": "math", "options": {"strict": True}, "weight": 0.5},
+            ]
+        },
+    }
     _, rows, warnings = demo_run(demo, tmp_path, steps=10, window=8, reward=farmed)
     assert rows[-1]["reward/farm"] > rows[0]["reward/farm"] + 0.2
     assert said(warnings, "while reward/math fell") == [8]
-    assert said(warnings, "make farm require math (the component's `requires`), or raise "
-                          "math's weight (now 0.5)") == [8]
+    assert said(
+        warnings,
+        "make farm require math (the component's `requires`), or raise math's weight (now 0.5)",
+    ) == [8]
 
 
 def test_one_part_at_its_best_while_the_gated_one_never_scores(demo, tmp_path):
     data = tmp_path / "d.jsonl"  # golds no completion can match: math stays at 0
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": "impossible"}) + "\n"
-                            for a in range(10) for b in range(10)))
-    gated = {"name": "weighted", "options": {"components": [
-        {"name": "format", "as": "digits", "options": {"tags": [], "patterns": ["[0-9]"]},
-         "weight": 0.5},
-        {"name": "math", "options": {"strict": True}, "requires": ["digits"]}]}}
-    _, rows, warnings = demo_run(demo, tmp_path, steps=4, window=4, reward=gated,
-                                 data={"path": str(data)}, sampling={"max_new_tokens": 2})
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "answer": "impossible"}) + "\n"
+            for a in range(10)
+            for b in range(10)
+        )
+    )
+    gated = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {
+                    "name": "format",
+                    "as": "digits",
+                    "options": {"tags": [], "patterns": ["[0-9]"]},
+                    "weight": 0.5,
+                },
+                {"name": "math", "options": {"strict": True}, "requires": ["digits"]},
+            ]
+        },
+    }
+    _, rows, warnings = demo_run(
+        demo,
+        tmp_path,
+        steps=4,
+        window=4,
+        reward=gated,
+        data={"path": str(data)},
+        sampling={"max_new_tokens": 2},
+    )
     assert all(r["reward/math"] == 0 and r["reward/digits"] > 0.95 for r in rows)
-    assert said(warnings, "reward/digits is at its best (1 of 1) for 4 steps while "
-                          "reward/math (gated on digits) stayed at 0") == [3]
+    assert said(
+        warnings,
+        "reward/digits is at its best (1 of 1) for 4 steps while "
+        "reward/math (gated on digits) stayed at 0",
+    ) == [3]
     assert said(warnings, "a larger sampling.max_new_tokens will not help") == [3]
     assert not said(warnings, "raise max_new_tokens")
 
 
 def test_length_rising_with_a_reward_that_pays_for_it(demo, tmp_path):
-    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=8,
-                                 reward={"name": "length", "options": {"target": 8}},
-                                 sampling={"max_new_tokens": 10})
+    _, rows, warnings = demo_run(
+        demo,
+        tmp_path,
+        steps=8,
+        window=8,
+        reward={"name": "length", "options": {"target": 8}},
+        sampling={"max_new_tokens": 10},
+    )
     assert rows[-1]["completion_len"] > 2 * rows[0]["completion_len"]
     assert said(warnings, "completion length rose") == [7]
-    assert said(warnings, "while the reward is being gamed (length_hacking): fix the reward "
-                          "first") == [7]
+    assert said(
+        warnings, "while the reward is being gamed (length_hacking): fix the reward first"
+    ) == [7]
     assert not said(warnings, "raise max_new_tokens")
 
 
 def test_a_kl_coefficient_that_holds_the_policy_still(demo, tmp_path):
-    _, rows, warnings = demo_run(demo, tmp_path, steps=10, window=10,
-                                 kl={"name": "fixed", "options": {"coef": 5.0}})
+    _, rows, warnings = demo_run(
+        demo, tmp_path, steps=10, window=10, kl={"name": "fixed", "options": {"coef": 5.0}}
+    )
     assert sum(r["loss/kl"] for r in rows) > 10 * sum(abs(r["loss/policy"]) for r in rows)
-    assert said(warnings, "the KL penalty holds the policy at the reference; lower "
-                          "kl.options.coef from 5") == [9]
+    assert said(
+        warnings, "the KL penalty holds the policy at the reference; lower kl.options.coef from 5"
+    ) == [9]
     assert not said(warnings, "raise kl.options.coef")
 
 
@@ -257,26 +367,36 @@ def test_a_learning_rate_that_collapses_the_policy_in_one_update(demo, tmp_path)
     assert rows[0]["reward"] > 0 and all(r["reward"] == 0 for r in rows[1:])
     assert said(warnings, "right after one update (step 0") == [2]
     assert said(warnings, "lower optimizer.lr from 0.05 (e.g. to 0.005)") == [2]
-    for wrong in ("check that the reward can be earned", "raise max_new_tokens",
-                  "identical, unsolved"):  # consequences, not causes
+    for wrong in (
+        "check that the reward can be earned",
+        "raise max_new_tokens",
+        "identical, unsolved",
+    ):  # consequences, not causes
         assert not said(warnings, wrong)
 
 
 def test_flat_groups_from_a_low_temperature(demo, tmp_path):
-    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4,
-                                 sampling={"temperature": 0.01})
+    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4, sampling={"temperature": 0.01})
     assert sum(r["zero_std_frac"] for r in rows) / len(rows) > 0.8
-    assert said(warnings, "sampling.temperature is 0.01: a group's completions are near copies "
-                          "of one another, so their rewards are equal; raise "
-                          "sampling.temperature (e.g. to 1.0)")
+    assert said(
+        warnings,
+        "sampling.temperature is 0.01: a group's completions are near copies "
+        "of one another, so their rewards are equal; raise "
+        "sampling.temperature (e.g. to 1.0)",
+    )
     assert not said(warnings, "check that the reward can be earned")
     assert len(warnings) <= 4  # each said once
 
 
 def test_clip_fractions_count_every_inner_iteration(demo, tmp_path):
-    _, rows, _ = demo_run(demo, tmp_path, steps=3, window=10, train={"inner_iterations": 2},
-                          objective={"name": "grpo", "options": {"clip_low": 0.1,
-                                                                 "clip_high": 0.1}})
+    _, rows, _ = demo_run(
+        demo,
+        tmp_path,
+        steps=3,
+        window=10,
+        train={"inner_iterations": 2},
+        objective={"name": "grpo", "options": {"clip_low": 0.1, "clip_high": 0.1}},
+    )
     # the first iteration's ratio is exactly 1: the clipping shows in the second
     assert all(r["clip_low_frac_last"] + r["clip_high_frac_last"] > 0 for r in rows)
     assert all(r["clip_low_frac"] == pytest.approx(r["clip_low_frac_last"] / 2) for r in rows)

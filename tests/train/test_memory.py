@@ -24,8 +24,10 @@ def test_switches_move_the_estimate_the_right_way():
     base = plan(s, 8, 8, 256, 512)
     assert plan(s, 8, 8, 256, 512, lora_rank=16)["total"] < base["total"]
     assert plan(s, 8, 8, 256, 512, lora_rank=16)["reference"] == 0
-    assert plan(s, 8, 8, 256, 512, gradient_checkpointing=True)["activations"] < \
-        base["activations"] / 5
+    assert (
+        plan(s, 8, 8, 256, 512, gradient_checkpointing=True)["activations"]
+        < base["activations"] / 5
+    )
     assert plan(s, 8, 8, 256, 512, reference=False)["total"] < base["total"]
     assert plan(s, 8, 8, 256, 512, generation_batch=8)["kv_cache"] == base["kv_cache"] / 8
     z2 = plan(s, 8, 32, 256, 512, strategy="zero2", gpus=4)
@@ -38,14 +40,28 @@ def test_switches_move_the_estimate_the_right_way():
     assert z3["optimizer"] == z2["optimizer"] and z3["weights"] < z2["weights"] / 2
     assert z3["reference"] == fsdp["reference"]  # partitioned like the policy
     assert z3["logits"] > fsdp["logits"]  # the head's logits at once, not in chunks
-    assert plan(s, 8, 8, 256, 512, dtype="auto")["weights"] == 2 * plan(
-        s, 8, 8, 256, 512, dtype="bfloat16")["weights"]  # float32 master weights, as trained
+    assert (
+        plan(s, 8, 8, 256, 512, dtype="auto")["weights"]
+        == 2 * plan(s, 8, 8, 256, 512, dtype="bfloat16")["weights"]
+    )  # float32 master weights, as trained
     assert base["ppo_total"] > base["total"] + 2 * base["weights"]
 
 
 def test_cli_presets_and_config_json(tiny_model):
-    out = run_grpo("plan-memory", "--model", "Qwen/Qwen2.5-7B-Instruct", "--group-size", "16",
-                   "--max-new-tokens", "1024", "--gpus", "8", "--prompts", "64", cwd=ROOT)
+    out = run_grpo(
+        "plan-memory",
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--group-size",
+        "16",
+        "--max-new-tokens",
+        "1024",
+        "--gpus",
+        "8",
+        "--prompts",
+        "64",
+        cwd=ROOT,
+    )
     assert out.returncode == 0 and "GRPO peak" in out.stdout and "PPO peak" in out.stdout
     rows = {line.split()[0] for line in out.stdout.splitlines()[2:-1]}
     assert rows == {"ddp", "fsdp", "zero1", "zero2", "zero3"}  # each strategy the trainer has
@@ -85,9 +101,16 @@ def test_shared_prompts_run_once():
     assert plan(s, 8, 1, 16, 10, dtype="float32")["activations"] == 8 * 26 * 2 * 72 * 4
 
 
-@pytest.mark.parametrize("switches", [[], ["--gradient-checkpointing"], ["--lora-rank", "8"],
-                                      ["--gradient-checkpointing", "--lora-rank", "8"]],
-                         ids=["full", "checkpointing", "lora", "lora+checkpointing"])
+@pytest.mark.parametrize(
+    "switches",
+    [
+        [],
+        ["--gradient-checkpointing"],
+        ["--lora-rank", "8"],
+        ["--gradient-checkpointing", "--lora-rank", "8"],
+    ],
+    ids=["full", "checkpointing", "lora", "lora+checkpointing"],
+)
 def test_estimate_within_15_percent_of_a_measured_cpu_run(switches):
     if "--lora-rank" in switches:
         pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
@@ -95,8 +118,13 @@ def test_estimate_within_15_percent_of_a_measured_cpu_run(switches):
     # 1.8x with checkpointing); a fixed mmap threshold returns them, so RSS follows the live
     # memory the plan estimates, as the GPU allocator's peak does
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "memory_probe.py"),
-                        *switches], capture_output=True, text=True, timeout=900, env=env)
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "memory_probe.py"), *switches],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert abs(r["estimated"] - r["measured"]) <= 0.15 * r["measured"], r
@@ -105,9 +133,13 @@ def test_estimate_within_15_percent_of_a_measured_cpu_run(switches):
 def test_reads_a_run_config(tiny_model, addition_data, tmp_path):
     from helpers import make_config, write_config
 
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                      sampling={"group_size": 16, "max_new_tokens": 32},
-                      model={"name_or_path": tiny_model, "gradient_checkpointing": True})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "r"),
+        sampling={"group_size": 16, "max_new_tokens": 32},
+        model={"name_or_path": tiny_model, "gradient_checkpointing": True},
+    )
     out = run_grpo("plan-memory", write_config(tmp_path / "c.json", cfg), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "4 prompts x G=16" in out.stdout and "gradient checkpointing" in out.stdout
@@ -123,15 +155,19 @@ def test_a_colocated_vllm_engine_adds_its_reservation():
     fixed = hf["weights"] + hf["reference"]
     assert asleep["total"] == fixed + max(engine, hf["total"] - fixed)  # generation or update
     assert awake["total"] > asleep["total"] and awake["total"] >= fixed + engine + (
-        hf["gradients"] + hf["activations"] + hf["logits"])  # held through backward too
+        hf["gradients"] + hf["activations"] + hf["logits"]
+    )  # held through backward too
 
 
-def test_cli_reads_the_engines_reservation_from_a_run_config(tiny_model, addition_data,
-                                                            tmp_path):
+def test_cli_reads_the_engines_reservation_from_a_run_config(tiny_model, addition_data, tmp_path):
     from helpers import make_config, write_config
 
-    cfg = make_config(tiny_model, addition_data, str(tmp_path / "r"),
-                      generator={"name": "vllm", "options": {"gpu_memory_utilization": 0.5}})
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "r"),
+        generator={"name": "vllm", "options": {"gpu_memory_utilization": 0.5}},
+    )
     path = write_config(tmp_path / "c.json", cfg)
     out = run_grpo("plan-memory", path, "--device-memory", "80", cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -25,9 +25,17 @@ CPU = torch.device("cpu")
 
 
 def model_cfg(path, **kw):
-    return {"name_or_path": path, "dtype": "auto", "trust_remote_code": False,
-            "allow_unsafe_weights": False, "gradient_checkpointing": False, "lora": None,
-            "quantization": None, "reference_device": "same", **kw}
+    return {
+        "name_or_path": path,
+        "dtype": "auto",
+        "trust_remote_code": False,
+        "allow_unsafe_weights": False,
+        "gradient_checkpointing": False,
+        "lora": None,
+        "quantization": None,
+        "reference_device": "same",
+        **kw,
+    }
 
 
 def rollout(model, tokenizer, n=4, batch_size=None, seed=11):
@@ -37,20 +45,26 @@ def rollout(model, tokenizer, n=4, batch_size=None, seed=11):
     return gen.generate(ids, n, SamplingParams(max_new_tokens=6, batch_size=batch_size), seed=seed)
 
 
-def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, addition_data,
-                                                             tmp_path):
+def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, addition_data, tmp_path):
     pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "run"), reward=DIGIT,
-        model={"name_or_path": tiny_model, "lora": {**lora, "save_merged": True}},
-        kl={"name": "fixed", "options": {"coef": 0.05}},
-        sampling={"group_size": 8, "max_new_tokens": 6},
-        train={"steps": 3, "prompts_per_step": 4}, optimizer={"lr": 5e-2},
-        output={"dir": str(tmp_path / "run"), "checkpoint_every": 3, "progress": False}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            reward=DIGIT,
+            model={"name_or_path": tiny_model, "lora": {**lora, "save_merged": True}},
+            kl={"name": "fixed", "options": {"coef": 0.05}},
+            sampling={"group_size": 8, "max_new_tokens": 6},
+            train={"steps": 3, "prompts_per_step": 4},
+            optimizer={"lr": 5e-2},
+            output={"dir": str(tmp_path / "run"), "checkpoint_every": 3, "progress": False},
+        )
+    )
     summary = train(cfg)
     assert summary["reference_model"]
     step = tmp_path / "run" / "checkpoints" / "step-00000003"
@@ -62,8 +76,7 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
     assert os.path.exists(os.path.join(final, "adapter_model.safetensors"))
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     base_weights = {k: v.clone() for k, v in base.state_dict().items()}
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model),
-                                           final)
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), final)
     for k, v in peft_model.get_base_model().state_dict().items():  # base bitwise unchanged
         plain = k.replace(".base_layer", "")
         if "lora_" not in k and plain in base_weights:
@@ -80,8 +93,9 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(final, "merged"))
     # merging adds B@A*scale into W once (float32 rounding of W, ~1e-7 relative); log-probs
     # are sums over a 64-wide hidden state and a softmax: ~1e-6, with 10x room
-    torch.testing.assert_close(completion_logprobs(merged, ro, 1.0, 64)[0], adapted,
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        completion_logprobs(merged, ro, 1.0, 64)[0], adapted, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
@@ -94,9 +108,14 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
         logp, ent = completion_logprobs(model, ro, 1.0, 16, entropy=True)
         adv = torch.linspace(-1, 1, ro.size)
         mask = ro.completion_mask.float()
-        loss, _ = objective_loss(clipped_ratio(logp, ro.logprobs, adv, mask), mask, "token_mean",
-                                 Normaliser.of(mask, mask.shape[1]), entropy=ent,
-                                 entropy_coef=0.01)
+        loss, _ = objective_loss(
+            clipped_ratio(logp, ro.logprobs, adv, mask),
+            mask,
+            "token_mean",
+            Normaliser.of(mask, mask.shape[1]),
+            entropy=ent,
+            entropy_coef=0.01,
+        )
         loss.backward()
         on = getattr(model, "is_activation_checkpointing", None)
         assert (on if on is not None else model.is_gradient_checkpointing) == gc
@@ -121,12 +140,19 @@ def test_chunked_generation_matches_one_batch(tiny_model, cap):
 
 
 def test_reference_on_cpu_trains(tiny_model, addition_data, tmp_path):
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "run"), reward=DIGIT,
-        model={"name_or_path": tiny_model, "reference_device": "cpu"},
-        kl={"name": "fixed", "options": {"coef": 0.1}},
-        sampling={"group_size": 8, "max_new_tokens": 6},
-        train={"steps": 2, "prompts_per_step": 4}, optimizer={"lr": 1e-2}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            reward=DIGIT,
+            model={"name_or_path": tiny_model, "reference_device": "cpu"},
+            kl={"name": "fixed", "options": {"coef": 0.1}},
+            sampling={"group_size": 8, "max_new_tokens": 6},
+            train={"steps": 2, "prompts_per_step": 4},
+            optimizer={"lr": 1e-2},
+        )
+    )
     train(cfg)
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert rows[-1]["kl"] > 0

@@ -73,16 +73,33 @@ def test_clipped_value_loss_by_hand():
 
 
 def cfg(path, data, out, steps=3, ckpt=0, **sections):
-    return config.validate(make_config(
-        path, data, str(out), reward={"name": "format", "options": {"tags": [],
-                                                                     "patterns": ["[0-9]"]}},
-        baseline={"name": "ppo", "options": {"lr": 1e-3, "lam": 0.9}},
-        sampling={"group_size": 4, "max_new_tokens": 6},
-        train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 2,
-               "inner_iterations": 2},
-        optimizer={"lr": 1e-2}, runtime={"device": "cpu", "threads": 1},
-        output={"dir": str(out), "progress": False, "samples_every": 1,
-                "checkpoint_every": ckpt, "tensorboard": "off"}, **sections))
+    return config.validate(
+        make_config(
+            path,
+            data,
+            str(out),
+            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            baseline={"name": "ppo", "options": {"lr": 1e-3, "lam": 0.9}},
+            sampling={"group_size": 4, "max_new_tokens": 6},
+            train={
+                "steps": steps,
+                "prompts_per_step": 4,
+                "micro_batch_groups": 2,
+                "seed": 2,
+                "inner_iterations": 2,
+            },
+            optimizer={"lr": 1e-2},
+            runtime={"device": "cpu", "threads": 1},
+            output={
+                "dir": str(out),
+                "progress": False,
+                "samples_every": 1,
+                "checkpoint_every": ckpt,
+                "tensorboard": "off",
+            },
+            **sections,
+        )
+    )
 
 
 def records(out) -> list[dict]:
@@ -116,9 +133,17 @@ def test_ppo_trains_its_critic_and_resumes_exactly(tiny_model, addition_data, tm
 
 def test_sharded_and_lora_runs_are_refused_in_one_line(tiny_model, addition_data, tmp_path):
     with pytest.raises(UserError, match=r"ppo \(a critic\) is not supported with model.lora"):
-        train(cfg(tiny_model, addition_data, tmp_path / "lora", steps=1,
-                  model={"name_or_path": tiny_model, "lora": {"r": 2}}))
+        train(
+            cfg(
+                tiny_model,
+                addition_data,
+                tmp_path / "lora",
+                steps=1,
+                model={"name_or_path": tiny_model, "lora": {"r": 2}},
+            )
+        )
     with pytest.raises(ConfigError) as err:
-        preflight.check(cfg(tiny_model, addition_data, tmp_path / "fsdp",
-                            distributed={"strategy": "fsdp"}))
+        preflight.check(
+            cfg(tiny_model, addition_data, tmp_path / "fsdp", distributed={"strategy": "fsdp"})
+        )
     assert "baseline.name: ppo (a critic) runs in one process only" in str(err.value)

@@ -49,13 +49,20 @@ def make_rollout(vocab: int, pad: int, seed: int = 0) -> Rollout:
     pids = torch.full((3, width), pad)
     pmask = torch.zeros((3, width), dtype=torch.long)
     for i, p in enumerate(PROMPTS):
-        pids[i, width - len(p):], pmask[i, width - len(p):] = torch.tensor(p), 1
+        pids[i, width - len(p) :], pmask[i, width - len(p) :] = torch.tensor(p), 1
     T = max(LENGTHS)
     cmask = (torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
     cids = torch.randint(0, vocab, (len(LENGTHS), T), generator=g).masked_fill(cmask == 0, pad)
     B = len(LENGTHS)
-    return Rollout(pids, pmask, cids, cmask, torch.zeros(B, T), torch.zeros(B, dtype=torch.bool),
-                   torch.arange(B) // 3)
+    return Rollout(
+        pids,
+        pmask,
+        cids,
+        cmask,
+        torch.zeros(B, T),
+        torch.zeros(B, dtype=torch.bool),
+        torch.arange(B) // 3,
+    )
 
 
 class Calls:
@@ -75,9 +82,17 @@ def run_path(monkeypatch, model, ro, threshold, temperature=1.0, **loss_kw):
     if loss_kw:
         mask = ro.completion_mask.to(logp.dtype)
         term = clipped_ratio(logp, loss_kw["old"], loss_kw["adv"], mask, 0.2, 0.28)
-        loss, _ = objective_loss(term, mask, loss_kw["aggregation"], loss_kw["norm"], logp=logp,
-                                 ref_logp=loss_kw["ref"], kl_coef=loss_kw["kl_coef"],
-                                 entropy=ent, entropy_coef=0.01)
+        loss, _ = objective_loss(
+            term,
+            mask,
+            loss_kw["aggregation"],
+            loss_kw["norm"],
+            logp=logp,
+            ref_logp=loss_kw["ref"],
+            kl_coef=loss_kw["kl_coef"],
+            entropy=ent,
+            entropy_coef=0.01,
+        )
         loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logp.detach(), ent.detach(), loss, grads
@@ -100,9 +115,13 @@ def loss_inputs(ro, aggregation, kl_coef, seed=1):
     g = torch.Generator().manual_seed(seed)
     mask = ro.completion_mask.double()
     noise = 0.3 * torch.randn(mask.shape, generator=g, dtype=torch.float64)
-    return {"adv": torch.randn(ro.size, generator=g, dtype=torch.float64),
-            "noise": noise, "aggregation": aggregation, "kl_coef": kl_coef,
-            "norm": Normaliser.of(mask, mask.shape[1])}
+    return {
+        "adv": torch.randn(ro.size, generator=g, dtype=torch.float64),
+        "noise": noise,
+        "aggregation": aggregation,
+        "kl_coef": kl_coef,
+        "norm": Normaliser.of(mask, mask.shape[1]),
+    }
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
@@ -138,8 +157,10 @@ def test_micro_batches_of_some_prompts_at_temperature(model64, monkeypatch):
         mask = sub.completion_mask.double()
         sub_kw["old"] = (base + kw["noise"][rows]) * mask
         sub_kw["ref"] = (base - kw["noise"][rows].flip(0)) * mask
-        assert_same(run_path(monkeypatch, model64, sub, SHARE, 0.7, **sub_kw),
-                    run_path(monkeypatch, model64, sub, REPEAT, 0.7, **sub_kw))
+        assert_same(
+            run_path(monkeypatch, model64, sub, SHARE, 0.7, **sub_kw),
+            run_path(monkeypatch, model64, sub, REPEAT, 0.7, **sub_kw),
+        )
 
 
 def test_reference_and_recompute_without_gradients(model64, monkeypatch):
@@ -159,19 +180,35 @@ def test_reference_and_recompute_without_gradients(model64, monkeypatch):
 
 def test_single_token_completions(model64, monkeypatch):
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
-    ro = Rollout(ro.prompt_ids, ro.prompt_mask, ro.completion_ids[:, :1],
-                 ro.completion_mask[:, :1], ro.logprobs[:, :1], ro.truncated, ro.group)
+    ro = Rollout(
+        ro.prompt_ids,
+        ro.prompt_mask,
+        ro.completion_ids[:, :1],
+        ro.completion_mask[:, :1],
+        ro.logprobs[:, :1],
+        ro.truncated,
+        ro.group,
+    )
     kw = loss_inputs(ro, "seq_mean_token_mean", 0.0)
     kw["old"], kw["ref"] = kw["noise"][:, :1], None
-    assert_same(run_path(monkeypatch, model64, ro, SHARE, **kw),
-                run_path(monkeypatch, model64, ro, REPEAT, **kw))
+    assert_same(
+        run_path(monkeypatch, model64, ro, SHARE, **kw),
+        run_path(monkeypatch, model64, ro, REPEAT, **kw),
+    )
 
 
 def test_empty_completions_keep_a_graph(model64, monkeypatch):
     """No completion tokens at all: [B, 0] log-probs whose loss still backpropagates."""
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
-    ro = Rollout(ro.prompt_ids, ro.prompt_mask, ro.completion_ids[:, :0],
-                 ro.completion_mask[:, :0], ro.logprobs[:, :0], ro.truncated, ro.group)
+    ro = Rollout(
+        ro.prompt_ids,
+        ro.prompt_mask,
+        ro.completion_ids[:, :0],
+        ro.completion_mask[:, :0],
+        ro.logprobs[:, :0],
+        ro.truncated,
+        ro.group,
+    )
     for threshold in (SHARE, REPEAT):
         monkeypatch.setattr(logprobs, "SHARE_MIN_SAVED_TOKENS", threshold)
         logp, ent = logprobs.completion_logprobs(model64, ro, 1.0, 4, entropy=True)
@@ -212,8 +249,10 @@ def test_lora_adapters_get_the_same_gradients(model64, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    model = get_peft_model(model64, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                               target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        model64,
+        LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj"]),
+    )
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=7)
     kw = loss_inputs(ro, "seq_mean_token_sum_norm", 0.1)
     kw["old"], kw["ref"] = kw["noise"] * ro.completion_mask, -kw["noise"] * ro.completion_mask

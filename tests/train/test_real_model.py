@@ -30,8 +30,9 @@ QUESTION = "What is 7 + 8? Answer with just the number."
 @pytest.fixture(scope="module")
 def gguf():
     """(directory, file) of the wheel's GGUF file; the module skips without the wheel."""
-    pytest.importorskip("gguf", reason="the gguf extra is not installed "
-                                       "(pip install 'grpo-core[gguf]')")
+    pytest.importorskip(
+        "gguf", reason="the gguf extra is not installed (pip install 'grpo-core[gguf]')"
+    )
     from grpo_core.cli.demo_pretrained import locate_model
 
     try:
@@ -76,18 +77,30 @@ def problems(tmp_path_factory) -> str:
 def real_config(gguf, problems, out, **sections) -> dict:
     """Two GRPO steps of 2 prompts x 4 completions of at most 16 tokens, through the chat
     template, checkpointed after each step, with a constant learning rate."""
-    base = make_config(gguf[0], os.path.join(problems, "train.jsonl"), str(out),
-                       model={"name_or_path": gguf[0], "gguf_file": gguf[1]},
-                       data={"path": os.path.join(problems, "train.jsonl"),
-                             "columns": ["answer"], "chat_template": "always",
-                             "system_prompt": "Give the final answer inside \\boxed{}."},
-                       sampling={"group_size": 4, "max_new_tokens": 16, "temperature": 1.0},
-                       train={"steps": 2, "prompts_per_step": 2, "seed": 0},
-                       optimizer={"lr": 1e-5, "lr_schedule": "constant"},
-                       runtime={"device": "cpu", "threads": 1},
-                       kl={"name": "fixed", "options": {"coef": 0.0}},
-                       output={"dir": str(out), "progress": False, "samples_every": 1,
-                               "checkpoint_every": 1, "keep_last": 2})
+    base = make_config(
+        gguf[0],
+        os.path.join(problems, "train.jsonl"),
+        str(out),
+        model={"name_or_path": gguf[0], "gguf_file": gguf[1]},
+        data={
+            "path": os.path.join(problems, "train.jsonl"),
+            "columns": ["answer"],
+            "chat_template": "always",
+            "system_prompt": "Give the final answer inside \\boxed{}.",
+        },
+        sampling={"group_size": 4, "max_new_tokens": 16, "temperature": 1.0},
+        train={"steps": 2, "prompts_per_step": 2, "seed": 0},
+        optimizer={"lr": 1e-5, "lr_schedule": "constant"},
+        runtime={"device": "cpu", "threads": 1},
+        kl={"name": "fixed", "options": {"coef": 0.0}},
+        output={
+            "dir": str(out),
+            "progress": False,
+            "samples_every": 1,
+            "checkpoint_every": 1,
+            "keep_last": 2,
+        },
+    )
     for key, value in sections.items():
         base[key] = value if key == "reward" else {**base[key], **value}
     return config.validate(base)
@@ -116,10 +129,10 @@ def greedy(model_dir: str, prompt: str, max_new_tokens: int = 24) -> tuple[str, 
     gen.setup(model, tok, torch.device("cpu"))
     ids = tok(render_prompt(tok, prompt, "always"), add_special_tokens=False)["input_ids"]
     with torch.no_grad():
-        ro = gen.generate([ids], 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
-                          seed=0)
-    text = tok.decode(ro.completion_ids[0][ro.completion_mask[0].bool()],
-                      skip_special_tokens=True)
+        ro = gen.generate(
+            [ids], 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=0
+        )
+    text = tok.decode(ro.completion_ids[0][ro.completion_mask[0].bool()], skip_special_tokens=True)
     return text, not bool(ro.truncated[0])
 
 
@@ -164,7 +177,8 @@ def test_missing_truncated_and_foreign_files_are_one_line_errors(gguf, cache, tm
     with pytest.raises(UserError, match=r"cannot load .*foreign.gguf as a GGUF model"):
         model_dir({"name_or_path": str(tmp_path), "gguf_file": "foreign.gguf"})
     assert not os.path.exists(os.path.join(cache, "gguf", "cut")) and not any(
-        n.startswith(".") for n in os.listdir(os.path.join(cache, "gguf")))
+        n.startswith(".") for n in os.listdir(os.path.join(cache, "gguf"))
+    )
 
 
 def _write_gguf(path: str, arch: str) -> None:
@@ -193,8 +207,12 @@ def test_the_cli_names_a_bad_file_in_one_line(gguf, problems, tmp_path):
     assert "cut.gguf" in done.stderr.strip().splitlines()[-1]
     cfg["model"]["gguf_file"] = "absent.gguf"
     done = run_grpo("validate", write_config(tmp_path / "v.json", cfg))
-    assert done.returncode == 2 and "model.gguf_file" in done.stderr and "absent.gguf" in \
-        done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.returncode == 2
+        and "model.gguf_file" in done.stderr
+        and "absent.gguf" in done.stderr
+        and "Traceback" not in done.stderr
+    ), done.stderr
 
 
 def test_two_grpo_steps_count_truncation_and_score_real_completions(trained):
@@ -210,8 +228,11 @@ def test_two_grpo_steps_count_truncation_and_score_real_completions(trained):
 
     reward = MathReward(workers=1)
     try:  # the rewards the run recorded are the math reward of its real completions
-        again = reward([s["prompt"] for s in samples], [s["completion"] for s in samples],
-                       answer=[s["extras"]["gold"] for s in samples])
+        again = reward(
+            [s["prompt"] for s in samples],
+            [s["completion"] for s in samples],
+            answer=[s["extras"]["gold"] for s in samples],
+        )
     finally:
         reward.close()
     assert [float(x) for x in again] == [s["reward"] for s in samples]
@@ -228,15 +249,28 @@ def test_the_math_reward_scores_the_models_own_answers(converted):
         reward.close()
 
 
-def test_the_final_model_loads_with_from_pretrained_and_evaluates(trained, gguf, problems,
-                                                                  tmp_path):
+def test_the_final_model_loads_with_from_pretrained_and_evaluates(
+    trained, gguf, problems, tmp_path
+):
     final = os.path.join(trained["run_dir"], "final")
     text, _ = greedy(final, QUESTION)
     assert text.strip()
     cfg = real_config(gguf, problems, tmp_path / "eval")
     path = write_config(tmp_path / "c.json", cfg)
-    done = run_grpo("eval", path, "--model", final, "--data", os.path.join(problems, "test.jsonl"),
-                    "--n", "1", "--temperature", "0", "--out", str(tmp_path / "report"))
+    done = run_grpo(
+        "eval",
+        path,
+        "--model",
+        final,
+        "--data",
+        os.path.join(problems, "test.jsonl"),
+        "--n",
+        "1",
+        "--temperature",
+        "0",
+        "--out",
+        str(tmp_path / "report"),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["problems"] == 20 and 0 <= report["accuracy"] <= 1
@@ -262,9 +296,17 @@ def test_lora_with_gradient_checkpointing_trains_the_adapter(gguf, problems, con
     # 16 tokens rarely reach an answer (the math reward is flat, no gradient); whether a
     # completion writes "=" splits the real completions' groups
     equals = {"name": "format", "options": {"tags": [], "patterns": ["="]}}
-    summary = train(real_config(gguf, problems, out, train={"steps": 1}, reward=equals,
-                                model={"lora": {"r": 4}, "gradient_checkpointing": True},
-                                output={"checkpoint_every": 0}))
+    summary = train(
+        real_config(
+            gguf,
+            problems,
+            out,
+            train={"steps": 1},
+            reward=equals,
+            model={"lora": {"r": 4}, "gradient_checkpointing": True},
+            output={"checkpoint_every": 0},
+        )
+    )
     assert summary["steps"] == 1
     adapter = load_file(os.path.join(out, "final", "adapter_model.safetensors"))
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
@@ -276,9 +318,22 @@ def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_p
     from grpo_core.cli import demo_pretrained
 
     out = str(tmp_path / "demo")
-    assert demo_pretrained.run(out, steps=1, heldout_n=4, gsm8k_n=2, overrides=[
-        "sampling.group_size=2", "sampling.max_new_tokens=8", "train.prompts_per_step=1",
-        "runtime.threads=1", "eval.every_n_steps=1"]) == 0
+    assert (
+        demo_pretrained.run(
+            out,
+            steps=1,
+            heldout_n=4,
+            gsm8k_n=2,
+            overrides=[
+                "sampling.group_size=2",
+                "sampling.max_new_tokens=8",
+                "train.prompts_per_step=1",
+                "runtime.threads=1",
+                "eval.every_n_steps=1",
+            ],
+        )
+        == 0
+    )
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
     assert summary["heldout_n"] == 4 and summary["steps"] == 1 and summary["seconds"] > 0
     assert all(0 <= summary[k] <= 1 for k in ("heldout_before", "heldout_after"))

@@ -63,8 +63,9 @@ def test_mixed_baseline_by_hand():
     assert single.item() == pytest.approx(3 - mixed.state_dict()["ema"] * 0 - 2.375)
 
 
-@pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages, dr_grpo_advantages,
-                                reinforce_pp_advantages])
+@pytest.mark.parametrize(
+    "fn", [grpo_advantages, rloo_advantages, dr_grpo_advantages, reinforce_pp_advantages]
+)
 def test_edge_cases(fn):
     assert fn(torch.tensor([[3.0]])).tolist() == [[0.0]]  # group of one
     assert fn(torch.tensor([[2.0, 2.0, 2.0]])).tolist() == [[0.0, 0.0, 0.0]]  # all equal
@@ -85,9 +86,15 @@ def test_grpo_huge_magnitudes_keep_their_advantages():
 
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
-grids = st.integers(1, 5).flatmap(lambda p: st.integers(1, 6).flatmap(
-    lambda g: st.lists(st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0])), min_size=g,
-                                max_size=g), min_size=p, max_size=p)))
+grids = st.integers(1, 5).flatmap(
+    lambda p: st.integers(1, 6).flatmap(
+        lambda g: st.lists(
+            st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0])), min_size=g, max_size=g),
+            min_size=p,
+            max_size=p,
+        )
+    )
+)
 
 
 @settings(max_examples=150, deadline=None)

@@ -13,8 +13,11 @@ from grpo_core import config
 from grpo_core.cli.main import main
 
 PROMPTS = os.path.join(ROOT, "tests", "data", "prompts.jsonl")
-GOOD = {"model": {"name_or_path": "m"}, "data": {"path": PROMPTS, "columns": ["answer"]},
-        "reward": {"name": "math"}}
+GOOD = {
+    "model": {"name_or_path": "m"},
+    "data": {"path": PROMPTS, "columns": ["answer"]},
+    "reward": {"name": "math"},
+}
 
 
 def with_(**parts):
@@ -28,43 +31,94 @@ def with_(**parts):
     return cfg
 
 
-WEIGHTED = {"name": "weighted", "options": {"components": [
-    {"name": "math"}, {"name": "format", "weight": "heavy"}]}}
-NESTED_BAD = {"name": "weighted", "options": {"components": [
-    {"name": "math", "options": {"strict": "yes"}}]}}
+WEIGHTED = {
+    "name": "weighted",
+    "options": {"components": [{"name": "math"}, {"name": "format", "weight": "heavy"}]},
+}
+NESTED_BAD = {
+    "name": "weighted",
+    "options": {"components": [{"name": "math", "options": {"strict": "yes"}}]},
+}
 NESTED_UNKNOWN = {"name": "weighted", "options": {"components": [{"name": "maths"}]}}
 
 CASES = [
-    ("wrong type int", with_(train__steps="ten"), 'train.steps: found "ten" (str), expected integer'),
-    ("wrong type bool", with_(model__trust_remote_code="no"),
-     "model.trust_remote_code: found \"no\" (str), expected boolean"),
-    ("below minimum", with_(sampling__group_size=0), "sampling.group_size: found 0 (int), expected a number >= 1"),
-    ("bad enum", with_(objective={"name": "grpo", "aggregation": "mean"}), "objective.aggregation: found \"mean\" (str), expected one of"),
+    (
+        "wrong type int",
+        with_(train__steps="ten"),
+        'train.steps: found "ten" (str), expected integer',
+    ),
+    (
+        "wrong type bool",
+        with_(model__trust_remote_code="no"),
+        'model.trust_remote_code: found "no" (str), expected boolean',
+    ),
+    (
+        "below minimum",
+        with_(sampling__group_size=0),
+        "sampling.group_size: found 0 (int), expected a number >= 1",
+    ),
+    (
+        "bad enum",
+        with_(objective={"name": "grpo", "aggregation": "mean"}),
+        'objective.aggregation: found "mean" (str), expected one of',
+    ),
     ("unknown top key", with_(trainer={"steps": 3}), "(top level): unknown key(s) ['trainer']"),
     ("unknown nested key", with_(train__lr_rate=0.1), "train: unknown key(s) ['lr_rate']"),
-    ("missing model", {k: v for k, v in GOOD.items() if k != "model"},
-     "model.name_or_path: missing, required"),
+    (
+        "missing model",
+        {k: v for k, v in GOOD.items() if k != "model"},
+        "model.name_or_path: missing, required",
+    ),
     ("missing name_or_path", with_(model={}), "model.name_or_path: missing, required"),
     ("missing reward name", with_(reward={"options": {}}), "reward.name: missing, required"),
     ("unknown reward", with_(reward={"name": "maht"}), "did you mean 'math'?"),
-    ("unknown baseline", with_(baseline={"name": "rlo"}), "baseline.name: unknown baseline plugin 'rlo'"),
+    (
+        "unknown baseline",
+        with_(baseline={"name": "rlo"}),
+        "baseline.name: unknown baseline plugin 'rlo'",
+    ),
     ("unknown kl", with_(kl={"name": "adaptiv"}), "did you mean 'adaptive'?"),
     ("unknown generator", with_(generator={"name": "sglang"}), "installed: hf, vllm"),
-    ("bad plugin option type", with_(reward={"name": "math", "options": {"timeout": "2s"}}),
-     'reward.options.timeout: found "2s" (str), expected number'),
-    ("unknown plugin option", with_(baseline={"name": "grpo", "options": {"center": 1}}),
-     "baseline.options: unknown key(s) ['center']"),
-    ("missing required option", with_(reward={"name": "http"}), "reward.options.url: missing, required"),
-    ("nested weight type", with_(reward=WEIGHTED),
-     'reward.options.components[1].weight: found "heavy" (str), expected number'),
-    ("nested option", with_(reward=NESTED_BAD),
-     'reward.options.components[0].options.strict: found "yes" (str), expected boolean'),
-    ("nested unknown name", with_(reward=NESTED_UNKNOWN),
-     "reward.options.components[0].name: unknown reward plugin 'maths'"),
-    ("options not a mapping", with_(reward={"name": "math", "options": [1]}),
-     "reward.options: found [1] (list), expected object"),
-    ("kl option", with_(kl={"name": "adaptive", "options": {"target": -1}}),
-     "kl.options.target: found -1 (int), expected a number > 0"),
+    (
+        "bad plugin option type",
+        with_(reward={"name": "math", "options": {"timeout": "2s"}}),
+        'reward.options.timeout: found "2s" (str), expected number',
+    ),
+    (
+        "unknown plugin option",
+        with_(baseline={"name": "grpo", "options": {"center": 1}}),
+        "baseline.options: unknown key(s) ['center']",
+    ),
+    (
+        "missing required option",
+        with_(reward={"name": "http"}),
+        "reward.options.url: missing, required",
+    ),
+    (
+        "nested weight type",
+        with_(reward=WEIGHTED),
+        'reward.options.components[1].weight: found "heavy" (str), expected number',
+    ),
+    (
+        "nested option",
+        with_(reward=NESTED_BAD),
+        'reward.options.components[0].options.strict: found "yes" (str), expected boolean',
+    ),
+    (
+        "nested unknown name",
+        with_(reward=NESTED_UNKNOWN),
+        "reward.options.components[0].name: unknown reward plugin 'maths'",
+    ),
+    (
+        "options not a mapping",
+        with_(reward={"name": "math", "options": [1]}),
+        "reward.options: found [1] (list), expected object",
+    ),
+    (
+        "kl option",
+        with_(kl={"name": "adaptive", "options": {"target": -1}}),
+        "kl.options.target: found -1 (int), expected a number > 0",
+    ),
     ("section wrong type", with_(sampling=5), "sampling: found 5 (int), expected object"),
 ]
 
@@ -117,8 +171,21 @@ def test_all_errors_reported_at_once(tmp_path, capsys):
 def test_defaults_filled_and_overrides(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(GOOD))
-    assert main(["validate", str(path), "--set", "optimizer.lr=3e-4", "--set",
-                 "baseline.name=rloo", "--set", "reward.options.strict=true"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                str(path),
+                "--set",
+                "optimizer.lr=3e-4",
+                "--set",
+                "baseline.name=rloo",
+                "--set",
+                "reward.options.strict=true",
+            ]
+        )
+        == 0
+    )
     eff = yaml.safe_load(capsys.readouterr().out)
     assert eff["optimizer"]["lr"] == 3e-4 and eff["baseline"] == {"name": "rloo", "options": {}}
     assert eff["reward"]["options"]["strict"] is True
@@ -150,15 +217,31 @@ def test_subprocess_user_error_has_no_traceback(tmp_path):
 
 def test_validate_is_pure_function():
     cfg = config.validate(GOOD)
-    assert cfg["output"]["dir"] == "runs/latest" and GOOD["data"] == {"path": PROMPTS, "columns": ["answer"]}
+    assert cfg["output"]["dir"] == "runs/latest" and GOOD["data"] == {
+        "path": PROMPTS,
+        "columns": ["answer"],
+    }
 
 
-OLD_LAYOUT = {"model": {"name_or_path": "m"}, "data": {"path": PROMPTS, "columns": ["answer"]},
-              "reward": {"name": "math"},
-              "train": {"steps": 7, "lr": 3e-4, "lr_schedule": "cosine", "clip_high": 0.28,
-                        "aggregation": "seq_mean_token_sum_norm", "kl_placement": "reward",
-                        "kl_estimator": "k1", "reward_failure": "zero", "reward_timeout": 5,
-                        "drop_zero_std_groups": True, "device": "cpu", "logprob_chunk": 64}}
+OLD_LAYOUT = {
+    "model": {"name_or_path": "m"},
+    "data": {"path": PROMPTS, "columns": ["answer"]},
+    "reward": {"name": "math"},
+    "train": {
+        "steps": 7,
+        "lr": 3e-4,
+        "lr_schedule": "cosine",
+        "clip_high": 0.28,
+        "aggregation": "seq_mean_token_sum_norm",
+        "kl_placement": "reward",
+        "kl_estimator": "k1",
+        "reward_failure": "zero",
+        "reward_timeout": 5,
+        "drop_zero_std_groups": True,
+        "device": "cpu",
+        "logprob_chunk": 64,
+    },
+}
 
 
 def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys, monkeypatch):
@@ -168,13 +251,22 @@ def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys,
     assert main(["validate", str(path), "--set", "train.entropy_coef=0.01"]) == 0
     captured = capsys.readouterr()
     eff = yaml.safe_load(captured.out)
-    assert eff["train"] == {"steps": 7, "prompts_per_step": 8, "inner_iterations": 1,
-                            "micro_batch_groups": 8, "max_nonfinite_steps": 3, "seed": 0}
+    assert eff["train"] == {
+        "steps": 7,
+        "prompts_per_step": 8,
+        "inner_iterations": 1,
+        "micro_batch_groups": 8,
+        "max_nonfinite_steps": 3,
+        "seed": 0,
+    }
     assert eff["optimizer"]["lr"] == 3e-4 and eff["optimizer"]["lr_schedule"] == "cosine"
-    assert eff["objective"] == {"name": "grpo", "aggregation": "seq_mean_token_sum_norm",
-                                "entropy_coef": 0.01, "mask_truncated_completions": False,
-                                "options": {"clip_low": 0.2, "clip_high": 0.28,
-                                            "dual_clip": None, "log_ratio_clamp": 20.0}}
+    assert eff["objective"] == {
+        "name": "grpo",
+        "aggregation": "seq_mean_token_sum_norm",
+        "entropy_coef": 0.01,
+        "mask_truncated_completions": False,
+        "options": {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "log_ratio_clamp": 20.0},
+    }
     assert eff["kl"]["placement"] == "reward" and eff["kl"]["estimator"] == "k1"
     assert eff["reward"]["failure"] == "zero" and eff["reward"]["timeout"] == 5
     assert eff["groups"]["drop_zero_std"] is True
@@ -190,19 +282,24 @@ def test_deprecated_and_new_key_together_is_an_error(tmp_path, capsys):
     path = tmp_path / "both.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert main(["validate", str(path)]) == 2
-    assert "error: train.lr: deprecated and also set as optimizer.lr; keep only optimizer.lr" \
+    assert (
+        "error: train.lr: deprecated and also set as optimizer.lr; keep only optimizer.lr"
         in capsys.readouterr().err
+    )
 
 
 def test_old_layout_trains_and_resumes_as_the_new_one(tiny_model, addition_data, tmp_path):
     """A run configured with the old keys writes its config in the new layout, and a
     checkpoint it wrote resumes under the new-layout config."""
     out = str(tmp_path / "run")
-    old = {"model": {"name_or_path": tiny_model}, "reward": {"name": "math"},
-           "data": {"path": addition_data, "columns": ["answer"]},
-           "sampling": {"group_size": 2, "max_new_tokens": 3},
-           "train": {"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "device": "cpu"},
-           "output": {"dir": out, "checkpoint_every": 1, "progress": False}}
+    old = {
+        "model": {"name_or_path": tiny_model},
+        "reward": {"name": "math"},
+        "data": {"path": addition_data, "columns": ["answer"]},
+        "sampling": {"group_size": 2, "max_new_tokens": 3},
+        "train": {"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "device": "cpu"},
+        "output": {"dir": out, "checkpoint_every": 1, "progress": False},
+    }
     p = run_grpo("train", write_config(tmp_path / "old.json", old), cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert "train.lr is deprecated" in p.stderr

@@ -33,8 +33,15 @@ def test_every_section_and_key_of_the_schema_has_a_field():
 
 
 def test_a_validated_config_reads_the_same_through_the_view():
-    cfg = config.validate(make_config("m", "d.jsonl", "out", kl={"name": "fixed"},
-                                      sampling={"group_size": 6, "temperature": 0.7}))
+    cfg = config.validate(
+        make_config(
+            "m",
+            "d.jsonl",
+            "out",
+            kl={"name": "fixed"},
+            sampling={"group_size": 6, "temperature": 0.7},
+        )
+    )
     v = view(cfg)
     for name, section in cfg.items():
         sub = getattr(v, name)

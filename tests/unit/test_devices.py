@@ -23,8 +23,7 @@ def eight_gpus(monkeypatch):
 
 
 @pytest.mark.parametrize("local_rank", [0, 3, 7])
-def test_each_launched_rank_takes_the_gpu_of_its_local_rank(eight_gpus, monkeypatch,
-                                                           local_rank):
+def test_each_launched_rank_takes_the_gpu_of_its_local_rank(eight_gpus, monkeypatch, local_rank):
     monkeypatch.setenv("WORLD_SIZE", "16")  # two machines of 8
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     chosen = dist.own_device(torch.device("cuda"))

@@ -35,8 +35,9 @@ def test_schedules():
         lin.update(0.0, 1)
         vals.append(lin.value)
     assert vals == pytest.approx([0.075, 0.05, 0.025, 0.0, 0.0, 0.0])
-    cos = grpo_core.create("kl", "schedule", {"start": 0.0, "end": 1.0, "steps": 2,
-                                              "shape": "cosine"})
+    cos = grpo_core.create(
+        "kl", "schedule", {"start": 0.0, "end": 1.0, "steps": 2, "shape": "cosine"}
+    )
     cos.update(0, 1)
     assert cos.value == pytest.approx(0.5 * (1 - math.cos(math.pi / 2)))
 

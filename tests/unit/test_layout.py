@@ -34,8 +34,10 @@ def imports(path: str, known: set[str]) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from pkg import mod` imports the module; `from pkg import name`, the package
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
-                     else node.module for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                for a in node.names
+            ]
         found |= {n for n in names if n in known}
     return found
 
@@ -56,7 +58,7 @@ def test_no_import_cycle_in_the_core():
         stack.append(m)
         for n in sorted(g[m]):
             if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n) :] + [n]))
             if n not in state:
                 visit(n)
         stack.pop()
@@ -80,8 +82,11 @@ def test_every_package_is_installed():
     missing from the list would import from a checkout and fail from an installed wheel."""
     import tomllib
 
-    listed = set(tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))
-                 ["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["tool"]["setuptools"][
+            "packages"
+        ]
+    )
     found = set()
     for top, name in (("grpo_core", "grpo_core"), ("plugins", "grpo_core_plugins")):
         for folder, _, files in os.walk(os.path.join(ROOT, top)):
@@ -100,6 +105,11 @@ def test_the_trainer_never_probes_plugins():
     """Plugins declare what they need (grpo_core.hookspecs); the loop reads declarations."""
     for name in ("trainer", "run", "phases"):
         tree = ast.parse(open(os.path.join(CORE, f"{name}.py"), encoding="utf-8").read())
-        probes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
-                  and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")]
+        probes = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id in ("getattr", "hasattr")
+        ]
         assert not probes, (name, probes)

@@ -12,22 +12,51 @@ from grpo_core.loss.logprobs import token_logprobs
 from grpo_core.loss.losses import Normaliser, aggregate, kl_penalty, objective_loss
 
 # 2 prompts x 3 completions, T = 3; lengths 3, 2, 1 | 2, 3, 1
-MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]],
-                    dtype=torch.float64)
-LOGP = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0], [-0.7, 0, 0],
-                     [-2.0, -0.1, 0], [-0.4, -0.9, -1.5], [-1.1, 0, 0]], dtype=torch.float64)
-OLD = LOGP + torch.tensor([[0.0, 0.5, -0.1], [0.1, 0.0, 0], [-0.3, 0, 0],
-                           [0.0, 0.0, 0], [0.2, -0.2, 0.0], [0.0, 0, 0]], dtype=torch.float64)
+MASK = torch.tensor(
+    [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float64
+)
+LOGP = torch.tensor(
+    [
+        [-1.0, -0.5, -2.0],
+        [-0.3, -1.2, 0],
+        [-0.7, 0, 0],
+        [-2.0, -0.1, 0],
+        [-0.4, -0.9, -1.5],
+        [-1.1, 0, 0],
+    ],
+    dtype=torch.float64,
+)
+OLD = LOGP + torch.tensor(
+    [[0.0, 0.5, -0.1], [0.1, 0.0, 0], [-0.3, 0, 0], [0.0, 0.0, 0], [0.2, -0.2, 0.0], [0.0, 0, 0]],
+    dtype=torch.float64,
+)
 REF = LOGP + 0.25 * MASK
 ADV = torch.tensor([1.0, -0.5, -0.5, 0.8, -1.2, 0.4], dtype=torch.float64)
 
 
-def policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, ref_logp=None, kl_coef=0.0,
-                aggregation="token_mean", norm=None):
+def policy_loss(
+    logp,
+    old,
+    adv,
+    mask,
+    clip_low=0.2,
+    clip_high=0.2,
+    ref_logp=None,
+    kl_coef=0.0,
+    aggregation="token_mean",
+    norm=None,
+):
     """The GRPO objective (token-level clipped ratio) with the trainer's KL and aggregation."""
     term = clipped_ratio(logp, old, adv, mask, clip_low, clip_high)
-    return objective_loss(term, mask, aggregation, norm or Normaliser.of(mask, mask.shape[1]),
-                          logp=logp, ref_logp=ref_logp, kl_coef=kl_coef)
+    return objective_loss(
+        term,
+        mask,
+        aggregation,
+        norm or Normaliser.of(mask, mask.shape[1]),
+        logp=logp,
+        ref_logp=ref_logp,
+        kl_coef=kl_coef,
+    )
 
 
 def hand_per_token(kl_coef: float):
@@ -62,9 +91,18 @@ def hand_aggregate(rows, mode):
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
 def test_loss_matches_hand_computation(mode, kl_coef):
-    loss, stats = policy_loss(LOGP, OLD, ADV, MASK, clip_low=0.2, clip_high=0.2,
-                              ref_logp=REF if kl_coef else None, kl_coef=kl_coef,
-                              aggregation=mode, norm=Normaliser.of(MASK, 3))
+    loss, stats = policy_loss(
+        LOGP,
+        OLD,
+        ADV,
+        MASK,
+        clip_low=0.2,
+        clip_high=0.2,
+        ref_logp=REF if kl_coef else None,
+        kl_coef=kl_coef,
+        aggregation=mode,
+        norm=Normaliser.of(MASK, 3),
+    )
     expected = hand_aggregate(hand_per_token(kl_coef), mode)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     if kl_coef:
@@ -81,11 +119,13 @@ def test_clip_fractions_count_binding_clips():
 
 def test_separate_clip_ranges():
     logp = torch.tensor([[math.log(1.25)]])
-    loss_lo, _ = policy_loss(logp, torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
-                             clip_low=0.2, clip_high=0.28)
+    loss_lo, _ = policy_loss(
+        logp, torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_low=0.2, clip_high=0.28
+    )
     assert loss_lo.item() == pytest.approx(-1.25)  # inside the DAPO clip-higher range
-    loss_hi, _ = policy_loss(logp, torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
-                             clip_low=0.2, clip_high=0.2)
+    loss_hi, _ = policy_loss(
+        logp, torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_low=0.2, clip_high=0.2
+    )
     assert loss_hi.item() == pytest.approx(-1.2)
 
 
@@ -102,8 +142,9 @@ def test_microbatch_losses_sum_to_full_batch_loss():
     norm = Normaliser.of(MASK, 3)
     for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
         full = aggregate(LOGP, MASK, mode, norm)
-        parts = aggregate(LOGP[:3], MASK[:3], mode, norm) + aggregate(LOGP[3:], MASK[3:], mode,
-                                                                      norm)
+        parts = aggregate(LOGP[:3], MASK[:3], mode, norm) + aggregate(
+            LOGP[3:], MASK[3:], mode, norm
+        )
         assert parts.item() == pytest.approx(full.item(), rel=1e-12)
 
 
@@ -152,8 +193,9 @@ def test_frozen_head_takes_the_logprob_gradient_from_the_forward(entropy_grad):
     got, h.grad = h.grad.clone(), None
     logsm = torch.log_softmax(h @ w.T / 0.7, -1)
     naive_ent = -(logsm.exp() * logsm).sum(-1)
-    (logsm.gather(1, t[:, None]).squeeze(1) * g1 + (naive_ent * g2 if entropy_grad else 0)
-     ).sum().backward()
+    (
+        logsm.gather(1, t[:, None]).squeeze(1) * g1 + (naive_ent * g2 if entropy_grad else 0)
+    ).sum().backward()
     torch.testing.assert_close(got, h.grad, rtol=1e-10, atol=1e-12)  # float64, as above
     w.requires_grad_(True)
     assert token_logprobs(h, w, t, 0.7, chunk=8)[0].grad_fn.saved_tensors[5] is None

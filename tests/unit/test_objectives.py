@@ -29,8 +29,9 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages():
     # ratio e^2 with A = +1 (clip-high binds; dual clip never applies to A > 0)
     logp = leaf([[2.0], [math.log(2.0)], [2.0]])
     adv = torch.tensor([-1.0, -1.0, 1.0], dtype=F64)
-    term = clipped_ratio(logp, torch.zeros(3, 1, dtype=F64), adv, torch.ones(3, 1), 0.2, 0.2,
-                         dual_clip=3.0)
+    term = clipped_ratio(
+        logp, torch.zeros(3, 1, dtype=F64), adv, torch.ones(3, 1), 0.2, 0.2, dual_clip=3.0
+    )
     assert term.loss[:, 0].tolist() == pytest.approx([3.0, 2.0, -1.2])
     assert term.counts["clip_dual"][:, 0].tolist() == [True, False, False]
     term.loss.sum().backward()
@@ -110,8 +111,9 @@ def test_cispo_weights_are_clipped_but_every_token_keeps_its_gradient():
     term.loss.sum().backward()
     assert logp.grad[0].tolist() == pytest.approx([-2.0 * x for x in w])  # -w A per token
     assert term.counts["clip_high"][0].tolist() == [True, False, False]
-    bounded = clipped_weight(logp.detach(), torch.zeros(1, 3, dtype=F64), adv,
-                             torch.ones(1, 3), clip_low=0.2)
+    bounded = clipped_weight(
+        logp.detach(), torch.zeros(1, 3, dtype=F64), adv, torch.ones(1, 3), clip_low=0.2
+    )
     assert bounded.loss[0, 2].item() == pytest.approx(-2.0 * 0.8)
     assert bounded.counts["clip_low"][0].tolist() == [False, False, True]
     # where PPO's clip drops the token (r > 1 + eps, A > 0), CISPO still pushes it
@@ -126,13 +128,23 @@ def test_objective_loss_logs_each_term_and_they_add_up():
     ent = torch.full((2, 3), 0.7, dtype=F64)
     term = clipped_ratio(logp, old, torch.tensor([1.0, -0.5], dtype=F64), MASK)
     norm = Normaliser.of(MASK, 3)
-    loss, stats = objective_loss(term, MASK, "token_mean", norm, logp=logp, ref_logp=ref,
-                                 kl_coef=0.1, entropy=ent, entropy_coef=0.01)
+    loss, stats = objective_loss(
+        term,
+        MASK,
+        "token_mean",
+        norm,
+        logp=logp,
+        ref_logp=ref,
+        kl_coef=0.1,
+        entropy=ent,
+        entropy_coef=0.01,
+    )
     k3 = math.exp(0.25) - 0.25 - 1
     assert stats["loss/kl"] == pytest.approx(0.1 * k3)
     assert stats["loss/entropy"] == pytest.approx(-0.01 * 0.7)
-    assert stats["loss/policy"] + stats["loss/kl"] + stats["loss/entropy"] == \
-        pytest.approx(loss.item(), rel=1e-12)
+    assert stats["loss/policy"] + stats["loss/kl"] + stats["loss/entropy"] == pytest.approx(
+        loss.item(), rel=1e-12
+    )
     assert stats["tokens"] == 5 and stats["kl"] == pytest.approx(5 * k3)
 
 
@@ -144,14 +156,23 @@ def test_objectives_are_plugins_with_their_paper_defaults():
     assert grpo_core.create("objective", "grpo").aggregation == "token_mean"
 
 
-@pytest.mark.parametrize("objective", [{"name": "grpo", "options": {"dual_clip": 3.0}},
-                                       {"name": "gspo"}, {"name": "cispo"}])
+@pytest.mark.parametrize(
+    "objective",
+    [{"name": "grpo", "options": {"dual_clip": 3.0}}, {"name": "gspo"}, {"name": "cispo"}],
+)
 def test_every_objective_trains(tiny_model, addition_data, tmp_path, objective):
-    cfg = config.validate(make_config(
-        tiny_model, addition_data, str(tmp_path / "run"), objective=objective,
-        reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-        sampling={"group_size": 8, "max_new_tokens": 6}, optimizer={"lr": 1e-2},
-        train={"steps": 2, "prompts_per_step": 4, "inner_iterations": 2}))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            addition_data,
+            str(tmp_path / "run"),
+            objective=objective,
+            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+            sampling={"group_size": 8, "max_new_tokens": 6},
+            optimizer={"lr": 1e-2},
+            train={"steps": 2, "prompts_per_step": 4, "inner_iterations": 2},
+        )
+    )
     summary = train(cfg)
     rows = [json.loads(x) for x in open(os.path.join(cfg["output"]["dir"], "metrics.jsonl"))]
     assert summary["steps"] == 2
@@ -176,8 +197,15 @@ def test_dual_clip_tie_keeps_the_whole_gradient():
     # (verl's torch.min splits it: half). exp(log 1.5) == 1.5 exactly in float64.
     logp = leaf([[math.log(1.5)]])
     assert torch.exp(logp.detach()).item() == 1.5
-    term = clipped_ratio(logp, torch.zeros(1, 1, dtype=F64), torch.tensor([-1.0], dtype=F64),
-                         torch.ones(1, 1), 0.2, 0.2, dual_clip=1.5)
+    term = clipped_ratio(
+        logp,
+        torch.zeros(1, 1, dtype=F64),
+        torch.tensor([-1.0], dtype=F64),
+        torch.ones(1, 1),
+        0.2,
+        0.2,
+        dual_clip=1.5,
+    )
     assert term.loss.item() == 1.5 and not term.counts["clip_dual"].any()
     term.loss.sum().backward()
     assert logp.grad.item() == 1.5
@@ -211,5 +239,4 @@ def test_per_token_advantages_equal_per_sequence_ones_when_constant(fn):
 
 
 def test_every_built_in_objective_declares_per_token_advantages():
-    assert all(grpo_core.create("objective", n).token_advantages
-               for n in ("grpo", "gspo", "cispo"))
+    assert all(grpo_core.create("objective", n).token_advantages for n in ("grpo", "gspo", "cispo"))

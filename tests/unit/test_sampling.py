@@ -13,8 +13,9 @@ def test_frequencies_match_the_distribution():
     counts = torch.bincount(sample(z, 123, torch.arange(40_000), 0), minlength=4) / 40_000
     torch.testing.assert_close(counts, probs, atol=0.01, rtol=0)
     one_row = torch.stack([sample(z[:1], s, torch.arange(1), 3) for s in range(5000)]).flatten()
-    torch.testing.assert_close(torch.bincount(one_row, minlength=4) / 5000, probs, atol=0.025,
-                               rtol=0)
+    torch.testing.assert_close(
+        torch.bincount(one_row, minlength=4) / 5000, probs, atol=0.025, rtol=0
+    )
 
 
 def test_uniform_is_uniform_and_deterministic():

@@ -18,9 +18,19 @@ LR = 0.1
 
 
 def opt_cfg(name: str, warmup: int = 0, **options) -> dict:
-    return config.validate(make_config("m", "d.jsonl", "out", optimizer={
-        "lr": LR, "lr_schedule": name, "warmup_steps": warmup,
-        "scheduler_options": options}))["optimizer"]
+    return config.validate(
+        make_config(
+            "m",
+            "d.jsonl",
+            "out",
+            optimizer={
+                "lr": LR,
+                "lr_schedule": name,
+                "warmup_steps": warmup,
+                "scheduler_options": options,
+            },
+        )
+    )["optimizer"]
 
 
 def lrs(name: str, total: int = 10, warmup: int = 0, **options) -> list[float]:
@@ -36,8 +46,10 @@ def lrs(name: str, total: int = 10, warmup: int = 0, **options) -> list[float]:
 
 
 def test_every_offered_name_builds():
-    options = {"cosine_with_min_lr": {"min_lr_rate": 0.1},
-               "warmup_stable_decay": {"num_decay_steps": 3}}
+    options = {
+        "cosine_with_min_lr": {"min_lr_rate": 0.1},
+        "warmup_stable_decay": {"num_decay_steps": 3},
+    }
     for name in schedules.SCHEDULES:
         values = lrs(name, warmup=2, **options.get(name, {}))
         assert len(values) == 10 and all(0 <= v <= LR for v in values), name
@@ -48,8 +60,9 @@ def test_the_shapes():
     assert lrs("constant", warmup=4)[:5] == pytest.approx([0, LR / 4, LR / 2, 3 * LR / 4, LR])
     assert lrs("linear") == pytest.approx([LR * (10 - i) / 10 for i in range(10)])
     # earlier configs' cosine: half a cosine from the peak to 0 after warm-up
-    assert lrs("cosine") == pytest.approx([LR * 0.5 * (1 + math.cos(math.pi * i / 10))
-                                           for i in range(10)])
+    assert lrs("cosine") == pytest.approx(
+        [LR * 0.5 * (1 + math.cos(math.pi * i / 10)) for i in range(10)]
+    )
     floor = lrs("cosine_with_min_lr", total=10, min_lr_rate=0.2)
     assert floor[0] == pytest.approx(LR) and min(floor) >= 0.2 * LR - 1e-12
     assert floor[-1] < 0.3 * LR
@@ -60,26 +73,36 @@ def test_the_shapes():
 
 
 def test_a_schedule_missing_its_own_option_is_one_line(tmp_path, capsys):
-    with pytest.raises(UserError, match=r"^optimizer.scheduler_options: lr_schedule "
-                                        r"warmup_stable_decay with no options: .*num_decay_steps"):
+    with pytest.raises(
+        UserError,
+        match=r"^optimizer.scheduler_options: lr_schedule "
+        r"warmup_stable_decay with no options: .*num_decay_steps",
+    ):
         lrs("warmup_stable_decay")
-    with pytest.raises(UserError, match=r"lr_schedule linear with \{'min_lr_rate': 0.1\}: "
-                                        r".*unexpected keyword argument 'min_lr_rate'"):
+    with pytest.raises(
+        UserError,
+        match=r"lr_schedule linear with \{'min_lr_rate': 0.1\}: "
+        r".*unexpected keyword argument 'min_lr_rate'",
+    ):
         lrs("linear", min_lr_rate=0.1)
-    with pytest.raises(UserError, match=r"lr_schedule constant takes no options "
-                                        r"\(found \['num_decay_steps'\]\)"):
+    with pytest.raises(
+        UserError,
+        match=r"lr_schedule constant takes no options "
+        r"\(found \['num_decay_steps'\]\)",
+    ):
         lrs("constant", num_decay_steps=3)
-    cfg = make_config("m", "d.jsonl", str(tmp_path / "r"),
-                      optimizer={"lr_schedule": "cosine_with_min_lr"})
+    cfg = make_config(
+        "m", "d.jsonl", str(tmp_path / "r"), optimizer={"lr_schedule": "cosine_with_min_lr"}
+    )
     assert main(["validate", write_config(tmp_path / "c.json", cfg)]) == 2
-    errors = [x for x in capsys.readouterr().err.splitlines()
-              if x.startswith("error: optimizer")]
+    errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error: optimizer")]
     assert len(errors) == 1 and "min_lr" in errors[0], errors
 
 
 def resumed(name: str, lr: float, at: int, total: int = 12, **options):
     """A schedule stepped ``at`` times, saved, loaded into a fresh one built with peak
     ``lr`` (as run._resume does), then stepped to the end; returns both lr sequences."""
+
     def build(peak):
         opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=peak)
         return opt, schedules.build(opt, {**opt_cfg(name, 2, **options), "lr": peak}, total)
@@ -102,12 +125,16 @@ def resumed(name: str, lr: float, at: int, total: int = 12, **options):
     return out
 
 
-@pytest.mark.parametrize("name,options", [("cosine", {}), ("warmup_stable_decay",
-                                                           {"num_decay_steps": 4}),
-                                          ("cosine_with_min_lr", {"min_lr_rate": 0.1})])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("cosine", {}),
+        ("warmup_stable_decay", {"num_decay_steps": 4}),
+        ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
+    ],
+)
 def test_resume_is_exact_and_a_forced_new_peak_scales_the_rest(name, options):
     whole = lrs(name, total=12, warmup=2, **options)
     for at in (1, 5, 9):
         assert resumed(name, LR, at, **options) == whole[at:]  # bitwise: ==, not approx
-        assert resumed(name, 2 * LR, at, **options) == pytest.approx(
-            [2 * v for v in whole[at:]])
+        assert resumed(name, 2 * LR, at, **options) == pytest.approx([2 * v for v in whole[at:]])

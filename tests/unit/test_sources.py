@@ -55,7 +55,8 @@ def configured_dataset(root) -> str:
         "- config_name: main\n  data_files:\n"
         "  - {split: train, path: main/train.jsonl}\n  - {split: test, path: main/test.jsonl}\n"
         "- config_name: socratic\n  data_files:\n"
-        "  - {split: train, path: socratic/train.jsonl}\n---\n")
+        "  - {split: train, path: socratic/train.jsonl}\n---\n"
+    )
     return str(root)
 
 
@@ -64,16 +65,23 @@ def test_a_dataset_with_a_configuration_name(tmp_path):
     rows = read_rows(path, "train", name="socratic")
     assert [r["question"] for r in rows] == [r["question"] for r in sums(6, 50)]
     assert len(read_rows(path, "test[:2]", name="main")) == 2
-    with pytest.raises(UserError, match=r"^data.path: cannot load dataset .* split 'train': "
-                                        r"Config name is missing.*set data.name$"):
+    with pytest.raises(
+        UserError,
+        match=r"^data.path: cannot load dataset .* split 'train': "
+        r"Config name is missing.*set data.name$",
+    ):
         read_rows(path, "train")
     with pytest.raises(UserError, match=r"configuration 'nope'.*'main', 'socratic'"):
         read_rows(path, "train", name="nope")
 
 
 def test_a_saved_dataset_directory(tmp_path):
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(sums(10)),
-                               "test": datasets.Dataset.from_list(sums(3, 200))})
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(sums(10)),
+            "test": datasets.Dataset.from_list(sums(3, 200)),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dict"))
     datasets.Dataset.from_list(sums(5)).save_to_disk(str(tmp_path / "one"))
     assert read_rows(str(tmp_path / "dict"), "train") == sums(10)
@@ -81,8 +89,11 @@ def test_a_saved_dataset_directory(tmp_path):
     assert read_rows(str(tmp_path / "dict"), "train[2:4]") == sums(10)[2:4]
     assert read_rows(str(tmp_path / "dict"), "train[:20%]") == sums(10)[:2]
     assert read_rows(str(tmp_path / "one"), "train[-2:]") == sums(5)[3:]
-    with pytest.raises(UserError, match=r"^data.split: .* has no split 'validation' \(has "
-                                        r"\['test', 'train'\]\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^data.split: .* has no split 'validation' \(has "
+        r"\['test', 'train'\]\)$",
+    ):
         read_rows(str(tmp_path / "dict"), "validation")
 
 
@@ -114,22 +125,39 @@ def test_preflight_accepts_the_new_forms_and_checks_the_mapping(tmp_path, monkey
     ok = {"prompt_field": "question", "columns": {"final_answer": "answer"}}
     assert problems(path=path, name="socratic", **ok) == []
     assert problems(path=path, name="socratic", streaming=True, **ok) == []
-    assert problems(path=str(tmp_path / "saved"), prompt_field="question",
-                    columns={"solution": "answer"}) == []
+    assert (
+        problems(
+            path=str(tmp_path / "saved"), prompt_field="question", columns={"solution": "answer"}
+        )
+        == []
+    )
     # the hub form is accepted; offline (as here), only when the local cache has it
-    assert problems(path="openai/gsm8k", name="main", prompt_field="question") in ([], [
-        "data.path: openai/gsm8k is a hub id that is not in the local Hugging Face cache, and "
-        "HF_HUB_OFFLINE is set; download it first or give a local directory"])
+    assert problems(path="openai/gsm8k", name="main", prompt_field="question") in (
+        [],
+        [
+            "data.path: openai/gsm8k is a hub id that is not in the local Hugging Face cache, and "
+            "HF_HUB_OFFLINE is set; download it first or give a local directory"
+        ],
+    )
     # the math reward reads `answer`: a list without it, or a mapping to another name, fails
     for cols in (["final_answer"], {"final_answer": "gold"}):
         found = problems(path=path, name="socratic", prompt_field="question", columns=cols)
-        assert found == ["data.columns: the reward reads ['answer']; add them to data.columns (a "
-                         "field of that name, or {field: answer} to pass another field under "
-                         "that name)"], found
-    found = problems(path=path, name="socratic", prompt_field="question",
-                     columns={"question": "answer"}, split="train[:2]")
+        assert found == [
+            "data.columns: the reward reads ['answer']; add them to data.columns (a "
+            "field of that name, or {field: answer} to pass another field under "
+            "that name)"
+        ], found
+    found = problems(
+        path=path,
+        name="socratic",
+        prompt_field="question",
+        columns={"question": "answer"},
+        split="train[:2]",
+    )
     assert found == [], found  # any field may be passed under the reward's name
-    found = problems(path=path, name="main", prompt_field="question", columns={"final_answer": "answer"})
+    found = problems(
+        path=path, name="main", prompt_field="question", columns={"final_answer": "answer"}
+    )
     assert len(found) == 1 and "has no field 'final_answer'" in found[0], found
 
 
@@ -137,8 +165,8 @@ def test_column_mapping_rules():
     assert column_map({"columns": ["answer"]}) == {"answer": "answer"}
     assert column_map({"columns": {"solution": "answer"}}) == {"solution": "answer"}
     assert column_problems({"columns": {"solution": "answer", "final": "answer"}}) == [
-        "data.columns: several fields are passed as ['answer']; a reward argument takes one "
-        "field"]
+        "data.columns: several fields are passed as ['answer']; a reward argument takes one field"
+    ]
     assert "reserved names" in column_problems({"columns": {"n": "group_ids"}})[0]
 
 
@@ -149,8 +177,12 @@ def stream_of(path: str, seed: int | None, drop=lambda row: False) -> StreamedPr
         ds.set_epoch(e)
         return ds
 
-    return StreamedPrompts(epoch, lambda row, i: (None if drop(row) else row, drop(row)),
-                           ["question", "solution"], path)
+    return StreamedPrompts(
+        epoch,
+        lambda row, i: (None if drop(row) else row, drop(row)),
+        ["question", "solution"],
+        path,
+    )
 
 
 def test_a_streamed_source_resumes_exactly_across_epochs(tmp_path):
@@ -158,9 +190,10 @@ def test_a_streamed_source_resumes_exactly_across_epochs(tmp_path):
     drop = lambda row: row["question"].startswith("3+")  # noqa: E731  one long prompt, dropped
     whole = stream_of(path, seed=5, drop=drop)
     served = [r["question"] for _ in range(7) for r in whole.take(4)]  # 28 rows: 3+ epochs
-    epochs = [served[i:i + 9] for i in range(0, 27, 9)]
-    assert all(sorted(e) == sorted(r["question"] for r in sums(10) if not drop(r))
-               for e in epochs)  # every kept row once per epoch
+    epochs = [served[i : i + 9] for i in range(0, 27, 9)]
+    assert all(
+        sorted(e) == sorted(r["question"] for r in sums(10) if not drop(r)) for e in epochs
+    )  # every kept row once per epoch
     assert epochs[0] != epochs[1]  # each epoch in its own order
     assert whole.long_prompts == 1  # counted once, not once per epoch
     for cut in (1, 2, 3, 5):  # resume from a checkpoint taken after `cut` takes
@@ -197,18 +230,35 @@ def test_streamed_training_from_a_configured_dataset_resumes_bitwise(tiny_model,
     name; interrupted after 2 of 4 steps and resumed, it ends bitwise where an uninterrupted
     run ends. Long prompts are dropped and counted in every metrics record."""
     path = configured_dataset(tmp_path / "ds")
-    data = {"path": path, "name": "main", "streaming": True, "shuffle_buffer": 5,
-            "prompt_field": "question", "columns": {"solution": "answer"},
-            "max_prompt_tokens": 4}  # drops "10+3=" and "11+4=": one token per character
+    data = {
+        "path": path,
+        "name": "main",
+        "streaming": True,
+        "shuffle_buffer": 5,
+        "prompt_field": "question",
+        "columns": {"solution": "answer"},
+        "max_prompt_tokens": 4,
+    }  # drops "10+3=" and "11+4=": one token per character
 
     def cfg(out, steps, ckpt=0):
-        return config.validate(make_config(
-            tiny_model, "x", str(out), data=data,
-            sampling={"group_size": 2, "max_new_tokens": 3},
-            train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 1},
-            runtime={"device": "cpu", "threads": 1},
-            output={"dir": str(out), "progress": False, "samples_every": 0,
-                    "checkpoint_every": ckpt, "tensorboard": "off"}))
+        return config.validate(
+            make_config(
+                tiny_model,
+                "x",
+                str(out),
+                data=data,
+                sampling={"group_size": 2, "max_new_tokens": 3},
+                train={"steps": steps, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 1},
+                runtime={"device": "cpu", "threads": 1},
+                output={
+                    "dir": str(out),
+                    "progress": False,
+                    "samples_every": 0,
+                    "checkpoint_every": ckpt,
+                    "tensorboard": "off",
+                },
+            )
+        )
 
     train(cfg(tmp_path / "whole", 4))
     train(cfg(tmp_path / "cut", 2, ckpt=1))
@@ -222,33 +272,46 @@ def test_streamed_training_from_a_configured_dataset_resumes_bitwise(tiny_model,
     assert long == sorted(long) and long[2:] == [2, 2], long  # epoch 0 read by step 2's end
     assert rows[-1]["data/long_prompts"] == 2  # restored from the checkpoint
     state = json.load(open(tmp_path / "cut" / "checkpoints" / "step-00000004" / "state.json"))
-    assert state["data"] == {"position": state["data_position"], "long_prompts": 2,
-                             "epoch_rows": 12}
+    assert state["data"] == {
+        "position": state["data_position"],
+        "long_prompts": 2,
+        "epoch_rows": 12,
+    }
 
 
 def gold_check(prompts, completions, answer, **columns):
     """1 when the reward got the gold of its own prompt under the name ``answer``."""
-    return [float(int(p[:-1].split("+")[0]) + int(p[:-1].split("+")[1]) == int(a))
-            for p, a in zip(prompts, answer)]
+    return [
+        float(int(p[:-1].split("+")[0]) + int(p[:-1].split("+")[1]) == int(a))
+        for p, a in zip(prompts, answer)
+    ]
 
 
 def test_training_from_a_saved_dataset_with_renamed_gold(tiny_model, tmp_path, capsys):
     """load_from_disk + a sliced split + {solution: answer}: the reward gets each prompt's
     gold under the name it reads."""
     module = types.ModuleType("gold_check_reward_for_tests")
-    module.reward = hookimpl(lambda register: register("gold_check", lambda: gold_check),
-                             specname="reward")
+    module.reward = hookimpl(
+        lambda register: register("gold_check", lambda: gold_check), specname="reward"
+    )
     registry().add(module, "test-gold-check")
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(sums(30))})
     dd.save_to_disk(str(tmp_path / "saved"))
     out = tmp_path / "run"
-    cfg = make_config(tiny_model, str(tmp_path / "saved"), str(out),
-                      data={"path": str(tmp_path / "saved"), "split": "train[:8]",
-                            "prompt_field": "question", "columns": {"solution": "answer"}},
-                      reward={"name": "gold_check", "isolation": "inline"},
-                      train={"steps": 2, "prompts_per_step": 2, "seed": 0},
-                      output={"dir": str(out), "progress": False, "samples_every": 1,
-                              "tensorboard": "off"})
+    cfg = make_config(
+        tiny_model,
+        str(tmp_path / "saved"),
+        str(out),
+        data={
+            "path": str(tmp_path / "saved"),
+            "split": "train[:8]",
+            "prompt_field": "question",
+            "columns": {"solution": "answer"},
+        },
+        reward={"name": "gold_check", "isolation": "inline"},
+        train={"steps": 2, "prompts_per_step": 2, "seed": 0},
+        output={"dir": str(out), "progress": False, "samples_every": 1, "tensorboard": "off"},
+    )
     assert main(["train", write_config(tmp_path / "c.json", cfg)]) == 0, capsys.readouterr().err
     assert [json.loads(x)["reward"] for x in open(out / "metrics.jsonl")] == [1.0, 1.0]
     prompts = {json.loads(x)["prompt"] for x in open(out / "samples.jsonl")}
@@ -262,11 +325,18 @@ def test_a_checkpoint_written_before_these_keys_still_resumes(tmp_path):
 
     cfg = config.validate(make_config("m", "d.jsonl", str(tmp_path)))
     saved = json.loads(json.dumps(cfg))
-    for section, key in (("data", "name"), ("data", "data_files"), ("data", "streaming"),
-                         ("data", "shuffle_buffer"), ("optimizer", "scheduler_options"),
-                         ("output", "loggers"), ("output", "metric_names")):
+    for section, key in (
+        ("data", "name"),
+        ("data", "data_files"),
+        ("data", "streaming"),
+        ("data", "shuffle_buffer"),
+        ("optimizer", "scheduler_options"),
+        ("output", "loggers"),
+        ("output", "metric_names"),
+    ):
         del saved[section][key]
     assert checkpoint.config_differences({"config": saved}, cfg) == []
     saved["data"]["split"] = "test"
     assert checkpoint.config_differences({"config": saved}, cfg) == [
-        "data.split: checkpoint 'test', config 'train'"]
+        "data.split: checkpoint 'test', config 'train'"
+    ]

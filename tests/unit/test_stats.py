@@ -52,12 +52,14 @@ def test_bootstrap_distribution_of_a_tiny_set_by_hand():
     assert stats.bootstrap_ci([0.7, 0.4]) == (0.4, 0.7)
 
 
-@pytest.mark.parametrize("values", [[0.1, 0.5, 0.2, 0.9, 0.4], [1.0, 1.0, 2.0, 7.0],
-                                    [0.3, 0.31, 0.35, 0.2, 0.33, 0.4]])
+@pytest.mark.parametrize(
+    "values", [[0.1, 0.5, 0.2, 0.9, 0.4], [1.0, 1.0, 2.0, 7.0], [0.3, 0.31, 0.35, 0.2, 0.33, 0.4]]
+)
 def test_exact_bootstrap_matches_enumerating_every_ordered_resample(values):
     for level in (0.95, 0.9, 0.5):
         assert stats.bootstrap_ci(values, level) == pytest.approx(
-            brute_bootstrap_ci(values, level), abs=1e-12)
+            brute_bootstrap_ci(values, level), abs=1e-12
+        )
 
 
 def test_monte_carlo_bootstrap_beyond_the_exact_limit():
@@ -118,8 +120,11 @@ def test_student_t_tail_against_closed_forms(t):
 def test_student_t_tail_against_numerical_integration():
     for df in (3.0, 4.6, 9.5):
         grid = np.linspace(0, 2.2, 200_001)
-        dens = (math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-                * (1 + grid ** 2 / df) ** (-(df + 1) / 2))
+        dens = (
+            math.gamma((df + 1) / 2)
+            / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+            * (1 + grid**2 / df) ** (-(df + 1) / 2)
+        )
         inside = np.sum((dens[1:] + dens[:-1]) / 2 * np.diff(grid))
         assert stats.t_two_sided(2.2, df) == pytest.approx(1 - 2 * inside, abs=1e-9)
 
@@ -149,14 +154,21 @@ def test_holm_by_hand():
 def records(rewards, samples=4, lengths=None, seconds=None, **extra):
     lengths = lengths or [2.0] * len(rewards)
     seconds = seconds or [1.0] * len(rewards)
-    return [{"step": i, "reward": r, "samples": samples, "completion_len": n, "time/step": s,
-             **{k: v[i] for k, v in extra.items()}}
-            for i, (r, n, s) in enumerate(zip(rewards, lengths, seconds))]
+    return [
+        {
+            "step": i,
+            "reward": r,
+            "samples": samples,
+            "completion_len": n,
+            "time/step": s,
+            **{k: v[i] for k, v in extra.items()},
+        }
+        for i, (r, n, s) in enumerate(zip(rewards, lengths, seconds))
+    ]
 
 
 def test_run_figures_count_greedy_tokens_and_find_the_threshold():
-    recs = records([0.0, 1.0, 1.0, 0.5], lengths=[2.0, 3.0, 1.0, 2.0],
-                   seconds=[1.0, 2.0, 0.5, 1.0])
+    recs = records([0.0, 1.0, 1.0, 0.5], lengths=[2.0, 3.0, 1.0, 2.0], seconds=[1.0, 2.0, 0.5, 1.0])
     f = stats.run_figures(recs, prompts_per_step=2, greedy=False, threshold=0.5, window=2)
     assert f["tokens"] == [8, 20, 24, 32]  # 4 samples x length, summed
     assert f["seconds"] == [1.0, 3.0, 3.5, 4.5]
@@ -196,8 +208,9 @@ def test_pairwise_verdicts():
     assert by[("a", "c")]["verdict"].startswith("not distinguishable")
     assert by[("b", "c")]["verdict"] == "c higher"
     # four groups with the same floor: 6 pairs x 2/252 = 0.048 -> still just below
-    rows = stats.pairwise({"a": hi, "b": lo, "c": [x - 1 for x in lo], "d": [x + 1 for x in hi]},
-                          test="permutation")
+    rows = stats.pairwise(
+        {"a": hi, "b": lo, "c": [x - 1 for x in lo], "d": [x + 1 for x in hi]}, test="permutation"
+    )
     assert all(r["verdict"].endswith("higher") for r in rows)
     rows = stats.pairwise({"a": [0.9, 0.5, 0.7], "b": [0.6, 0.5, 0.4]}, test="welch")
     assert rows[0]["p_holm"] == pytest.approx(rows[0]["p_welch"])

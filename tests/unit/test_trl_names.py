@@ -21,21 +21,33 @@ reward: {{name: math}}
 """
 
 CASES = [
-    ("num_generations: 8\n", "(top level)",
-     "num_generations: unknown key 'num_generations': did you mean sampling.group_size "
-     "(TRL's name)?"),
+    (
+        "num_generations: 8\n",
+        "(top level)",
+        "num_generations: unknown key 'num_generations': did you mean sampling.group_size "
+        "(TRL's name)?",
+    ),
     ("sampling: {num_generations: 8}\n", "sampling", "sampling.group_size (TRL's name)"),
     ("beta: 0.04\n", "", "beta: unknown key 'beta': did you mean kl.options.coef (TRL's name"),
-    ("optimizer: {learning_rate: 1.0e-6}\n", "",
-     "optimizer.learning_rate: unknown key 'learning_rate': did you mean optimizer.lr "
-     "(TRL's name)?"),
+    (
+        "optimizer: {learning_rate: 1.0e-6}\n",
+        "",
+        "optimizer.learning_rate: unknown key 'learning_rate': did you mean optimizer.lr "
+        "(TRL's name)?",
+    ),
     ("lr_scheduler_type: cosine\n", "", "did you mean optimizer.lr_schedule (TRL's name)?"),
-    ("loss_type: dr_grpo\n", "", "objective.aggregation (TRL's name; grpo: "
-                                 "seq_mean_token_mean"),
-    ("objective: {name: grpo, options: {epsilon_high: 0.28}}\n", "",
-     "objective.options.epsilon_high: unknown key 'epsilon_high': did you mean "
-     "objective.options.clip_high (TRL's name)?"),
-    ("warmup_ratio: 0.1\n", "", "warmup_ratio: unknown key 'warmup_ratio': did you mean optimizer.warmup_ratio?"),
+    ("loss_type: dr_grpo\n", "", "objective.aggregation (TRL's name; grpo: seq_mean_token_mean"),
+    (
+        "objective: {name: grpo, options: {epsilon_high: 0.28}}\n",
+        "",
+        "objective.options.epsilon_high: unknown key 'epsilon_high': did you mean "
+        "objective.options.clip_high (TRL's name)?",
+    ),
+    (
+        "warmup_ratio: 0.1\n",
+        "",
+        "warmup_ratio: unknown key 'warmup_ratio': did you mean optimizer.warmup_ratio?",
+    ),
     ("kl_loss_coef: 0.001\n", "", "did you mean kl.options.coef (verl's name"),
     ("lr: 0.001\n", "", "lr: unknown key 'lr': did you mean optimizer.lr?"),
 ]
@@ -58,7 +70,8 @@ def test_unknown_key_without_a_meaning_keeps_the_plain_line():
         "num_generations: unknown key 'num_generations': did you mean sampling.group_size "
         "(TRL's name)?",
         "(top level): unknown key(s) ['trainer']; expected keys from "
-        + str(sorted(config.CORE_SCHEMA["properties"]))]
+        + str(sorted(config.CORE_SCHEMA["properties"])),
+    ]
 
 
 def test_every_mapped_path_exists_in_the_schema():
@@ -72,9 +85,17 @@ def test_every_mapped_path_exists_in_the_schema():
 
 
 def test_flat_trl_mapping_loads():
-    flat = {"model_name_or_path": "m", "dataset_name": PROMPTS, "num_generations": 4,
-            "learning_rate": 1e-5, "beta": 0.0, "epsilon_high": 0.28, "max_steps": 3,
-            "use_vllm": False, "reward": {"name": "math"}}
+    flat = {
+        "model_name_or_path": "m",
+        "dataset_name": PROMPTS,
+        "num_generations": 4,
+        "learning_rate": 1e-5,
+        "beta": 0.0,
+        "epsilon_high": 0.28,
+        "max_steps": 3,
+        "use_vllm": False,
+        "reward": {"name": "math"},
+    }
     cfg = config.validate(trl_names.from_trl(flat))
     assert cfg["sampling"]["group_size"] == 4 and cfg["optimizer"]["lr"] == 1e-5
     assert cfg["kl"]["name"] == "fixed" and cfg["kl"]["options"]["coef"] == 0.0
@@ -91,8 +112,10 @@ def test_flat_trl_mapping_refuses_names_that_need_a_decision():
 
 def test_yaml_file_reads_exponents_without_a_dot_as_numbers(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(BASE + "optimizer: {lr: 1e-3, weight_decay: 5E-2}\n"
-                           "train: {steps: 3}\nsampling: {stop: ['1e5']}\n")
+    path.write_text(
+        BASE + "optimizer: {lr: 1e-3, weight_decay: 5E-2}\n"
+        "train: {steps: 3}\nsampling: {stop: ['1e5']}\n"
+    )
     cfg = config.validate(read_file(str(path)))
     assert cfg["optimizer"]["lr"] == 0.001 and cfg["optimizer"]["weight_decay"] == 0.05
     assert cfg["sampling"]["stop"] == ["1e5"]  # quoted: still a string
@@ -111,7 +134,8 @@ def test_a_trl_setting_we_lack_says_what_to_do_instead():
     assert info.value.problems == [
         "steps_per_generation: unknown key 'steps_per_generation': a TRL setting grpo-core does "
         "not have: one optimizer update per rollout, or train.inner_iterations passes over it "
-        "(docs/trl.md)"]
+        "(docs/trl.md)"
+    ]
 
 
 def test_the_migration_page_lists_every_name():
@@ -141,8 +165,9 @@ def test_warmup_ratio_is_a_share_of_the_updates():
 
     from grpo_core.engine.schedules import build, problems
 
-    cfg = config.validate({**parse_yaml(BASE), "optimizer": {"warmup_ratio": 0.25,
-                                                             "lr_schedule": "linear"}})
+    cfg = config.validate(
+        {**parse_yaml(BASE), "optimizer": {"warmup_ratio": 0.25, "lr_schedule": "linear"}}
+    )
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     sched = build(opt, cfg["optimizer"], 10)  # ceil(2.5) = 3 warm-up updates
     lrs = []
@@ -152,8 +177,9 @@ def test_warmup_ratio_is_a_share_of_the_updates():
         sched.step()
     assert lrs == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
     both = {**cfg["optimizer"], "warmup_steps": 2}
-    assert problems(both, 10) == ["optimizer.warmup_ratio: 0.25 set beside "
-                                  "optimizer.warmup_steps 2; keep one"]
+    assert problems(both, 10) == [
+        "optimizer.warmup_ratio: 0.25 set beside optimizer.warmup_steps 2; keep one"
+    ]
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_model):
@@ -162,10 +188,13 @@ def test_chat_template_kwargs_reach_the_template(tiny_model):
 
     cfg = config.validate({**parse_yaml(BASE), "model": {"name_or_path": tiny_model}})
     tokenizer = load_tokenizer(cfg["model"])
-    tokenizer.chat_template = ("{% if enable_thinking is defined and not enable_thinking %}"
-                               "/no_think {% endif %}{{ messages[-1]['content'] }}")
+    tokenizer.chat_template = (
+        "{% if enable_thinking is defined and not enable_thinking %}"
+        "/no_think {% endif %}{{ messages[-1]['content'] }}"
+    )
     rows = [{"prompt": "1+1=", "answer": "2"}]
     plain = make_batch(rows, cfg["data"], tokenizer)
-    off = make_batch(rows, {**cfg["data"], "chat_template_kwargs": {"enable_thinking": False}},
-                     tokenizer)
+    off = make_batch(
+        rows, {**cfg["data"], "chat_template_kwargs": {"enable_thinking": False}}, tokenizer
+    )
     assert plain.prompts == ["1+1="] and off.prompts == ["/no_think 1+1="]

@@ -13,15 +13,20 @@ def test_problems_are_worded_distinct_and_split_apart():
     assert len(train) == 300 and len(held) == 50
     prompts = [r["prompt"] for r in train + held]
     assert len(set(prompts)) == 350 and not {r["prompt"] for r in held} & set(prompts[:300])
-    assert all(r["prompt"].endswith("?") and not re.search(r"\d\s*[-+*/x]\s*\d", r["prompt"])
-               for r in train + held)  # words, never a bare "a + b"
+    assert all(
+        r["prompt"].endswith("?") and not re.search(r"\d\s*[-+*/x]\s*\d", r["prompt"])
+        for r in train + held
+    )  # words, never a bare "a + b"
     assert all(r["answer"].isdigit() for r in train + held)  # whole, non-negative answers
     assert word_problems.split(300, 50, seed=1) == (train, held)  # the seed decides
 
 
 FORMULAS = {  # the answer from the story's numbers, in the order the story gives them
-    "_add": lambda a, b: a + b, "_sub": lambda a, b: a - b, "_mul": lambda a, b: a * b,
-    "_div": lambda total, k: total // k, "_buy_give": lambda a, b, c: a + b - c,
+    "_add": lambda a, b: a + b,
+    "_sub": lambda a, b: a - b,
+    "_mul": lambda a, b: a * b,
+    "_div": lambda total, k: total // k,
+    "_buy_give": lambda a, b, c: a + b - c,
     "_packs_plus": lambda k, each, had: k * each + had,
     "_trays_sold": lambda k, each, sold: k * each - sold,
     "_spend": lambda k, price, pen: k * price + pen,

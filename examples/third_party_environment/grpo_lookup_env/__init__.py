@@ -28,8 +28,10 @@ class Lookup(Environment):
 
     @classmethod
     def example_row(cls, options):  # what `grpo plugins check` starts episodes from
-        return {"prompt": "What is the capital of France?",
-                options["facts_column"]: {"capital of France": "Paris"}}
+        return {
+            "prompt": "What is the capital of France?",
+            options["facts_column"]: {"capital of France": "Paris"},
+        }
 
     def __init__(self, facts_column: str = "facts", max_lookups: int = 3):
         self.column, self.max_lookups = facts_column, max_lookups
@@ -45,10 +47,11 @@ class Lookup(Environment):
         state["used"] += 1
         if state["used"] > self.max_lookups:
             return Observation("error: no lookups left", tool_call=True, tool_error=True)
-        key = text[start + len(OPEN):].split(CLOSE, 1)[0].strip().lower()
+        key = text[start + len(OPEN) :].split(CLOSE, 1)[0].strip().lower()
         if key not in state["facts"]:
-            return Observation(f"error: no fact named {key[:40]!r}", tool_call=True,
-                               tool_error=True)
+            return Observation(
+                f"error: no fact named {key[:40]!r}", tool_call=True, tool_error=True
+            )
         return Observation(state["facts"][key], tool_call=True)
 
 
@@ -60,23 +63,34 @@ class LookupErrors(Reward):
     def __call__(self, prompts, completions, messages=None, **columns):
         if messages is None:  # single-turn runs have no trajectory: nothing to penalise
             return [1.0] * len(completions)
-        return [max(0.0, 1.0 - 0.25 * sum(bool(m.get("tool_error")) for m in conversation))
-                for conversation in messages]
+        return [
+            max(0.0, 1.0 - 0.25 * sum(bool(m.get("tool_error")) for m in conversation))
+            for conversation in messages
+        ]
 
 
 @hookimpl
 def environment(register):
-    register("lookup", Lookup, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "facts_column": {"type": "string", "default": "facts"},
-            "max_lookups": {"type": "integer", "minimum": 1, "default": 3},
+    register(
+        "lookup",
+        Lookup,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "facts_column": {"type": "string", "default": "facts"},
+                "max_lookups": {"type": "integer", "minimum": 1, "default": 3},
+            },
         },
-    }, description="look facts up in the row's facts: <lookup>key</lookup>")
+        description="look facts up in the row's facts: <lookup>key</lookup>",
+    )
 
 
 @hookimpl
 def reward(register):
-    register("lookup_errors", LookupErrors, schema={"type": "object",
-                                                    "additionalProperties": False},
-             description="1 - 0.25 per failed lookup in the trajectory")
+    register(
+        "lookup_errors",
+        LookupErrors,
+        schema={"type": "object", "additionalProperties": False},
+        description="1 - 0.25 per failed lookup in the trajectory",
+    )

@@ -20,6 +20,9 @@ def test_the_reward_reads_the_trajectory():
 
 def test_conformance():
     for kind, name in (("environment", "lookup"), ("reward", "lookup_errors")):
-        out = subprocess.run([sys.executable, "-m", "grpo_core.cli", "plugins", "check", kind,
-                              name], capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "grpo_core.cli", "plugins", "check", kind, name],
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 0, out.stdout + out.stderr

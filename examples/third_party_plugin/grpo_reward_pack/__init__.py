@@ -24,7 +24,7 @@ class NoRepetition(Reward):
         words = text.split()
         if len(words) < max(self.min_words, self.n):
             return 1.0
-        grams = [tuple(words[i:i + self.n]) for i in range(len(words) - self.n + 1)]
+        grams = [tuple(words[i : i + self.n]) for i in range(len(words) - self.n + 1)]
         return len(set(grams)) / len(grams)
 
     def __call__(self, prompts, completions, **columns):
@@ -52,16 +52,30 @@ class MedianBaseline(Baseline):
 
 @hookimpl
 def reward(register):
-    register("no_repetition", NoRepetition, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {"n": {"type": "integer", "minimum": 1, "default": 3},
-                       "min_words": {"type": "integer", "minimum": 1, "default": 6}},
-    }, description="1 - share of repeated word n-grams")
+    register(
+        "no_repetition",
+        NoRepetition,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "n": {"type": "integer", "minimum": 1, "default": 3},
+                "min_words": {"type": "integer", "minimum": 1, "default": 6},
+            },
+        },
+        description="1 - share of repeated word n-grams",
+    )
 
 
 @hookimpl
 def baseline(register):
-    register("grpo_median", MedianBaseline, schema={
-        "type": "object", "additionalProperties": False,
-        "properties": {"eps": {"type": "number", "exclusiveMinimum": 0, "default": 1e-6}},
-    }, description="(r - group median) / (scaled MAD + eps): GRPO robust to outliers")
+    register(
+        "grpo_median",
+        MedianBaseline,
+        schema={
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"eps": {"type": "number", "exclusiveMinimum": 0, "default": 1e-6}},
+        },
+        description="(r - group median) / (scaled MAD + eps): GRPO robust to outliers",
+    )

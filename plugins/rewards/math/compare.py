@@ -26,8 +26,17 @@ from grpo_core_plugins.rewards.math.parse import parse
 from grpo_core_plugins.rewards.math.units import conflict, split_unit
 
 #: what parsing or comparing hostile text may raise; each such item simply does not match
-FAILURES = (ParseError, RecursionError, TypeError, ValueError, AttributeError,
-            ArithmeticError, IndexError, KeyError, sp.polys.polyerrors.BasePolynomialError)
+FAILURES = (
+    ParseError,
+    RecursionError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    ArithmeticError,
+    IndexError,
+    KeyError,
+    sp.polys.polyerrors.BasePolynomialError,
+)
 
 
 @lru_cache(maxsize=4096)
@@ -70,8 +79,11 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(pred) == _squash(gold):
         return True
-    if _DECIMAL_COMMA.fullmatch(pred.strip()) and "," not in gold and \
-            plain_number(gold) is not None:
+    if (
+        _DECIMAL_COMMA.fullmatch(pred.strip())
+        and "," not in gold
+        and plain_number(gold) is not None
+    ):
         pred = pred.replace(",", ".")  # 1,22 against the number 1.22: a decimal comma
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
@@ -165,22 +177,28 @@ def _texts(p, g, tol: float) -> bool:
 
 def _inequalities(p, g, tol: float) -> bool:
     """Inequalities (not read as sets) match side for side with the same operators."""
-    return isinstance(p, Inequality) and isinstance(g, Inequality) and \
-        p.ops == g.ops and all(same(a, b, tol) for a, b in zip(p.sides, g.sides)) and \
-        len(p.sides) == len(g.sides)
+    return (
+        isinstance(p, Inequality)
+        and isinstance(g, Inequality)
+        and p.ops == g.ops
+        and all(same(a, b, tol) for a, b in zip(p.sides, g.sides))
+        and len(p.sides) == len(g.sides)
+    )
 
 
 def _matrices(p, g, tol: float) -> bool:
     """Matrices match matrices of the same shape, entry for entry by value."""
-    return (isinstance(p, sp.MatrixBase) and isinstance(g, sp.MatrixBase)
-            and p.shape == g.shape
-            and all(expressions_equal(a, b, tol) for a, b in zip(p, g)))
+    return (
+        isinstance(p, sp.MatrixBase)
+        and isinstance(g, sp.MatrixBase)
+        and p.shape == g.shape
+        and all(expressions_equal(a, b, tol) for a, b in zip(p, g))
+    )
 
 
 #: the kinds of node :func:`same` compares on their own terms, tried in order: when either
 #: side is one, its comparison decides
-_KINDS = ((Union, _unions), (Text, _texts), (Inequality, _inequalities),
-          (sp.MatrixBase, _matrices))
+_KINDS = ((Union, _unions), (Text, _texts), (Inequality, _inequalities), (sp.MatrixBase, _matrices))
 
 
 def _equations(p, g, tol: float) -> bool:
@@ -190,15 +208,20 @@ def _equations(p, g, tol: float) -> bool:
         renamed = isinstance(p.lhs, sp.Symbol) and isinstance(g.lhs, sp.Symbol) and p.lhs != g.lhs
         if (p.named or g.named) and not renamed and same(p.rhs, g.rhs, tol):
             return True  # AB = 7 against BA = 7; but x = 5 is not y = 5
-        if all(isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
-               for x in (p.lhs, p.rhs, g.lhs, g.rhs)):
-            return _proportional(sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
-                                 sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False),
-                                 tol)
+        if all(
+            isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase)
+            for x in (p.lhs, p.rhs, g.lhs, g.rhs)
+        ):
+            return _proportional(
+                sp.Add(p.lhs, sp.Mul(-1, p.rhs, evaluate=False), evaluate=False),
+                sp.Add(g.lhs, sp.Mul(-1, g.rhs, evaluate=False), evaluate=False),
+                tol,
+            )
         return False
     if isinstance(p, Equation):  # x = 3, AB = 3, a+b+c = 10, a = b = 3: the answer is the rhs
-        if p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs) and \
-                not _zero(p.rhs):  # 5x - 7y + 4 = 0 is a plane, not the value 0
+        if (
+            p.named or _is_name(p.lhs) or _constant(p.lhs) or _constant(p.rhs) and not _zero(p.rhs)
+        ):  # 5x - 7y + 4 = 0 is a plane, not the value 0
             return same(p.rhs, g, tol)
         return False  # x + y = 2x is an equation, not the value 2x
     if g.named or _is_name(g.lhs) or _name_expr(g.lhs):  # gold x = 3, |AB| = 1 against 3, 1
@@ -209,9 +232,13 @@ def _equations(p, g, tol: float) -> bool:
 def _name_expr(x) -> bool:
     """A quantity named by a formula of points only: ``\\frac{NO}{BO}``, ``|AB|`` (capital
     letters, no numbers, no sums: ``x + 1 = 0`` and ``xy = 6`` are equations, not values)."""
-    return isinstance(x, sp.Basic) and not isinstance(x, sp.MatrixBase) and \
-        bool(x.free_symbols) and not x.has(sp.Add) and \
-        all(isinstance(a, sp.Symbol) and str(a).isupper() or a == -1 for a in x.atoms())
+    return (
+        isinstance(x, sp.Basic)
+        and not isinstance(x, sp.MatrixBase)
+        and bool(x.free_symbols)
+        and not x.has(sp.Add)
+        and all(isinstance(a, sp.Symbol) and str(a).isupper() or a == -1 for a in x.atoms())
+    )
 
 
 def _proportional(dp, dg, tol: float) -> bool:
@@ -234,8 +261,9 @@ def _proportional(dp, dg, tol: float) -> bool:
             k = vp / vg
             scaled = sp.Mul(sp.Rational(k.numerator, k.denominator), dg, evaluate=False)
             return expressions_equal(dp, scaled, tol)
-    return expressions_equal(dp, dg, tol) or \
-        expressions_equal(dp, sp.Mul(-1, dg, evaluate=False), tol)
+    return expressions_equal(dp, dg, tol) or expressions_equal(
+        dp, sp.Mul(-1, dg, evaluate=False), tol
+    )
 
 
 def _zero(x) -> bool:
@@ -253,7 +281,8 @@ def _vector(p, g, tol: float) -> bool | None:
         return None
     return len(seq.items) == len(mat) and all(
         isinstance(a, sp.Basic) and expressions_equal(a, b, tol)
-        for a, b in zip(seq.items, list(mat)))
+        for a, b in zip(seq.items, list(mat))
+    )
 
 
 def _as_seq(x) -> Seq:

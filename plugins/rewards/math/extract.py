@@ -31,14 +31,44 @@ _DIGITS = frozenset("0123456789") | frozenset(_VULGAR)
 #: characters a plain-text expression is written with (the last-number fallback's reach)
 _EXPR_CHARS = _DIGITS | frozenset(" \t+-−*/^().%=√π·×÷")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z0-9])[A-Za-z]{2,}")  # not 12abc
-_MATH_WORDS = frozenset({"and", "or", "sqrt", "pi", "infty", "infinity", "inf", "sin", "cos",
-                         "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos",
-                         "arctan", "pm", "mp", "cdot", "times", "frac", "dfrac", "tfrac"})
+_MATH_WORDS = frozenset(
+    {
+        "and",
+        "or",
+        "sqrt",
+        "pi",
+        "infty",
+        "infinity",
+        "inf",
+        "sin",
+        "cos",
+        "tan",
+        "cot",
+        "sec",
+        "csc",
+        "log",
+        "ln",
+        "exp",
+        "arcsin",
+        "arccos",
+        "arctan",
+        "pm",
+        "mp",
+        "cdot",
+        "times",
+        "frac",
+        "dfrac",
+        "tfrac",
+    }
+)
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
 _ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]*)", re.IGNORECASE)
-_SOLUTIONS_RE = re.compile(r"\b(?:solutions?|roots?|zeros?|answers?)"
-                           r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
-                           r"([^\n]*)", re.IGNORECASE)
+_SOLUTIONS_RE = re.compile(
+    r"\b(?:solutions?|roots?|zeros?|answers?)"
+    r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
+    r"([^\n]*)",
+    re.IGNORECASE,
+)
 _A_COLON_RE = re.compile(r"(?:^|\n)[ \t]*A[ \t]*[:：][ \t]*([^\n]+)")
 _BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
 _SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
@@ -47,9 +77,11 @@ _JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)\b|,|and\b|or\b)\s*", re.IGNORECASE)
 _STRICT_LEAD = re.compile(r"(?:\bis|\bare|\bbe|\bequals|=|:)\s*$", re.IGNORECASE)
 #: what may stand between boxes that make one answer: math delimiters, spacing, commas,
 #: "and"/"or" (also as ``\\quad\\text{and}\\quad``), and a name before the next box (``b =``)
-_BOX_GAP = re.compile(r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:and|or|,)?\s*\}|"
-                      r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
-                      re.IGNORECASE)
+_BOX_GAP = re.compile(
+    r"(?:[\s$,;&]|\\[()\[\],;: ]|\\q?quad\b|\\text\s*\{\s*(?:and|or|,)?\s*\}|"
+    r"\b(?:and|or)\b)*(?:[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=[\s$]*)?",
+    re.IGNORECASE,
+)
 _MARKS = ("\\boxed", "\\fbox")
 #: a single-letter name right before a box: "y = "
 _LABEL = re.compile(r"(?<![A-Za-z\\])([A-Za-z](?:_\{?\w{1,3}\}?)?)\s*=\s*\$?\s*$")
@@ -67,8 +99,7 @@ def _brace_map(text: str) -> dict[int, int]:
     return match
 
 
-def _box_at(text: str, start: int, match: dict[int, int] | None = None
-            ) -> tuple[str, int] | None:
+def _box_at(text: str, start: int, match: dict[int, int] | None = None) -> tuple[str, int] | None:
     """(content, end) of the box whose command starts at ``start``; None if unreadable.
 
     An unclosed box is read to the end of its math (``$``, ``\\]`` or a blank line) with its
@@ -78,7 +109,7 @@ def _box_at(text: str, start: int, match: dict[int, int] | None = None
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] != "{":  # \boxed 5
-        m = re.match(r"[^\s$]{1,100}", text[i:i + 100])
+        m = re.match(r"[^\s$]{1,100}", text[i : i + 100])
         return (m.group(0), i + len(m.group(0))) if m else None
     if match is None:
         match = _brace_map(text[i:])
@@ -87,8 +118,8 @@ def _box_at(text: str, start: int, match: dict[int, int] | None = None
     else:
         end = match.get(i)
     if end is not None:
-        return text[i + 1:end], end + 1
-    rest = text[i + 1:i + 1 + MAX_TAIL]
+        return text[i + 1 : end], end + 1
+    rest = text[i + 1 : i + 1 + MAX_TAIL]
     for stop in ("$", "\\]", "\\)", "\n\n"):
         k = rest.find(stop)
         if k >= 0:
@@ -130,8 +161,11 @@ def _joins(gap: str) -> bool:
         return True
     joiners = list(re.finditer(r"\b(?:and|or)\b", gap))
     # only delimiters may follow the last one ("... and then we find" may not)
-    return bool(joiners) and len(re.findall(r"[A-Za-z]+", gap)) <= 8 and \
-        bool(_BOX_GAP.fullmatch(gap[joiners[-1].end():].replace("}", "")))
+    return (
+        bool(joiners)
+        and len(re.findall(r"[A-Za-z]+", gap)) <= 8
+        and bool(_BOX_GAP.fullmatch(gap[joiners[-1].end() :].replace("}", "")))
+    )
 
 
 def _box_group(text: str) -> tuple[str, int] | None:
@@ -141,7 +175,7 @@ def _box_group(text: str) -> tuple[str, int] | None:
         return None
     group = [boxes[-1]]
     for prev in reversed(boxes[:-1]):
-        if not _joins(text[prev[1]:group[0][0]]):
+        if not _joins(text[prev[1] : group[0][0]]):
             break
         group.insert(0, prev)
     contents = [c.strip() for _, _, c in group]
@@ -171,7 +205,7 @@ def _spans_end(s: str, pos: int = 0) -> tuple[list[str], int]:
         stop = s.find(close, m.end(), m.end() + MAX_TAIL)
         if stop < 0:
             break
-        out.append(s[m.end():stop].strip())
+        out.append(s[m.end() : stop].strip())
         pos = end = stop + len(close)
         j = _JOIN_RE.match(s, pos)
         if not j or not _SPAN_RE.match(s, j.end()):
@@ -198,8 +232,11 @@ def _prose(word: str) -> bool:
     return word.lower() not in _MATH_WORDS and not unit_word(word)
 
 
-_HEDGE = re.compile(r"\b(?:not|no|never|approximately|about|around|roughly|nearly|almost|"
-                    r"least|most|than|between|either|maybe|perhaps|probably)\b", re.IGNORECASE)
+_HEDGE = re.compile(
+    r"\b(?:not|no|never|approximately|about|around|roughly|nearly|almost|"
+    r"least|most|than|between|either|maybe|perhaps|probably)\b",
+    re.IGNORECASE,
+)
 _LAST_VERB = re.compile(r".*(?:\b(?:is|are|was|were|equals|be)\b|=)", re.IGNORECASE | re.DOTALL)
 
 
@@ -211,10 +248,10 @@ def _after_verb(s: str) -> str | None:
         return None  # "is not 5", "is at least 5", "is approximately 5": no stated value
     verb = _LAST_VERB.match(s)
     if verb:
-        return s[verb.end():].strip()
+        return s[verb.end() :].strip()
     colon = s.find(":")
     if colon >= 0:
-        return s[colon + 1:].strip()
+        return s[colon + 1 :].strip()
     return _last_expression(s) if len(re.findall(r"\d+(?:[.,/]\d+)*", s)) == 1 else None
 
 
@@ -229,10 +266,10 @@ def _cut_prose(s: str, sentence: bool = False) -> str:
                 break
         else:
             return s
-        head = s[:m.start()]
+        head = s[: m.start()]
         if any(c in _DIGITS or c == "\\" for c in head):
             return head.rstrip(" ,;:(")
-        stated = None if head.strip() or not sentence else _after_verb(s[m.end():])
+        stated = None if head.strip() or not sentence else _after_verb(s[m.end() :])
         if not stated:
             return s
         s = stated
@@ -264,10 +301,11 @@ def _final_answer(text: str) -> str | None:
     k = text.lower().rfind("final answer")
     if k < 0:
         return None
-    rest = text[k + len("final answer"):k + len("final answer") + MAX_TAIL]
+    rest = text[k + len("final answer") : k + len("final answer") + MAX_TAIL]
     rest = re.sub(r"^\s*(?:is\b)?[\s*#_:：]*", "", rest, count=1)
-    rest = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s+is\b[\s:：]*", "", rest, count=1,
-                  flags=re.IGNORECASE)
+    rest = re.sub(
+        r"^(?:the\s+)?(?:final\s+)?answer\s+is\b[\s:：]*", "", rest, count=1, flags=re.IGNORECASE
+    )
     if rest.startswith(("$$", "\\[")):
         spans = _spans(rest)
         return spans[0] if spans else None
@@ -291,7 +329,7 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
                 break
     else:
         return None
-    inner = tail[k + len(open_):len(tail) - len(close)].strip()
+    inner = tail[k + len(open_) : len(tail) - len(close)].strip()
     if not inner or len(inner) > 400:
         return None
     found, start = [inner], k
@@ -311,8 +349,11 @@ def _bold_answer(bold: str) -> bool:
     """A bold span that can be an answer: math, or a few words; not a step's heading
     ("**Milk remaining after the third mile:**", "**Step 3: Add the lengths**")."""
     value = bold.strip().rsplit(":", 1)[-1]  # "Answer: 12"; "Step 3: Add them" is a heading
-    return any(c in _DIGITS or c == "\\" for c in value) or 0 < len(value.split()) <= 3 and \
-        ":" not in bold
+    return (
+        any(c in _DIGITS or c == "\\" for c in value)
+        or 0 < len(value.split()) <= 3
+        and ":" not in bold
+    )
 
 
 def _marked_value(text: str, m: re.Match) -> str:
@@ -320,7 +361,7 @@ def _marked_value(text: str, m: re.Match) -> str:
     the display math on the next lines."""
     if m.group(1).strip(" \t:："):
         return m.group(1)
-    return text[m.end():m.end() + MAX_TAIL]
+    return text[m.end() : m.end() + MAX_TAIL]
 
 
 def _stated_after(rest: str) -> str | None:
@@ -339,8 +380,12 @@ _GLUED = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+\d")  # a1b2: letters glued to dig
 def _bare_math(text: str) -> str | None:
     """A completion that is only math: ``7/2``, ``\\frac{7}{2}``, ``3 1/2``, ``1 + \\sqrt{2}``."""
     whole = _DOLLARS.sub(" ", text).strip().rstrip(".").strip()
-    if len(whole) > 100 or "\n" in whole or whole.count("{") != whole.count("}") or \
-            not any(c in _DIGITS or c == "\\" for c in whole):
+    if (
+        len(whole) > 100
+        or "\n" in whole
+        or whole.count("{") != whole.count("}")
+        or not any(c in _DIGITS or c == "\\" for c in whole)
+    ):
         return None
     if _GLUED.search(whole) or any(_prose(m.group(0)) for m in _depth_zero_words(whole)):
         return None
@@ -350,8 +395,12 @@ def _bare_math(text: str) -> str | None:
 def _expression_start(tail: str, end: int) -> int:
     """Where the plain-text expression that ends at ``tail[end]`` starts."""
     start = end
-    while start > 0 and (tail[start - 1] in _EXPR_CHARS or tail[start - 1] == "," and
-                         tail[start - 2:start - 1].isdigit() and tail[start].isdigit()):
+    while start > 0 and (
+        tail[start - 1] in _EXPR_CHARS
+        or tail[start - 1] == ","
+        and tail[start - 2 : start - 1].isdigit()
+        and tail[start].isdigit()
+    ):
         start -= 1
     return start
 
@@ -360,16 +409,16 @@ def _enclosing_span(tail: str, k: int) -> str | None:
     """The content of the ``$...$`` or ``\\(...\\)`` span around position ``k`` (``""`` for
     an unclosed ``\\(``), or None when ``k`` is in prose (a lone ``$`` is a currency sign):
     ``$x \\geq 5$`` is read whole."""
-    dollars = [j for j in range(k) if tail[j] == "$" and tail[j - 1:j] != "\\"]
+    dollars = [j for j in range(k) if tail[j] == "$" and tail[j - 1 : j] != "\\"]
     if len(dollars) % 2:
         close = tail.find("$", k)
-        inner = tail[dollars[-1] + 1:close].strip("$ \n") if close >= 0 else ""
+        inner = tail[dollars[-1] + 1 : close].strip("$ \n") if close >= 0 else ""
         if inner and not any(_prose(m.group(0)) for m in _depth_zero_words(inner)):
             return inner  # not "$5, so 350$": dollar signs around prose are currency
     opened = max(tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k))
     if opened >= 0 and opened > max(tail.rfind("\\)", 0, k), tail.rfind("\\]", 0, k)):
         close = re.compile(r"\\[)\]]").search(tail, k)
-        return tail[opened + 2:close.start()].strip() if close else ""
+        return tail[opened + 2 : close.start()].strip() if close else ""
     return None
 
 
@@ -381,10 +430,10 @@ _UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
 
 def _ordinal(tail: str, stop: int) -> bool:
     """Is the number ending at ``stop`` an ordinal with its right suffix (1st, 12th, 23rd)?"""
-    suffix = re.match(r"(st|nd|rd|th)(?![A-Za-z])", tail[stop:stop + 3])
-    if not suffix or not tail[stop - 1:stop].isdigit():
+    suffix = re.match(r"(st|nd|rd|th)(?![A-Za-z])", tail[stop : stop + 3])
+    if not suffix or not tail[stop - 1 : stop].isdigit():
         return False
-    tens = tail[stop - 2:stop - 1]
+    tens = tail[stop - 2 : stop - 1]
     last = tail[stop - 1]
     right = "th" if tens == "1" else {"1": "st", "2": "nd", "3": "rd"}.get(last, "th")
     return suffix.group(1) == right
@@ -395,16 +444,16 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     None when letters are glued to the number (``12abc``, ``5th``) or an operator follows it
     (``3 +``): then the number is not a whole expression."""
     stop = end + 1
-    while tail[stop:stop + 1] in ("%", "π", "∞", "²", "³"):
+    while tail[stop : stop + 1] in ("%", "π", "∞", "²", "³"):
         stop += 1
     unit = _UNIT_AFTER.match(tail, stop)
     if unit and unit_word(unit.group(1)) and unit_name(unit.group(1)) is not None:
         power = {"²": "^2", "³": "^3"}.get(unit.group(2), unit.group(2) or "")
         return stop, " " + unit.group(1) + power
-    per = re.match(r"/([A-Za-z]+)\b", tail[stop:stop + 30])
+    per = re.match(r"/([A-Za-z]+)\b", tail[stop : stop + 30])
     if per and unit_word(per.group(1)) or _ordinal(tail, stop):
         return stop, ""  # $57500/year, 6th place
-    if re.match(r"[A-Za-z0-9]", tail[stop:stop + 1]):
+    if re.match(r"[A-Za-z0-9]", tail[stop : stop + 1]):
         return None
     if tail[stop:].lstrip(" \t")[:1] in ("+", "-", "−", "*", "/", "^", "=", "×", "÷", "·"):
         return None
@@ -422,10 +471,10 @@ def _whole_from(tail: str, start: int, end: int) -> int | None:
     clock = _CLOCK.search(tail, max(0, start - 6), start)
     if clock:
         start = clock.start()
-    prev = tail[start - 1:start]
+    prev = tail[start - 1 : start]
     if prev and (prev.isalnum() or prev in "_^\\{}|!:"):
         return None
-    if re.search(r"\d\s*,\s*$", tail[max(0, start - 8):start]):
+    if re.search(r"\d\s*,\s*$", tail[max(0, start - 8) : start]):
         return None  # (3, 4), "sizes 3, 4, 5": one item of a list
     return start
 
@@ -437,8 +486,9 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     which matches one gold only when every item does); ``abc12def``, ``x^2``, ``n - 2`` and
     ``3 +`` give None (junk, or a part)."""
     tail = separators(text[-MAX_TAIL:]) if first else text
-    end = next((j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS or
-                tail[j] == "∞"), -1)
+    end = next(
+        (j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS or tail[j] == "∞"), -1
+    )
     if end < 0:
         return None
     span = _enclosing_span(tail, end)
@@ -453,12 +503,17 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     start = _whole_from(tail, start, end)
     if start is None:
         return None
-    while tail[stop:stop + 1] == ")" and \
-            tail.count("(", start, stop) > tail.count(")", start, stop):
+    while tail[stop : stop + 1] == ")" and tail.count("(", start, stop) > tail.count(
+        ")", start, stop
+    ):
         stop += 1  # (5)
     run = tail[start:stop].strip()
-    if run[:1] in ("*", "/", "^", "×", "÷", "·") or run[:1] in "+-−" and run[1:2] in " \t" or \
-            tail[stop:].lstrip(" \t")[:1] == ")":
+    if (
+        run[:1] in ("*", "/", "^", "×", "÷", "·")
+        or run[:1] in "+-−"
+        and run[1:2] in " \t"
+        or tail[stop:].lstrip(" \t")[:1] == ")"
+    ):
         return None  # n - 2, a/2: the rest of an expression; (3, 4): inside a bracket
     while run.startswith("(") and run.count("(") > run.count(")"):
         run = run[1:].strip()
@@ -466,7 +521,7 @@ def _last_expression(text: str, first: bool = True) -> str | None:
         return None
     if hedge is None:
         return run + unit
-    before = _last_expression(tail[:hedge.start() + 1], first=False) if first else None
+    before = _last_expression(tail[: hedge.start() + 1], first=False) if first else None
     return f"{before} {'or' if hedge.group(1) else 'and'} {run}{unit}" if before else None
 
 
@@ -485,10 +540,10 @@ def _find(text: str, strict: bool) -> str | None:
     """The patterns of :func:`extract_answer`, most explicit first."""
     group = _box_group(text)
     if group is not None and group[0].strip():
-        return _stated_after(text[group[1]:]) or group[0].strip()
+        return _stated_after(text[group[1] :]) or group[0].strip()
     close = text.rfind("</answer>")
     open_ = text.rfind("<answer>", 0, close) if close >= 0 else -1
-    tagged = text[open_ + len("<answer>"):close].strip() if open_ >= 0 else ""
+    tagged = text[open_ + len("<answer>") : close].strip() if open_ >= 0 else ""
     if tagged:  # <answer>...</answer> (R1-style format)
         return extract_answer(tagged, strict=False) if len(tagged) > 40 else _clean_tail(tagged)
     hashed = _HASH_RE.findall(text)

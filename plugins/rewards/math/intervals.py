@@ -113,8 +113,9 @@ def _solve(lhs, op: str, rhs, var) -> tuple[Span, ...]:
             c = b
             if _val(c) < 0 or (_val(c) == 0 and o == "<"):
                 return () if o in ("<", "<=") else _whole()
-            inside = _intersect(_solve(inner, ">" if o == "<" else ">=", -c, var),
-                                _solve(inner, o, c, var))
+            inside = _intersect(
+                _solve(inner, ">" if o == "<" else ">=", -c, var), _solve(inner, o, c, var)
+            )
             if o in ("<", "<="):
                 return inside
             outside_op = "<" if o == ">" else "<="
@@ -212,8 +213,13 @@ def _inequality_spans(node: Inequality) -> tuple[Span, ...]:
 
 def _seq_spans(node: Seq, var) -> tuple[Span, ...]:
     """An interval ``(a, b]``, or a list or set of pieces; a tuple is not a set."""
-    if node.open in "([" and node.close in ")]" and node.open and len(node.items) == 2 \
-            and all(_const(x) for x in node.items):
+    if (
+        node.open in "(["
+        and node.close in ")]"
+        and node.open
+        and len(node.items) == 2
+        and all(_const(x) for x in node.items)
+    ):
         return _interval(node)
     if node.open in ("", "{"):
         return _pieces(node, var)
@@ -225,8 +231,9 @@ def _interval(node: Seq) -> tuple[Span, ...]:
     lo, hi = (_infinity(x) for x in node.items)
     if _val(lo) > _val(hi):
         raise NotASet("empty interval")
-    return (Span(lo, hi, node.open == "[" and not _is_inf(lo),
-                 node.close == "]" and not _is_inf(hi)),)
+    return (
+        Span(lo, hi, node.open == "[" and not _is_inf(lo), node.close == "]" and not _is_inf(hi)),
+    )
 
 
 def _pieces(node: Seq, var) -> tuple[Span, ...]:
@@ -262,5 +269,8 @@ def setlike(node) -> bool:
     """Written as a set of reals: an inequality, a union, or a list joined by and/or."""
     if isinstance(node, (Inequality, Union, Difference)):
         return True
-    return isinstance(node, Seq) and node.open == "" and any(
-        isinstance(x, (Inequality, Union)) for x in node.items)
+    return (
+        isinstance(node, Seq)
+        and node.open == ""
+        and any(isinstance(x, (Inequality, Union)) for x in node.items)
+    )

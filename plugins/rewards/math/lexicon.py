@@ -8,13 +8,16 @@ import re
 import sympy as sp
 from grpo_core_plugins.rewards.math.nodes import MAX_ITEMS, ParseError, Seq, as_expr
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<num>\d+(?:\.\d*)?(?:[eE][-+]?\d+(?![a-zA-Z]))?|\.\d+)
   | (?P<cmd>\\[a-zA-Z]+|\\[{}|]|\\\\)
   | (?P<word>[a-zA-Z]+)
   | (?P<op><=|>=|!=|\*\*|[-+*/^_()\[\]{}|,=<>!%&;:'])
   | (?P<ws>\s+)
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 def tokenize(s: str) -> list[tuple[str, str]]:
@@ -29,33 +32,107 @@ def tokenize(s: str) -> list[tuple[str, str]]:
     return out
 
 
-_FUNCS = {"sin": sp.sin, "cos": sp.cos, "tan": sp.tan, "cot": sp.cot, "sec": sp.sec,
-          "csc": sp.csc, "arcsin": sp.asin, "arccos": sp.acos, "arctan": sp.atan,
-          "sinh": sp.sinh, "cosh": sp.cosh, "tanh": sp.tanh, "ln": sp.log, "log": sp.log,
-          "exp": sp.exp}
+_FUNCS = {
+    "sin": sp.sin,
+    "cos": sp.cos,
+    "tan": sp.tan,
+    "cot": sp.cot,
+    "sec": sp.sec,
+    "csc": sp.csc,
+    "arcsin": sp.asin,
+    "arccos": sp.acos,
+    "arctan": sp.atan,
+    "sinh": sp.sinh,
+    "cosh": sp.cosh,
+    "tanh": sp.tanh,
+    "ln": sp.log,
+    "log": sp.log,
+    "exp": sp.exp,
+}
 _INVERSE = {"sin": sp.asin, "cos": sp.acos, "tan": sp.atan}
-_CONSTS = {"pi": sp.pi, "infty": sp.oo, "infinity": sp.oo, "inf": sp.oo, "oo": sp.oo,
-           "e": sp.E}
-_INEQ = {"<": "<", "\\lt": "<", ">": ">", "\\gt": ">", "<=": "<=", "\\le": "<=", "\\leq": "<=",
-         "\\leqslant": "<=", ">=": ">=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=",
-         "\\neq": "!=", "\\ne": "!=", "!=": "!="}
+_CONSTS = {"pi": sp.pi, "infty": sp.oo, "infinity": sp.oo, "inf": sp.oo, "oo": sp.oo, "e": sp.E}
+_INEQ = {
+    "<": "<",
+    "\\lt": "<",
+    ">": ">",
+    "\\gt": ">",
+    "<=": "<=",
+    "\\le": "<=",
+    "\\leq": "<=",
+    "\\leqslant": "<=",
+    ">=": ">=",
+    "\\ge": ">=",
+    "\\geq": ">=",
+    "\\geqslant": ">=",
+    "\\neq": "!=",
+    "\\ne": "!=",
+    "!=": "!=",
+}
 _MATRICES = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
 _JOINERS = ("and", "or")
-_FOLLOWERS = {None, "=", ",", ";", "and", "or", ")", "]", "}", "\\}", "&", "\\\\", "\\end",
-              "\\cup", "U", ":", *_INEQ}
+_FOLLOWERS = {
+    None,
+    "=",
+    ",",
+    ";",
+    "and",
+    "or",
+    ")",
+    "]",
+    "}",
+    "\\}",
+    "&",
+    "\\\\",
+    "\\end",
+    "\\cup",
+    "U",
+    ":",
+    *_INEQ,
+}
 MAX_BRANCHES = 16  # a \pm b \pm c ... expands to at most this many values
 
 
-_NOT_NAMES = {"\\end", "\\begin", "\\frac", "\\sqrt", "\\binom", "\\cdot", "\\times", "\\div",
-              "\\pm", "\\mp", "\\cup", "\\in", "\\infty", "\\pi", "\\le", "\\ge", "\\leq",
-              "\\geq", "\\lt", "\\gt", "\\neq", "\\ne", "\\approx", "\\to", "\\quad",
-              "\\setminus", "\\backslash"}
+_NOT_NAMES = {
+    "\\end",
+    "\\begin",
+    "\\frac",
+    "\\sqrt",
+    "\\binom",
+    "\\cdot",
+    "\\times",
+    "\\div",
+    "\\pm",
+    "\\mp",
+    "\\cup",
+    "\\in",
+    "\\infty",
+    "\\pi",
+    "\\le",
+    "\\ge",
+    "\\leq",
+    "\\geq",
+    "\\lt",
+    "\\gt",
+    "\\neq",
+    "\\ne",
+    "\\approx",
+    "\\to",
+    "\\quad",
+    "\\setminus",
+    "\\backslash",
+}
 
 
 def _greek(value: str) -> bool:
     """A command that names a symbol (``\\alpha``, ``\\theta``), not an operator."""
-    return value.startswith("\\") and len(value) > 2 and value[1:].isalpha() and \
-        value not in _NOT_NAMES and value[1:] not in _FUNCS and value[1:] not in _CONSTS
+    return (
+        value.startswith("\\")
+        and len(value) > 2
+        and value[1:].isalpha()
+        and value not in _NOT_NAMES
+        and value[1:] not in _FUNCS
+        and value[1:] not in _CONSTS
+    )
 
 
 def _mul(a, b):
@@ -132,11 +209,11 @@ def name_like(tokens: list) -> bool:
         elif v in (")", "}", "]", "\\}"):
             depth -= 1
         elif depth == 0:
-            if v == "^" and toks[k + 1:k + 5] == ["{", "-", "1", "}"]:
+            if v == "^" and toks[k + 1 : k + 5] == ["{", "-", "1", "}"]:
                 k += 5  # an inverse function
                 continue
             if v == "_":
-                k += 2 if toks[k + 1:k + 2] != ["{"] else 1
+                k += 2 if toks[k + 1 : k + 2] != ["{"] else 1
                 continue
             if not (v.isalpha() or _greek(v)):
                 return False

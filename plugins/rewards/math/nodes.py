@@ -75,8 +75,13 @@ NAMED = Text("?")  # the left side of a named quantity we did not need to read
 
 def as_expr(node):
     """``node`` as a sympy expression, or ParseError for a list, equation or long word."""
-    if isinstance(node, Text) and 2 <= len(node.raw) <= 3 and node.raw.isalpha() and \
-            node.raw.isascii() and node.raw not in ("and", "or"):
+    if (
+        isinstance(node, Text)
+        and 2 <= len(node.raw) <= 3
+        and node.raw.isalpha()
+        and node.raw.isascii()
+        and node.raw not in ("and", "or")
+    ):
         return sp.Mul(*[sp.Symbol(c) for c in node.raw], evaluate=False)  # 2ab is 2*a*b
     if isinstance(node, (Seq, Equation, Union, Text, Inequality, Difference)):
         raise ParseError("a list, equation or word cannot be used inside arithmetic")

@@ -11,20 +11,82 @@ import re
 import unicodedata
 
 _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
-_VULGAR = {"½": "1/2", "⅓": "1/3", "⅔": "2/3", "¼": "1/4", "¾": "3/4", "⅕": "1/5",
-           "⅖": "2/5", "⅗": "3/5", "⅘": "4/5", "⅙": "1/6", "⅚": "5/6", "⅛": "1/8",
-           "⅜": "3/8", "⅝": "5/8", "⅞": "7/8", "⅐": "1/7", "⅑": "1/9", "⅒": "1/10"}
-_UNICODE = {"−": "-", "–": "-", "×": "*", "·": "*", "⋅": "*", "÷": "/", "π": "\\pi ",
-            "∞": "\\infty ", "√": "\\sqrt", "≤": "\\le ", "≥": "\\ge ", "∪": "\\cup ",
-            "±": "\\pm ", "°": "^\\circ", "∓": "\\mp ", "≠": "\\neq ", "ℝ": "\\mathbb{R}",
-            "∈": "\\in "}
-_DROP = [r"\\left", r"\\right", r"\\bigl", r"\\bigr", r"\\Bigl", r"\\Bigr", r"\\big", r"\\Big",
-         r"\\displaystyle", r"\\!", r"\\,", r"\\;", r"\\:", r"\\ ", r"\\quad", r"\\qquad",
-         r"\\limits", "\\$", r"\\mathrm", r"\\mathbf", r"\\mathit", r"\\boldsymbol",
-         r"\\operatorname", r"\\textstyle", r"\\hspace\{[^{}]*\}", "~"]
-_DROP_RE = [re.compile((r"(?<!\\)" if d.startswith("\\") else "") + d +
-                       (r"(?![a-zA-Z])" if d[-1].isalpha() else ""))
-            for d in _DROP]  # never the second half of a row break \\
+_VULGAR = {
+    "½": "1/2",
+    "⅓": "1/3",
+    "⅔": "2/3",
+    "¼": "1/4",
+    "¾": "3/4",
+    "⅕": "1/5",
+    "⅖": "2/5",
+    "⅗": "3/5",
+    "⅘": "4/5",
+    "⅙": "1/6",
+    "⅚": "5/6",
+    "⅛": "1/8",
+    "⅜": "3/8",
+    "⅝": "5/8",
+    "⅞": "7/8",
+    "⅐": "1/7",
+    "⅑": "1/9",
+    "⅒": "1/10",
+}
+_UNICODE = {
+    "−": "-",
+    "–": "-",
+    "×": "*",
+    "·": "*",
+    "⋅": "*",
+    "÷": "/",
+    "π": "\\pi ",
+    "∞": "\\infty ",
+    "√": "\\sqrt",
+    "≤": "\\le ",
+    "≥": "\\ge ",
+    "∪": "\\cup ",
+    "±": "\\pm ",
+    "°": "^\\circ",
+    "∓": "\\mp ",
+    "≠": "\\neq ",
+    "ℝ": "\\mathbb{R}",
+    "∈": "\\in ",
+}
+_DROP = [
+    r"\\left",
+    r"\\right",
+    r"\\bigl",
+    r"\\bigr",
+    r"\\Bigl",
+    r"\\Bigr",
+    r"\\big",
+    r"\\Big",
+    r"\\displaystyle",
+    r"\\!",
+    r"\\,",
+    r"\\;",
+    r"\\:",
+    r"\\ ",
+    r"\\quad",
+    r"\\qquad",
+    r"\\limits",
+    "\\$",
+    r"\\mathrm",
+    r"\\mathbf",
+    r"\\mathit",
+    r"\\boldsymbol",
+    r"\\operatorname",
+    r"\\textstyle",
+    r"\\hspace\{[^{}]*\}",
+    "~",
+]
+_DROP_RE = [
+    re.compile(
+        (r"(?<!\\)" if d.startswith("\\") else "")
+        + d
+        + (r"(?![a-zA-Z])" if d[-1].isalpha() else "")
+    )
+    for d in _DROP
+]  # never the second half of a row break \\
 _TRIG = re.compile(r"\\?(?:sin|cos|tan|cot|sec|csc)(?![a-z])")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 _NUMBER_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*\\circ\s*\}?")
@@ -34,21 +96,25 @@ _MIXED = re.compile(r"(?<![\d.}^_a-zA-Z\\])(\d+)\s*\\frac\s*\{\s*(\d+)\s*\}\s*\{
 _MIXED_PLAIN = re.compile(r"\s*([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*(\\?%)?\s*")
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _SPACED = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000 (SI style)
-_INFINITY_WORDS = [(re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
-                   (re.compile(r"\b(?:positive\s+infinity|infinitely\s+many)\b", re.IGNORECASE),
-                    "\\infty ")]
-_REALS = re.compile(r"\\mathbb\s*\{?\s*R\s*\}?|\b(?:[Aa]ll\s+)?[Rr]eal\s+[Nn]umbers\b"
-                    r"|\\R(?![a-zA-Z])")
+_INFINITY_WORDS = [
+    (re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
+    (re.compile(r"\b(?:positive\s+infinity|infinitely\s+many)\b", re.IGNORECASE), "\\infty "),
+]
+_REALS = re.compile(
+    r"\\mathbb\s*\{?\s*R\s*\}?|\b(?:[Aa]ll\s+)?[Rr]eal\s+[Nn]umbers\b"
+    r"|\\R(?![a-zA-Z])"
+)
 _IN_PREFIX = re.compile(r"^\s*[a-zA-Z]\s*\\in\s*")
-_SET_BUILDER = re.compile(r"\\\{\s*[a-zA-Z]\s*(?:\\in\s*\\mathbb\s*\{?\s*R\s*\}?\s*)?"
-                          r"(?:\\mid|\\vert|:|\|)\s*(.+?)\s*\\\}")
+_SET_BUILDER = re.compile(
+    r"\\\{\s*[a-zA-Z]\s*(?:\\in\s*\\mathbb\s*\{?\s*R\s*\}?\s*)?"
+    r"(?:\\mid|\\vert|:|\|)\s*(.+?)\s*\\\}"
+)
 _REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\s*\{\s*(\d{1,20})\s*\}")
 _ANGLES = {"\\langle": "(", "\\rangle": ")"}
 
 
 def _superscripts(s: str) -> str:
-    return re.sub(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+", lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}",
-                  s)
+    return re.sub(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+", lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", s)
 
 
 def _vulgar(s: str) -> str:
@@ -105,8 +171,8 @@ def _over(s: str) -> str:
                 break
         if (open_ < 0) != (close == len(s)):
             return s  # unbalanced: leave it for the parser to refuse
-        frac = f"\\frac{{{s[open_ + 1:m.start()]}}}{{{s[m.end():close]}}}"
-        s = s[:open_ + 1] + frac + s[close:]
+        frac = f"\\frac{{{s[open_ + 1 : m.start()]}}}{{{s[m.end() : close]}}}"
+        s = s[: open_ + 1] + frac + s[close:]
     return s
 
 

@@ -14,8 +14,10 @@ from fractions import Fraction
 from grpo_core_plugins.rewards.math.normalise import separators
 
 _PLAIN = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d{1,4})?$")
-_FRAC = re.compile(r"^([-+]?)(?:(\d{1,30})\s*)?\\[dt]?frac\s*(?:\{\s*(\d{1,30})\s*\}|(\d))"
-                   r"\s*(?:\{\s*(\d{1,30})\s*\}|(\d))$")
+_FRAC = re.compile(
+    r"^([-+]?)(?:(\d{1,30})\s*)?\\[dt]?frac\s*(?:\{\s*(\d{1,30})\s*\}|(\d))"
+    r"\s*(?:\{\s*(\d{1,30})\s*\}|(\d))$"
+)
 _SLASH = re.compile(r"^([-+]?)(\d{1,30})\s*/\s*(\d{1,30})$")
 
 
@@ -28,8 +30,12 @@ def plain_number(text: str) -> Fraction | None:
     if "\\" in s or "{" in s:
         m = _FRAC.match(s)
         if m:
-            sign, whole, num, den = m.group(1), m.group(2), m.group(3) or m.group(4), \
-                m.group(5) or m.group(6)
+            sign, whole, num, den = (
+                m.group(1),
+                m.group(2),
+                m.group(3) or m.group(4),
+                m.group(5) or m.group(6),
+            )
             if int(den) == 0:
                 return None
             value = Fraction(int(num), int(den))

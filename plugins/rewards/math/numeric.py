@@ -171,24 +171,41 @@ def _exact_factorial(e, point) -> Fraction | None:
 def _exact_binomial(e, point) -> Fraction | None:
     """``C(n, k)`` for integers with 0 <= n <= 10000; a negative ``k`` gives 0."""
     n, k = exact(e.args[0], point), exact(e.args[1], point)
-    if n is None or k is None or n.denominator != 1 or k.denominator != 1 or \
-            not 0 <= n <= 10_000:
+    if n is None or k is None or n.denominator != 1 or k.denominator != 1 or not 0 <= n <= 10_000:
         return None
     return Fraction(math.comb(int(n), int(k)) if k >= 0 else 0)
 
 
 #: node class -> exact evaluator, in the order the classes are tried
-_EXACT = ((sp.Rational, _exact_rational), (sp.Symbol, _exact_symbol), (sp.Add, _exact_sum),
-          (sp.Mul, _exact_product), (sp.Pow, _exact_power), (sp.Abs, _exact_abs),
-          (sp.factorial, _exact_factorial), (sp.binomial, _exact_binomial))
+_EXACT = (
+    (sp.Rational, _exact_rational),
+    (sp.Symbol, _exact_symbol),
+    (sp.Add, _exact_sum),
+    (sp.Mul, _exact_product),
+    (sp.Pow, _exact_power),
+    (sp.Abs, _exact_abs),
+    (sp.factorial, _exact_factorial),
+    (sp.binomial, _exact_binomial),
+)
 _EXACT_CACHE: dict = {}
 
 
 # -- approximate ----------------------------------------------------------------------------
 
-_FUNCS = {sp.sin: "sin", sp.cos: "cos", sp.tan: "tan", sp.cot: "cot", sp.sec: "sec",
-          sp.csc: "csc", sp.asin: "asin", sp.acos: "acos", sp.atan: "atan", sp.sinh: "sinh",
-          sp.cosh: "cosh", sp.tanh: "tanh"}
+_FUNCS = {
+    sp.sin: "sin",
+    sp.cos: "cos",
+    sp.tan: "tan",
+    sp.cot: "cot",
+    sp.sec: "sec",
+    sp.csc: "csc",
+    sp.asin: "asin",
+    sp.acos: "acos",
+    sp.atan: "atan",
+    sp.sinh: "sinh",
+    sp.cosh: "cosh",
+    sp.tanh: "tanh",
+}
 
 
 def approx(e, ctx, point: dict, scale: list):
@@ -324,13 +341,23 @@ def _approx_unsupported(e, ctx, point, scale):
 
 #: node class -> approximate evaluator, in the order the classes are tried: the leaves
 #: (rationals, variables, the constants pi, e, +-oo), then the operators and functions
-_APPROX = ((sp.Rational, _approx_rational), (sp.Symbol, _approx_symbol),
-           (type(sp.pi), _approx_pi), (type(sp.E), _approx_e), (type(sp.oo), _approx_inf),
-           (type(sp.S.NegativeInfinity), _approx_neg_inf), (sp.Add, _approx_sum),
-           (sp.Mul, _approx_product), (sp.Pow, _approx_power), (sp.Abs, _approx_abs),
-           (sp.exp, _approx_exp), (sp.log, _approx_log),
-           *((f, _trig(name)) for f, name in _FUNCS.items()),
-           (sp.factorial, _approx_factorial), (sp.binomial, _approx_binomial))
+_APPROX = (
+    (sp.Rational, _approx_rational),
+    (sp.Symbol, _approx_symbol),
+    (type(sp.pi), _approx_pi),
+    (type(sp.E), _approx_e),
+    (type(sp.oo), _approx_inf),
+    (type(sp.S.NegativeInfinity), _approx_neg_inf),
+    (sp.Add, _approx_sum),
+    (sp.Mul, _approx_product),
+    (sp.Pow, _approx_power),
+    (sp.Abs, _approx_abs),
+    (sp.exp, _approx_exp),
+    (sp.log, _approx_log),
+    *((f, _trig(name)) for f, name in _FUNCS.items()),
+    (sp.factorial, _approx_factorial),
+    (sp.binomial, _approx_binomial),
+)
 _APPROX_CACHE: dict = {}
 
 
@@ -347,7 +374,8 @@ def _digits(e) -> int:
             base, x = (sp.E, a.args[0]) if isinstance(a, sp.exp) else a.args
             try:
                 size = abs(approx(x, ctx, {}, [ctx.mpf(0)])) * abs(
-                    ctx.log10(abs(approx(base, ctx, {}, [ctx.mpf(0)])) or 1))
+                    ctx.log10(abs(approx(base, ctx, {}, [ctx.mpf(0)])) or 1)
+                )
             except (Undefined, Unsupported, ZeroDivisionError, ValueError):
                 continue
             if ctx.isfinite(size):
@@ -391,8 +419,10 @@ def values_equal(a, b, tol: float = 0.0, point: dict | None = None, digits=0) ->
         p2 = 2 * p1
         va, vb, scale = _at(ctx, p2, a, b, point)
         d2 = abs(va - vb)
-        return bool(d2 <= scale * ctx.mpf(10) ** (-(p2 - 15)) and
-                    (d1 == 0 or d2 == 0 or d2 <= d1 * ctx.mpf(10) ** (-(p1 // 3))))
+        return bool(
+            d2 <= scale * ctx.mpf(10) ** (-(p2 - 15))
+            and (d1 == 0 or d2 == 0 or d2 <= d1 * ctx.mpf(10) ** (-(p1 // 3)))
+        )
     except (ZeroDivisionError, ValueError) as exc:
         if isinstance(exc, Unsupported):
             raise

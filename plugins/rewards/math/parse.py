@@ -109,8 +109,9 @@ class Parser:
         named = False
         try:
             left = self.union()
-            if self.peek()[1] == "=" and (isinstance(left, Text) or
-                                          name_like(self.t[start:self.i])):
+            if self.peek()[1] == "=" and (
+                isinstance(left, Text) or name_like(self.t[start : self.i])
+            ):
                 named = True  # AB = 7, area = 12, f(2) = 5, a_n = 3n, P(A) = 1/3
             elif self.peek()[1] not in _FOLLOWERS:
                 raise ParseError(f"unexpected {self.peek()[1]!r}")
@@ -174,8 +175,11 @@ class Parser:
                 nodes = [sp.Add(as_expr(n), neg, evaluate=False) for n in nodes]
             else:
                 first_sign, second = (right, neg) if op == "\\pm" else (neg, right)
-                nodes = [sp.Add(as_expr(n), s, evaluate=False) for n in nodes
-                         for s in (first_sign, second)]
+                nodes = [
+                    sp.Add(as_expr(n), s, evaluate=False)
+                    for n in nodes
+                    for s in (first_sign, second)
+                ]
                 if len(nodes) > MAX_BRANCHES:
                     raise ParseError("too many \\pm")
         self.depth -= 1
@@ -203,9 +207,16 @@ class Parser:
             return value not in ("and", "or", "U")
         if value == "|":
             return self.bars == 0  # x|x|; inside |...| a bar closes
-        return value in ("(", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\{", "\\binom",
-                         "\\begin") or (
-            kind == "cmd" and (value[1:] in _FUNCS or _greek(value)))
+        return value in (
+            "(",
+            "\\frac",
+            "\\sqrt",
+            "\\pi",
+            "\\infty",
+            "\\{",
+            "\\binom",
+            "\\begin",
+        ) or (kind == "cmd" and (value[1:] in _FUNCS or _greek(value)))
 
     def unary(self):
         if self.accept("-"):
@@ -264,15 +275,20 @@ class Parser:
             arg = as_expr(self.atom() if self.peek()[1] == "(" else self.group_or_atom())
         else:  # \sin 2x: the argument runs over a product of simple factors
             arg = as_expr(self.unary())
-            while self.peek()[0] in ("num", "word") and self.peek()[1] not in _JOINERS or \
-                    self.peek()[0] == "cmd" and _greek(self.peek()[1]):
+            while (
+                self.peek()[0] in ("num", "word")
+                and self.peek()[1] not in _JOINERS
+                or self.peek()[0] == "cmd"
+                and _greek(self.peek()[1])
+            ):
                 arg = sp.Mul(arg, as_expr(self.power()), evaluate=False)
         if exp == -1 and name in _INVERSE:
             return _INVERSE[name](arg, evaluate=False)
         node = _FUNCS[name](arg, evaluate=False)
         if base is not None:
-            node = sp.Mul(node, sp.Pow(sp.log(base, evaluate=False), -1, evaluate=False),
-                          evaluate=False)
+            node = sp.Mul(
+                node, sp.Pow(sp.log(base, evaluate=False), -1, evaluate=False), evaluate=False
+            )
         return power(node, exp) if exp is not None else node
 
     def atom(self):
@@ -368,8 +384,9 @@ class Parser:
             raise ParseError(f"expected one of {closer_ok}")
         if opener == "\\{":
             items = _flatten(items)  # \{1 \pm \sqrt5, -2\}: three elements
-        if len(items) == 1 and (opener == "(" and close == ")" or
-                                isinstance(items[0], sp.MatrixBase)):
+        if len(items) == 1 and (
+            opener == "(" and close == ")" or isinstance(items[0], sp.MatrixBase)
+        ):
             return items[0]
         return Seq(tuple(items), opener.lstrip("\\"), close.lstrip("\\"))
 
@@ -424,9 +441,17 @@ class Parser:
             raise ParseError("unterminated matrix")
         return False
 
-    _OPENERS = {"(": bracket, "[": bracket, "\\{": bracket, "{": _braces, "|": _bars,
-                "\\frac": _fraction, "\\binom": _fraction, "\\sqrt": _sqrt,
-                "\\begin": _begin}
+    _OPENERS = {
+        "(": bracket,
+        "[": bracket,
+        "\\{": bracket,
+        "{": _braces,
+        "|": _bars,
+        "\\frac": _fraction,
+        "\\binom": _fraction,
+        "\\sqrt": _sqrt,
+        "\\begin": _begin,
+    }
 
 
 def parse(text: str, max_length: int = 2000):

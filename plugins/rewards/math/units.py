@@ -13,19 +13,75 @@ from __future__ import annotations
 import re
 
 _ALIASES = {
-    "cm": "cm", "centimeter": "cm", "centimetre": "cm", "mm": "mm", "millimeter": "mm",
-    "millimetre": "mm", "km": "km", "kilometer": "km", "kilometre": "km", "m": "m",
-    "meter": "m", "metre": "m", "in": "in", "inch": "in", "ft": "ft", "foot": "ft",
-    "feet": "ft", "yd": "yd", "yard": "yd", "mi": "mi", "mile": "mi", "s": "s", "sec": "s",
-    "second": "s", "min": "min", "minute": "min", "h": "h", "hr": "h", "hour": "h",
-    "day": "day", "week": "week", "month": "month", "year": "year", "yr": "year",
-    "g": "g", "gram": "g", "kg": "kg", "kilogram": "kg", "mg": "mg", "lb": "lb",
-    "pound": "lb", "oz": "oz", "ounce": "oz", "ton": "ton", "l": "l", "liter": "l",
-    "litre": "l", "ml": "ml", "milliliter": "ml", "gal": "gal", "gallon": "gal",
-    "degree": "deg", "deg": "deg", "radian": "rad", "rad": "rad", "dollar": "usd",
-    "usd": "usd", "cent": "cent", "euro": "eur", "mph": "mi/h", "kph": "km/h",
-    "percent": "percent", "pct": "percent",
-    "unit": "unit", "sq": "square", "p.m": "pm", "a.m": "am", "pm": "pm", "am": "am",
+    "cm": "cm",
+    "centimeter": "cm",
+    "centimetre": "cm",
+    "mm": "mm",
+    "millimeter": "mm",
+    "millimetre": "mm",
+    "km": "km",
+    "kilometer": "km",
+    "kilometre": "km",
+    "m": "m",
+    "meter": "m",
+    "metre": "m",
+    "in": "in",
+    "inch": "in",
+    "ft": "ft",
+    "foot": "ft",
+    "feet": "ft",
+    "yd": "yd",
+    "yard": "yd",
+    "mi": "mi",
+    "mile": "mi",
+    "s": "s",
+    "sec": "s",
+    "second": "s",
+    "min": "min",
+    "minute": "min",
+    "h": "h",
+    "hr": "h",
+    "hour": "h",
+    "day": "day",
+    "week": "week",
+    "month": "month",
+    "year": "year",
+    "yr": "year",
+    "g": "g",
+    "gram": "g",
+    "kg": "kg",
+    "kilogram": "kg",
+    "mg": "mg",
+    "lb": "lb",
+    "pound": "lb",
+    "oz": "oz",
+    "ounce": "oz",
+    "ton": "ton",
+    "l": "l",
+    "liter": "l",
+    "litre": "l",
+    "ml": "ml",
+    "milliliter": "ml",
+    "gal": "gal",
+    "gallon": "gal",
+    "degree": "deg",
+    "deg": "deg",
+    "radian": "rad",
+    "rad": "rad",
+    "dollar": "usd",
+    "usd": "usd",
+    "cent": "cent",
+    "euro": "eur",
+    "mph": "mi/h",
+    "kph": "km/h",
+    "percent": "percent",
+    "pct": "percent",
+    "unit": "unit",
+    "sq": "square",
+    "p.m": "pm",
+    "a.m": "am",
+    "pm": "pm",
+    "am": "am",
 }
 _UNIT_NAMES = frozenset(_ALIASES.values())
 _PROSE_TOO = {"in", "am"}  # units that are also common words ("12 in total")
@@ -33,21 +89,73 @@ _SQUARE = {"square", "sq", "sq."}
 _CUBIC = {"cubic", "cu", "cu."}
 _POWER_WORDS = {"squared": 2, "cubed": 3}
 #: words after a number that are math, not a unit
-_NOT_UNITS = {"and", "or", "pi", "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln",
-              "exp", "infty", "infinity", "inf", "i", "e", "x", "y", "z", "n", "k", "t",
-              "times", "cdot", "div", "to", "of", "is", "but", "not", "if", "for", "with",
-              "when", "where", "are"}
-_CURRENCY = {"\\$": "usd", "$": "usd", "€": "eur", "£": "gbp", "¥": "jpy", "\\euro": "eur",
-             "\\pounds": "gbp", "USD": "usd", "US$": "usd", "Rs.": "inr"}
+_NOT_UNITS = {
+    "and",
+    "or",
+    "pi",
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "log",
+    "ln",
+    "exp",
+    "infty",
+    "infinity",
+    "inf",
+    "i",
+    "e",
+    "x",
+    "y",
+    "z",
+    "n",
+    "k",
+    "t",
+    "times",
+    "cdot",
+    "div",
+    "to",
+    "of",
+    "is",
+    "but",
+    "not",
+    "if",
+    "for",
+    "with",
+    "when",
+    "where",
+    "are",
+}
+_CURRENCY = {
+    "\\$": "usd",
+    "$": "usd",
+    "€": "eur",
+    "£": "gbp",
+    "¥": "jpy",
+    "\\euro": "eur",
+    "\\pounds": "gbp",
+    "USD": "usd",
+    "US$": "usd",
+    "Rs.": "inr",
+}
 
-_TEXT = (r"\\(?:text|mbox|textrm|mathrm|textnormal|textbf|textit)\s*\{(?:\s|~|\\[,;: ])*"
-         r"([A-Za-z][A-Za-z./ ]{0,40}?)\s*\}")
+_TEXT = (
+    r"\\(?:text|mbox|textrm|mathrm|textnormal|textbf|textit)\s*\{(?:\s|~|\\[,;: ])*"
+    r"([A-Za-z][A-Za-z./ ]{0,40}?)\s*\}"
+)
 _POWER = r"(?:\s*\^\s*\{?\s*([23])\s*\}?)?"
 _TRAILING_TEXT = re.compile(r"(?:\\[,;: !]|~|\s)*" + _TEXT + _POWER + r"\s*\.?\s*$")
-_TRAILING_WORDS = re.compile(r"(?<=[\d}).π])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
-                             r"{0,20}){0,2})" + _POWER + r"\s*\.?\s*$")
-_DEGREES = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)\s*(?:\\text\s*\{\s*([CF])\s*\}|"
-                      r"\\mathrm\s*\{\s*([CF])\s*\}|([CF]))?\s*\.?\s*$")
+_TRAILING_WORDS = re.compile(
+    r"(?<=[\d}).π])\s+([A-Za-z][A-Za-z./]{0,20}(?:\s+[A-Za-z][A-Za-z./]"
+    r"{0,20}){0,2})" + _POWER + r"\s*\.?\s*$"
+)
+_DEGREES = re.compile(
+    r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)\s*(?:\\text\s*\{\s*([CF])\s*\}|"
+    r"\\mathrm\s*\{\s*([CF])\s*\}|([CF]))?\s*\.?\s*$"
+)
 _WRAPPED = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*([-+]?\d[^{}]*)\}\s*\.?\s*")
 _HAS_VALUE = re.compile(r"[\d}]|\\(?:pi|sqrt|frac|infty)")
 
@@ -70,8 +178,13 @@ def unit_word(word: str) -> bool:
     low = word.lower().rstrip(".")
     if low in _PROSE_TOO:
         return False
-    return low in _SQUARE or low in _CUBIC or low in _POWER_WORDS or low == "per" or \
-        _word(low) in _UNIT_NAMES
+    return (
+        low in _SQUARE
+        or low in _CUBIC
+        or low in _POWER_WORDS
+        or low == "per"
+        or _word(low) in _UNIT_NAMES
+    )
 
 
 def unit_name(words: str, power: str | None = None) -> str | None:
@@ -113,28 +226,31 @@ def split_unit(text: str) -> tuple[str, str | None]:
         s = m.group(1).strip()
     for sign, name in _CURRENCY.items():
         if s.startswith(sign) and len(s) > len(sign):
-            s, unit = s[len(sign):].strip(), name
+            s, unit = s[len(sign) :].strip(), name
             break
         if s.startswith("-" + sign):
-            s, unit = "-" + s[len(sign) + 1:].strip(), name
+            s, unit = "-" + s[len(sign) + 1 :].strip(), name
             break
     m = _TRAILING_TEXT.search(s)
-    if m and _HAS_VALUE.search(s[:m.start()]):
+    if m and _HAS_VALUE.search(s[: m.start()]):
         name = unit_name(m.group(1), m.group(2))
         if name is not None:
-            return s[:m.start()].strip(), _merge(unit, name)
+            return s[: m.start()].strip(), _merge(unit, name)
     m = _TRAILING_WORDS.search(s)
-    if m and _HAS_VALUE.search(s[:m.start()]):
+    if m and _HAS_VALUE.search(s[: m.start()]):
         name = unit_name(m.group(1), m.group(2))
         if name == "percent":
-            return s[:m.start()].strip() + "\\%", unit
+            return s[: m.start()].strip() + "\\%", unit
         if name is not None:
-            return s[:m.start()].strip(), _merge(unit, name)
+            return s[: m.start()].strip(), _merge(unit, name)
     m = _DEGREES.search(s)
-    if m and _HAS_VALUE.search(s[:m.start()]) and not re.search(r"\\(?:sin|cos|tan|cot|sec|csc)",
-                                                                 s):
+    if (
+        m
+        and _HAS_VALUE.search(s[: m.start()])
+        and not re.search(r"\\(?:sin|cos|tan|cot|sec|csc)", s)
+    ):
         scale = m.group(1) or m.group(2) or m.group(3)
-        return s[:m.start()].strip(), _merge(unit, "deg" + (scale or ""))
+        return s[: m.start()].strip(), _merge(unit, "deg" + (scale or ""))
     return s if unit or s != text.strip() else text, unit
 
 

@@ -26,8 +26,12 @@ def warm() -> None:
     """Fork-server preload: import the parser and comparison, and run each path once."""
     from grpo_core_plugins.rewards.math.compare import equivalent
 
-    for pred, gold in (("\\frac{x}{2}+\\sin(\\pi/6)", "(x+1)/2"), ("x > 2", "(2,\\infty)"),
-                       ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "(1,2)"), ("5 cm", "5")):
+    for pred, gold in (
+        ("\\frac{x}{2}+\\sin(\\pi/6)", "(x+1)/2"),
+        ("x > 2", "(2,\\infty)"),
+        ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "(1,2)"),
+        ("5 cm", "5"),
+    ):
         equivalent(pred, gold)
 
 
@@ -52,14 +56,23 @@ def check(state: tuple[float, int], pair: tuple[str | None, str]) -> bool:
 class Verifier:
     """``verify_many(preds, golds) -> list[bool]``; safe to call from any thread."""
 
-    def __init__(self, rel_tol: float = 0.0, timeout: float = 2.0, workers: int = 2,
-                 max_length: int = 2000, memory_limit: int = MEMORY_LIMIT):
+    def __init__(
+        self,
+        rel_tol: float = 0.0,
+        timeout: float = 2.0,
+        workers: int = 2,
+        max_length: int = 2000,
+        memory_limit: int = MEMORY_LIMIT,
+    ):
         self.rel_tol, self.timeout, self.n, self.max_length = rel_tol, timeout, workers, max_length
-        self.pool = WorkerPool("grpo_core_plugins.rewards.math.verify:check",
-                               setup="grpo_core_plugins.rewards.math.verify:make_state",
-                               setup_args=(rel_tol, max_length), size=workers,
-                               memory_mb=max(64, memory_limit // 2**20),
-                               preload=("grpo_core_plugins.rewards.math.verify:warm",))
+        self.pool = WorkerPool(
+            "grpo_core_plugins.rewards.math.verify:check",
+            setup="grpo_core_plugins.rewards.math.verify:make_state",
+            setup_args=(rel_tol, max_length),
+            size=workers,
+            memory_mb=max(64, memory_limit // 2**20),
+            preload=("grpo_core_plugins.rewards.math.verify:warm",),
+        )
         self.cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self.cache_lock = threading.Lock()
         self.timeouts = 0
