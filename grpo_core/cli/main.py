@@ -345,19 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_check(argv[1:])
     debug = "--debug" in argv  # accepted anywhere on the line: `grpo train c.yaml --debug`
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    if args.command == "plugins":
-        rest = args.kind_or_name
-        args.kind, args.name = (
-            (rest + [None, None])[:2]
-            if args.action == "check"
-            else (args.kind, rest[0] if rest else None)
-        )
-        if args.action == "check" and (args.kind is None or args.name is None):
-            print("error: grpo plugins check KIND NAME", file=sys.stderr)
-            return 2
-        if args.action == "new" and not args.name:
-            print("error: grpo plugins new NAME --kind KIND", file=sys.stderr)
-            return 2
+    if args.command == "plugins" and not _plugins_args(args):
+        return 2
     try:
         return args.func(args)
     except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named (by rank 0)
@@ -379,6 +368,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         return _crashed(exc, debug)
+
+
+def _plugins_args(args: argparse.Namespace) -> bool:
+    """Sets ``args.kind`` and ``args.name`` for ``grpo plugins`` from its positionals
+    (``check KIND NAME``; ``NAME`` for the others), since argparse cannot tell them apart.
+    False, after the usage line on stderr, when ``check`` or ``new`` lacks one."""
+    rest = args.kind_or_name
+    args.kind, args.name = (
+        (rest + [None, None])[:2]
+        if args.action == "check"
+        else (args.kind, rest[0] if rest else None)
+    )
+    if args.action == "check" and (args.kind is None or args.name is None):
+        print("error: grpo plugins check KIND NAME", file=sys.stderr)
+        return False
+    if args.action == "new" and not args.name:
+        print("error: grpo plugins new NAME --kind KIND", file=sys.stderr)
+        return False
+    return True
 
 
 def _crashed(exc: Exception, debug: bool) -> int:

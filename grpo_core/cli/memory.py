@@ -234,38 +234,53 @@ def _settings(args) -> dict:
         "device_memory": None,
     }
     if args.config:
-        from grpo_core import config as config_mod
-        from grpo_core.registry import registry
+        got.update(_from_config(args.config))
+    _apply_flags(got, args)
+    _check_settings(got)
+    return got
 
-        cfg = config_mod.load(args.config, [])
-        kl = registry().get("kl", cfg["kl"]["name"]).factory(**cfg["kl"]["options"])
-        strategy = cfg["distributed"]["strategy"]
-        zero = (
-            ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0)
-            if isinstance(cfg["deepspeed"], dict)
-            else 0
-        )
+
+def _from_config(path: str) -> dict:
+    """The planner's inputs that the run config at ``path`` sets, so that a plan matches
+    the run it is for: its model, batch shape, strategy, reference and vLLM engine."""
+    from grpo_core import config as config_mod
+    from grpo_core.registry import registry
+
+    cfg = config_mod.load(path, [])
+    kl = registry().get("kl", cfg["kl"]["name"]).factory(**cfg["kl"]["options"])
+    strategy = cfg["distributed"]["strategy"]
+    zero = (
+        ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0)
+        if isinstance(cfg["deepspeed"], dict)
+        else 0
+    )
+    got = dict(
+        model=cfg["model"]["name_or_path"],
+        group_size=cfg["sampling"]["group_size"],
+        prompts=cfg["train"]["prompts_per_step"],
+        max_new_tokens=cfg["sampling"]["max_new_tokens"],
+        micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
+        dtype=cfg["model"]["dtype"],
+        strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
+        if strategy in ("auto", "deepspeed")
+        else strategy,
+        lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
+        gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
+        reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
+        generation_batch_size=cfg["sampling"]["generation_batch_size"],
+        logprob_chunk=cfg["runtime"]["logprob_chunk"],
+    )
+    if cfg["generator"]["name"] == "vllm":
+        engine = cfg["generator"]["options"]
         got.update(
-            model=cfg["model"]["name_or_path"],
-            group_size=cfg["sampling"]["group_size"],
-            prompts=cfg["train"]["prompts_per_step"],
-            max_new_tokens=cfg["sampling"]["max_new_tokens"],
-            micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
-            dtype=cfg["model"]["dtype"],
-            strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
-            if strategy in ("auto", "deepspeed")
-            else strategy,
-            lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
-            gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
-            reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
-            generation_batch_size=cfg["sampling"]["generation_batch_size"],
-            logprob_chunk=cfg["runtime"]["logprob_chunk"],
+            vllm_memory_utilization=engine["gpu_memory_utilization"], vllm_sleep=engine["sleep"]
         )
-        if cfg["generator"]["name"] == "vllm":
-            engine = cfg["generator"]["options"]
-            got.update(
-                vllm_memory_utilization=engine["gpu_memory_utilization"], vllm_sleep=engine["sleep"]
-            )
+    return got
+
+
+def _apply_flags(got: dict, args) -> None:
+    """Overrides ``got`` in place with each flag given on the command line (a flag left
+    unset, None or False, keeps the config's value or the default)."""
     for key in got:
         value = getattr(args, key, None)
         if value is not None and value is not False:
@@ -276,6 +291,11 @@ def _settings(args) -> dict:
         got["strategy"] = f"zero{args.zero_stage}" if args.zero_stage else "ddp"
     if args.vllm_awake:
         got["vllm_sleep"] = False
+
+
+def _check_settings(got: dict) -> None:
+    """Raises UserError (one line, naming the flag) for a planner input out of range,
+    before any planning is done with it."""
     if got["model"] is None:
         raise UserError("plan-memory: give a run config or --model")
     fraction = got["vllm_memory_utilization"]
@@ -290,7 +310,6 @@ def _settings(args) -> dict:
             raise UserError(f"--{key.replace('_', '-')}: found {got[key]}, expected >= 1")
     if got["dtype"] not in ("auto", *BYTES):
         raise UserError(f"--dtype: found {got['dtype']!r}, expected auto or one of {sorted(BYTES)}")
-    return got
 
 
 def device_memory_gib(given: float | None) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
 
@@ -137,14 +139,11 @@ def _environment_ok(plugin, out) -> tuple[bool, str]:
     return not problems, "; ".join(problems)
 
 
+Record = Callable[..., bool]  # (label, ok, detail="") -> ok: adds a line to the report
+
+
 def check(kind: str, name: str, options: dict | None = None) -> int:
     """``grpo plugins check``: run the conformance checks, print a report, 0 if all pass."""
-    import math
-
-    import jsonschema
-    import torch
-
-    import grpo_core
     from grpo_core.hookspecs import KINDS
 
     results: list[tuple[str, bool, str]] = []
@@ -165,15 +164,40 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         else f"no {kind} plugin {name!r}; installed: {registry().names(kind)}",
     ):
         return _report(kind, name, results)
+    _check_schema(info.schema, record)
+    built, plugin = _check_builds(kind, name, options, record)
+    if not built or kind == "generator":  # a generator needs a model: the contract is all
+        return _report(kind, name, results)  # that is checked
+    if kind == "logger":
+        record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
+        return _report(kind, name, results)
+    _check_calls(kind, name, plugin, info.schema, options, record)
+    return _report(kind, name, results)
+
+
+def _check_schema(schema: dict, record: Record) -> None:
+    """Records whether a plugin's options schema is a valid JSON Schema of an object (the
+    config validates options against it)."""
+    import jsonschema
+
     try:
-        jsonschema.Draft202012Validator.check_schema(info.schema)
+        jsonschema.Draft202012Validator.check_schema(schema)
         record(
             "schema is valid JSON Schema",
-            info.schema.get("type") == "object",
-            "" if info.schema.get("type") == "object" else "top level must be type object",
+            schema.get("type") == "object",
+            "" if schema.get("type") == "object" else "top level must be type object",
         )
     except jsonschema.SchemaError as exc:
         record("schema is valid JSON Schema", False, exc.message)
+
+
+def _check_builds(
+    kind: str, name: str, options: dict | None, record: Record
+) -> tuple[bool, object]:
+    """Builds the plugin with ``options`` and records whether that worked; returns (built,
+    the plugin). A failure is reported, not raised: the report is the point."""
+    import grpo_core
+
     try:
         plugin = grpo_core.create(kind, name, options)
         record("builds with default options and derives from its kind's base class", True)
@@ -183,54 +207,84 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
             False,
             f"{type(exc).__name__}: {exc}",
         )
-        return _report(kind, name, results)
-    if kind == "generator":  # a generator needs a model: the contract is all that is checked
-        return _report(kind, name, results)
-    if kind == "logger":
-        record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
-        return _report(kind, name, results)
+        return False, None
+    return True, plugin
+
+
+def _check_calls(
+    kind: str, name: str, plugin, schema: dict, options: dict | None, record: Record
+) -> None:
+    """The checks that call a built plugin (not a generator or logger): a sample call,
+    determinism, then the edge cases of its kind."""
     from grpo_core.config import validate_options
 
-    options = validate_options(info.schema, options, f"{kind}.{name}.options")
+    options = validate_options(schema, options, f"{kind}.{name}.options")
     try:
         first, extra = _sample_call(kind, plugin, options)
-        ok, detail = True, ""
-        if kind == "reward":
-            ok = len(first) == 4 and all(isinstance(v, (int, float)) for v in first)
-            detail = f"returned {first!r}"
-        elif kind == "baseline":
-            ok = (
-                isinstance(first, torch.Tensor)
-                and first.shape == (3, 4)
-                and bool(torch.isfinite(first).all())
-            )
-            detail = f"returned {type(first).__name__} {getattr(first, 'shape', '')}"
-        elif kind == "objective":
-            grad, mask = extra
-            ok = (
-                first.loss.shape == mask.shape
-                and bool(torch.isfinite(first.loss).all())
-                and all(v.shape == mask.shape for v in first.counts.values())
-                and bool((grad[mask.bool()] != 0).any())
-            )
-            detail = f"loss {tuple(first.loss.shape)}, counts {list(first.counts)}"
-        elif kind == "kl":
-            state = plugin.state_dict()
-            fresh = grpo_core.create(kind, name, options)
-            fresh.load_state_dict(state)
-            ok = (
-                all(isinstance(v, (int, float)) and math.isfinite(v) for v in first)
-                and fresh.value == plugin.value
-            )
-            detail = f"value {first[0]} -> {first[1]}; state_dict round trip"
-        elif kind == "environment":
-            ok, detail = _environment_ok(plugin, first)
+        ok, detail = _sample_ok(kind, name, plugin, options, first, extra)
         record("sample call returns the right shape and types", ok, "" if ok else detail)
     except Exception as exc:
         record(
             "sample call returns the right shape and types", False, f"{type(exc).__name__}: {exc}"
         )
-        return _report(kind, name, results)
+        return
+    _check_repeatable(kind, name, options, first, record)
+    if kind == "environment":
+        _check_environment_edges(plugin, extra, record)
+    if kind == "reward":
+        _check_reward_edges(plugin, options, record)
+
+
+def _sample_ok(kind: str, name: str, plugin, options: dict, first, extra) -> tuple[bool, str]:
+    """Whether the sample call's result (``first``, with ``extra`` from _sample_call) has
+    the shape and types its kind promises; (ok, what it returned)."""
+    import math
+
+    import torch
+
+    import grpo_core
+
+    ok, detail = True, ""
+    if kind == "reward":
+        ok = len(first) == 4 and all(isinstance(v, (int, float)) for v in first)
+        detail = f"returned {first!r}"
+    elif kind == "baseline":
+        ok = (
+            isinstance(first, torch.Tensor)
+            and first.shape == (3, 4)
+            and bool(torch.isfinite(first).all())
+        )
+        detail = f"returned {type(first).__name__} {getattr(first, 'shape', '')}"
+    elif kind == "objective":
+        grad, mask = extra
+        ok = (
+            first.loss.shape == mask.shape
+            and bool(torch.isfinite(first.loss).all())
+            and all(v.shape == mask.shape for v in first.counts.values())
+            and bool((grad[mask.bool()] != 0).any())
+        )
+        detail = f"loss {tuple(first.loss.shape)}, counts {list(first.counts)}"
+    elif kind == "kl":
+        state = plugin.state_dict()
+        fresh = grpo_core.create(kind, name, options)
+        fresh.load_state_dict(state)
+        ok = (
+            all(isinstance(v, (int, float)) and math.isfinite(v) for v in first)
+            and fresh.value == plugin.value
+        )
+        detail = f"value {first[0]} -> {first[1]}; state_dict round trip"
+    elif kind == "environment":
+        ok, detail = _environment_ok(plugin, first)
+    return ok, detail
+
+
+def _check_repeatable(kind: str, name: str, options: dict, first, record: Record) -> None:
+    """Records whether a fresh plugin given the same input gives the same output (stateful
+    kinds are compared fresh against fresh)."""
+    import torch
+
+    import grpo_core
+
     try:
         again, _ = _sample_call(kind, grpo_core.create(kind, name, options), options)
         if kind == "kl":
@@ -246,35 +300,41 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         record("same input gives the same output", bool(same))
     except Exception as exc:
         record("same input gives the same output", False, f"{type(exc).__name__}: {exc}")
-    if kind == "environment":
-        row = extra
-        for label, text in (("an empty turn", ""), ("a very long turn", "x " * 100_000)):
-            try:
-                out = plugin.step(plugin.reset(dict(row)), text)
-                ok, detail = _environment_ok(plugin, [out])
-                record(f"handles {label}", ok, detail)
-            except Exception as exc:
-                record(f"handles {label}", False, f"{type(exc).__name__}: {exc}")
-    if kind == "reward":
-        for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
-            try:
-                columns = {"answer": ["1"], **{c: ["1"] for c in _declared(plugin, options)}}
-                out = list(
-                    plugin(["p"], [text], **columns, completion_tokens=[len(text)], group_ids=[0])
-                )
-                ok = len(out) == 1 and isinstance(out[0], (int, float))
-                record(
-                    f"handles an {label}" if label[0] == "e" else f"handles a {label}",
-                    ok,
-                    f"returned {out!r}",
-                )
-            except Exception as exc:
-                record(
-                    f"handles an {label}" if label[0] == "e" else f"handles a {label}",
-                    False,
-                    f"{type(exc).__name__}: {exc}",
-                )
-    return _report(kind, name, results)
+
+
+def _check_environment_edges(plugin, row: dict, record: Record) -> None:
+    """Records whether an environment answers an empty and a very long first turn with a
+    well-formed Observation."""
+    for label, text in (("an empty turn", ""), ("a very long turn", "x " * 100_000)):
+        try:
+            out = plugin.step(plugin.reset(dict(row)), text)
+            ok, detail = _environment_ok(plugin, [out])
+            record(f"handles {label}", ok, detail)
+        except Exception as exc:
+            record(f"handles {label}", False, f"{type(exc).__name__}: {exc}")
+
+
+def _check_reward_edges(plugin, options: dict, record: Record) -> None:
+    """Records whether a reward scores an empty and a very long completion with one
+    number each."""
+    for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
+        try:
+            columns = {"answer": ["1"], **{c: ["1"] for c in _declared(plugin, options)}}
+            out = list(
+                plugin(["p"], [text], **columns, completion_tokens=[len(text)], group_ids=[0])
+            )
+            ok = len(out) == 1 and isinstance(out[0], (int, float))
+            record(
+                f"handles an {label}" if label[0] == "e" else f"handles a {label}",
+                ok,
+                f"returned {out!r}",
+            )
+        except Exception as exc:
+            record(
+                f"handles an {label}" if label[0] == "e" else f"handles a {label}",
+                False,
+                f"{type(exc).__name__}: {exc}",
+            )
 
 
 def _report(kind: str, name: str, results: list[tuple[str, bool, str]]) -> int:

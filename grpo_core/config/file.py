@@ -128,6 +128,25 @@ def _check_values(value: Any, where: str, depth: int = 0) -> None:
 
 def read_file(path: str) -> dict:
     """Read a YAML or JSON config file into a dict, or raise a one-line ConfigError."""
+    data = _parse(path, _read_text(path))
+    if data is None:
+        raise ConfigError(
+            [f"{path}: config file is empty; expected a mapping with model, data, reward"]
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{path}: expected a mapping at the top level, found {type(data).__name__}"]
+        )
+    try:
+        _check_values(data, "")
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from exc
+    return data
+
+
+def _read_text(path: str) -> str:
+    """The text of the regular file at ``path``, read only up to MAX_BYTES + 1 bytes so a
+    huge file is refused without loading it; a one-line ConfigError for anything else."""
     if not os.path.exists(path):
         raise ConfigError([f"{path}: config file not found"])
     if os.path.isdir(path):
@@ -144,39 +163,39 @@ def read_file(path: str) -> dict:
             [f"{path}: larger than {MAX_BYTES // 1024} KiB; a config file is expected"]
         )
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start})"]) from exc
+
+
+def _parse(path: str, text: str) -> object:
+    """``text`` parsed as JSON (a ``.json`` path) or YAML; a parser's error becomes a
+    one-line ConfigError naming the file, and the line and column where known."""
     kind = "JSON" if path.endswith(".json") else "YAML"
     try:
-        data = json.loads(text) if kind == "JSON" else parse_yaml(text)
+        return json.loads(text) if kind == "JSON" else parse_yaml(text)
     except ConfigError as exc:
         raise ConfigError([f"{path}: {p}" for p in exc.problems]) from exc
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        if isinstance(exc, json.JSONDecodeError):
-            line = f" at line {exc.lineno}, column {exc.colno}"
-        problem = getattr(exc, "problem", None) or getattr(exc, "msg", "") or str(exc)
-        raise ConfigError([f"{path}: invalid {kind}{line}: {problem}"]) from exc
+        raise ConfigError([f"{path}: invalid {kind}{_position(exc)}: {_problem(exc)}"]) from exc
     except RecursionError as exc:
         raise ConfigError([f"{path}: nesting deeper than {MAX_DEPTH} levels"]) from exc
     except ValueError as exc:  # e.g. an integer past Python's digit limit
         reason = "an integer too long to read" if "digits" in str(exc) else str(exc).splitlines()[0]
         raise ConfigError([f"{path}: invalid {kind}: {reason}"]) from exc
-    if data is None:
-        raise ConfigError(
-            [f"{path}: config file is empty; expected a mapping with model, data, reward"]
-        )
-    if not isinstance(data, dict):
-        raise ConfigError(
-            [f"{path}: expected a mapping at the top level, found {type(data).__name__}"]
-        )
-    try:
-        _check_values(data, "")
-    except ConfigError as exc:
-        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from exc
-    return data
+
+
+def _position(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
+    """`` at line L, column C`` (1-based) of a parser's error, or "" when it has none."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f" at line {exc.lineno}, column {exc.colno}"
+    where = getattr(exc, "problem_mark", None)
+    return f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+
+
+def _problem(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
+    """What a parser's error says went wrong, without its position."""
+    return getattr(exc, "problem", None) or getattr(exc, "msg", "") or str(exc)
 
 
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

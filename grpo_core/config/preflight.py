@@ -139,6 +139,8 @@ def _template(path: str) -> list[str]:
 
 
 def _runtime(cfg: dict) -> list[str]:
+    """The machine can run this config: its device, quantization, generator, vLLM limits and
+    DeepSpeed settings."""
     problems = []
     cuda = torch.cuda.is_available()
     device = cfg["runtime"]["device"]
@@ -152,40 +154,54 @@ def _runtime(cfg: dict) -> list[str]:
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
     problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
-    ds = cfg["deepspeed"]
-    if isinstance(ds, str):
-        if not os.path.isfile(ds):
-            problems.append(f"deepspeed: config file not found: {ds}")
-        else:
-            try:
-                with open(ds, encoding="utf-8") as f:
-                    ds = json.load(f)
-            except (OSError, ValueError) as exc:
-                problems.append(f"deepspeed: {ds} is not valid JSON ({exc})")
-                ds = None
+    ds = _deepspeed_config(cfg["deepspeed"], problems)
     if isinstance(ds, dict):
-        zero = ds.get("zero_optimization") or {}
-        stage = zero.get("stage", 0)
-        if stage not in (0, 1, 2, 3):
-            problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
-        for part in ("offload_optimizer", "offload_param"):
-            if (zero.get(part) or {}).get("device") == "nvme":
-                problems.append(
-                    f"deepspeed.zero_optimization.{part}.device: nvme is not "
-                    f"supported (its swapping hooks run only in DeepSpeed's own "
-                    f"forward; grpo-core calls the model); use cpu or none"
-                )
-        if (ds.get("checkpoint") or {}).get("writer"):
+        problems += _deepspeed(ds, cfg["generator"]["name"])
+    return problems
+
+
+def _deepspeed_config(ds, problems: list[str]):
+    """The ``deepspeed`` setting with a file path read as its JSON (None, after a problem
+    appended, when it cannot be read; the path itself when the file is missing)."""
+    if not isinstance(ds, str):
+        return ds
+    if not os.path.isfile(ds):
+        problems.append(f"deepspeed: config file not found: {ds}")
+        return ds
+    try:
+        with open(ds, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        problems.append(f"deepspeed: {ds} is not valid JSON ({exc})")
+        return None
+
+
+def _deepspeed(ds: dict, generator: str) -> list[str]:
+    """The DeepSpeed settings grpo-core cannot honour: a bad ZeRO stage, NVMe offload, a
+    checkpoint writer, and ZeRO-3 with the vLLM ``generator``."""
+    problems = []
+    zero = ds.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        problems.append(f"deepspeed.zero_optimization.stage: {stage!r}; expected 0 to 3")
+    for part in ("offload_optimizer", "offload_param"):
+        if (zero.get(part) or {}).get("device") == "nvme":
             problems.append(
-                "deepspeed.checkpoint.writer: not supported (a checkpoint must be "
-                "complete when its checksums are taken); remove it"
+                f"deepspeed.zero_optimization.{part}.device: nvme is not "
+                f"supported (its swapping hooks run only in DeepSpeed's own "
+                f"forward; grpo-core calls the model); use cpu or none"
             )
-        if stage == 3 and cfg["generator"]["name"] == "vllm":
-            problems.append(
-                "generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
-                "weight sync would gather the whole model after every update); "
-                "use distributed.strategy fsdp"
-            )
+    if (ds.get("checkpoint") or {}).get("writer"):
+        problems.append(
+            "deepspeed.checkpoint.writer: not supported (a checkpoint must be "
+            "complete when its checksums are taken); remove it"
+        )
+    if stage == 3 and generator == "vllm":
+        problems.append(
+            "generator.name: vllm is not supported with deepspeed ZeRO-3 (its "
+            "weight sync would gather the whole model after every update); "
+            "use distributed.strategy fsdp"
+        )
     return problems
 
 

@@ -110,17 +110,7 @@ def claim(
     an earlier run's directory, emptied first, unless one of the run's ``inputs`` (config key,
     path: see :func:`input_paths`) lies inside it. Anything else is refused with the reason.
     """
-    if not path or not path.strip():
-        raise UserError("output.dir: empty; expected a directory path")
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"output.dir: {path} exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"output.dir: cannot create {path}: {exc.strerror or exc}") from exc
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"output.dir: {path} is not writable")
+    path = _make_dir(path)
     marker = _marker(path)
     others = sorted(set(os.listdir(path)) - {LOCK})
     if marker is None and resume and _has_checkpoints(path):
@@ -146,6 +136,30 @@ def claim(
             f"{marker.get('started', '?')}); use --resume to continue it or "
             f"--overwrite to replace it"
         )
+    _empty(path, others, inputs)
+    return str(_write_marker(path)["run_id"])
+
+
+def _make_dir(path: str) -> str:
+    """``path`` made absolute and created if absent; a UserError unless it is then a
+    directory this process can write in (checked before anything is locked or deleted)."""
+    if not path or not path.strip():
+        raise UserError("output.dir: empty; expected a directory path")
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"output.dir: {path} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"output.dir: cannot create {path}: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"output.dir: {path} is not writable")
+    return path
+
+
+def _empty(path: str, others: list[str], inputs: list[tuple[str, str]]) -> None:
+    """Deletes ``others`` (the entries of the run directory ``path`` but its lock), unless one
+    of the run's ``inputs`` lies inside it: then a UserError, and nothing is deleted."""
     inside = [(key, p) for key, p in inputs if _within(p, path)]
     if others and inside:
         key, p = inside[0]
@@ -160,7 +174,6 @@ def claim(
             shutil.rmtree(target)
         else:
             os.remove(target)
-    return str(_write_marker(path)["run_id"])
 
 
 def input_paths(cfg: dict) -> list[tuple[str, str]]:

@@ -109,6 +109,22 @@ def _reap(children: set[int]) -> None:
 
 def _serve(conn: Connection, config: dict) -> None:
     """The fork server: import once, fork ``spawn`` workers, then fork more on request."""
+    if not _boot(conn, config):
+        return
+    children: set[int] = set()
+    for _ in range(config["spawn"]):
+        _fork_worker(conn, config, children)
+    try:
+        _answer(conn, config, children)
+    except (EOFError, OSError):
+        pass  # the parent is gone
+    finally:
+        _kill(children)
+
+
+def _boot(conn: Connection, config: dict) -> bool:
+    """Imports the target, setup and preload modules once, so that every forked worker
+    shares them; tells the parent ``ready``, or ``boot_error`` with the reason (then False)."""
     try:
         for spec in [config["target"], config["setup"]]:
             if spec:
@@ -120,31 +136,34 @@ def _serve(conn: Connection, config: dict) -> None:
                 importlib.import_module(spec)
     except BaseException as exc:
         conn.send(("boot_error", f"{type(exc).__name__}: {exc}"))
-        return
+        return False
     conn.send(("ready",))
-    children: set[int] = set()
-    for _ in range(config["spawn"]):
-        _fork_worker(conn, config, children)
-    try:
-        while True:
-            _reap(children)
-            if not conn.poll(0.2):
-                continue
-            msg = conn.recv()
-            if msg[0] == "spawn":
-                for _ in range(msg[1]):
-                    _fork_worker(conn, config, children)
-            elif msg[0] == "exit":
-                break
-    except (EOFError, OSError):
-        pass  # the parent is gone
-    finally:
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)  # still our unreaped child: the pid is not reused
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+    return True
+
+
+def _answer(conn: Connection, config: dict, children: set[int]) -> None:
+    """Forks workers on the parent's ``spawn`` requests, reaping ended ones meanwhile, until
+    it says ``exit`` (a closed channel raises EOFError or OSError)."""
+    while True:
+        _reap(children)
+        if not conn.poll(0.2):
+            continue
+        msg = conn.recv()
+        if msg[0] == "spawn":
+            for _ in range(msg[1]):
+                _fork_worker(conn, config, children)
+        elif msg[0] == "exit":
+            break
+
+
+def _kill(children: set[int]) -> None:
+    """Kills and reaps the workers still running, so none outlives its server."""
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)  # still our unreaped child: the pid is not reused
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
