@@ -214,6 +214,10 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
         if not looks_like_hub_id(path):
             return [f"{key}: file not found: {path}"]
         if files:  # a builder (json, csv, ...) reading data_files: nothing on the hub
+            try:
+                check_local(Source(path, split, name, files, key))
+            except UserError as exc:
+                return [str(exc)]
             return []
         print(
             f"note: {key}: {path} is read from the Hugging Face Hub when training starts; "
@@ -225,8 +229,6 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
         check_local(Source(path, split, name, files, key))
     except UserError as exc:
         return [str(exc)]
-    if not os.path.exists(path):
-        return [] if looks_like_hub_id(path) else [f"{key}: file not found: {path}"]
     try:
         if key == "data.path" and dc["streaming"]:
             stream = open_stream(Source(path, split, name, files, key), None)
@@ -254,15 +256,22 @@ def long_rows(cfg: dict, rows: list[dict]) -> None:
         os.path.join(mc["name_or_path"], "config.json")
     ):
         return
-    limit = dc["max_prompt_tokens"] or _context(mc["name_or_path"]) - completion_budget(cfg)[1]
+    budget_key, budget = completion_budget(cfg)
+    context = _context(mc["name_or_path"])
+    limit = dc["max_prompt_tokens"] or context - budget
     if limit < 1:
         return  # train names the setting that leaves no room
     tokenizer = load_tokenizer(mc)
     long = sum(fit_prompt(row, i, tokenizer, dc, limit)[1] for i, row in enumerate(rows))
     if long:
+        why = (
+            "data.max_prompt_tokens"
+            if dc["max_prompt_tokens"]
+            else f"the model's context {context} minus {budget_key} {budget}"
+        )
         print(
             f"notice: data.path: {long} of the first {len(rows)} rows have prompts longer "
-            f"than {limit} tokens; train will {_LONG[dc['long_prompts']]} "
+            f"than {limit} tokens ({why}); train will {_LONG[dc['long_prompts']]} "
             f"(data.long_prompts: {dc['long_prompts']})",
             file=sys.stderr,
         )

@@ -115,10 +115,11 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
     assert cells(md, "grpo vs rloo")  # the pairwise tests
     assert "done, 3/3 steps" in p.stderr  # a progress line per run
     assert len([d for d in os.listdir(out) if d.endswith("-seed0") or d.endswith("-seed1")]) == 4
-    for metric in ("reward", "kl", "entropy", "reward_vs_generated_tokens"):
+    for metric in ("reward", "entropy", "reward_vs_generated_tokens"):
         png = out / f"{metric}.png"
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert has_colour(str(png), COLOURS["C0"]) and has_colour(str(png), COLOURS["C1"])
+    assert not (out / "kl.png").exists()  # no reference model (KL coefficient 0): no kl curve
     # grpo plot on two of those runs
     runs = sorted(str(out / d) for d in os.listdir(out) if d.endswith("-seed0"))
     plotted = run_grpo(

@@ -16,8 +16,8 @@ def test_validate_counts_long_prompts(tiny_model, addition_data, tmp_path):
     p = run_grpo("validate", write_config(tmp_path / "c.json", cfg))
     assert p.returncode == 0, p.stderr
     assert (
-        "warning: data.path: 50 of the first 50 prompts are longer than 3 tokens "
-        "(data.max_prompt_tokens); data.long_prompts: drop"
+        "notice: data.path: 50 of the first 50 rows have prompts longer than 3 tokens "
+        "(data.max_prompt_tokens); train will leave them out (data.long_prompts: drop)"
     ) in p.stderr
 
 
@@ -27,7 +27,7 @@ def test_validate_counts_against_the_models_context(tiny_model, addition_data, t
     p = run_grpo("validate", write_config(tmp_path / "c.json", cfg))
     assert p.returncode == 0, p.stderr
     assert (
-        "prompts are longer than 2 tokens (the model's context 256 minus "
+        "have prompts longer than 2 tokens (the model's context 256 minus "
         "sampling.max_new_tokens 254)" in p.stderr
     )
 
