@@ -430,7 +430,7 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
             torch.cat([mb for mb in phases.micro_batches(ro.group, run.prompts, 2)])
         ],
     )
-    assert u.stats["tokens"] == float((ro.action_mask.float() * a.keep[:, None]).sum())
+    assert u.iterations[0]["tokens"] == float((ro.action_mask.float() * a.keep[:, None]).sum())
     for k in (
         "env/turns",
         "env/tool_calls",

@@ -285,11 +285,16 @@ def test_a_farmed_part_of_the_reward_at_correctness_expense(demo, tmp_path):
     }
     _, rows, warnings = demo_run(demo, tmp_path, steps=10, window=8, reward=farmed)
     assert rows[-1]["reward/farm"] > rows[0]["reward/farm"] + 0.2
-    assert said(warnings, "while reward/math fell") == [8]
-    assert said(
-        warnings,
-        "make farm require math (the component's `requires`), or raise math's weight (now 0.5)",
-    ) == [8]
+    # once, as soon as a window (8 steps) shows it; the exact step moves with the arithmetic
+    fell = said(warnings, "while reward/math fell")
+    assert len(fell) == 1 and 8 <= fell[0] <= 9, fell
+    assert (
+        said(
+            warnings,
+            "make farm require math (the component's `requires`), or raise math's weight (now 0.5)",
+        )
+        == fell
+    )
 
 
 def test_one_part_at_its_best_while_the_gated_one_never_scores(demo, tmp_path):
