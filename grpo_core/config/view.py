@@ -258,12 +258,12 @@ def _build(cls: type, value: dict):
     kwargs = {}
     for f in dataclasses.fields(cls):
         raw = value.get(f.name)
-        section = _section_type(hints[f.name])
+        section = section_type(hints[f.name])
         kwargs[f.name] = _build(section, raw) if section and raw is not None else raw
     return cls(**kwargs)
 
 
-def _section_type(hint) -> type | None:
+def section_type(hint) -> type | None:
     """The section dataclass in a field's type (``X`` or ``X | None``), else None."""
     for arg in typing.get_args(hint) or (hint,):
         if dataclasses.is_dataclass(arg):

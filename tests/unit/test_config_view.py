@@ -11,21 +11,14 @@ from helpers import make_config
 
 from grpo_core import config
 from grpo_core.config.schema import CORE_SCHEMA
-from grpo_core.config.view import Config, view
-
-
-def _section_type(hint):
-    for arg in typing.get_args(hint) or (hint,):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
+from grpo_core.config.view import Config, section_type, view
 
 
 def test_every_section_and_key_of_the_schema_has_a_field():
     hints = typing.get_type_hints(Config)
     assert [f.name for f in dataclasses.fields(Config)] == list(CORE_SCHEMA["properties"])
     for name, schema in CORE_SCHEMA["properties"].items():
-        cls = _section_type(hints[name])
+        cls = section_type(hints[name])
         if "properties" not in schema:
             assert cls is None, name
             continue
