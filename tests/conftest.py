@@ -33,3 +33,23 @@ def addition_data(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("data") / "train.jsonl")
     write_jsonl(path, addition_rows(0)[0])
     return path
+
+
+_pristine: set | None = None
+
+
+@pytest.fixture(autouse=True)
+def _forget_test_plugins():
+    """Plugins a test registers in-process (``register(...)``, ``registry().add(...)``) are
+    forgotten after it, so no later test on the same worker sees them."""
+    yield
+    import sys
+
+    module = sys.modules.get("grpo_core.registry")
+    if module is None or module._registry is None:
+        return
+    global _pristine
+    if _pristine is None:
+        _pristine = set(module.Registry().plugins)
+    if set(module._registry.plugins) != _pristine:
+        module._registry = None
