@@ -27,7 +27,7 @@ from grpo_core.loss.groups import (
     resample,
     to_grid,
 )
-from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
+from grpo_core.loss.logprobs import completion_logprobs, decoder_counts, reference_logprobs
 from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
 from grpo_core.observe.evaluate import evaluate
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
@@ -228,12 +228,16 @@ def advantages(run: Run, judged: Judged) -> Advantages:
     ref_logp = (
         None
         if run.reference is None
-        else reference_logprobs(run.reference, ro, temp, chunk, run.autocast)
+        else reference_logprobs(
+            run.reference, ro, temp, chunk, run.autocast, config.runtime.packing
+        )
     )
     old_logp, is_weights = ro.logprobs, None
     if run.generator.recompute_old_logprobs:  # the sampler's numerics differ from ours
         with torch.no_grad(), run.autocast:
-            old_logp = completion_logprobs(run.policy, ro, temp, chunk)[0]
+            old_logp = completion_logprobs(
+                run.policy, ro, temp, chunk, packing=config.runtime.packing
+            )[0]
         is_weights = torch.exp(old_logp - ro.logprobs).clamp(max=run.generator.tis_cap) * mask
     rewards = judged.scored.rewards
     if ref_logp is not None and config.kl.placement == "reward":
@@ -284,6 +288,12 @@ class Updated:
     seconds: float
 
 
+def _layout(run: Run, sub: Rollout) -> tuple[int, int]:
+    """(decoder positions, of which padding) of a micro-batch's policy pass as it ran."""
+    packing = run.config.runtime.packing and _chunk(run) is not None
+    return decoder_counts(run.policy, sub, packing)
+
+
 def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
     t0, ro, config = time.time(), judged.rollout, run.config
     objective = config.objective
@@ -306,7 +316,12 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
             sub = ro.rows(mb)
             with run.autocast:
                 logp, ent = completion_logprobs(
-                    run.policy, sub, config.sampling.temperature, _chunk(run), entropy=True
+                    run.policy,
+                    sub,
+                    config.sampling.temperature,
+                    _chunk(run),
+                    entropy=True,
+                    packing=config.runtime.packing,
                 )
             term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
             loss, terms = objective_loss(
@@ -324,6 +339,7 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
             )
             run.engine.backward(loss, last=i == len(batches) - 1)
             total += float(loss.detach())
+            terms["positions"], terms["padding"] = _layout(run, sub)
             for k, v in terms.items():
                 stats[k] = stats.get(k, 0.0) + v
         iterations.append(stats)

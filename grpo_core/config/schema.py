@@ -538,6 +538,14 @@ RUNTIME = _obj(
             "default": 1024,
             "description": "tokens per LM-head chunk in log-prob passes",
         },
+        "packing": {
+            "type": "boolean",
+            "default": False,
+            "description": "padding-free log-prob passes (policy, reference, old "
+            "log-probs): real tokens only, with per-sequence positions; each prompt once "
+            "under a tree mask (SDPA, eager), or one varlen row (flash-attention); same "
+            "numbers as padded",
+        },
     },
     description="Where and how the numbers are computed.",
 )

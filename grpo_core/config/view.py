@@ -174,6 +174,7 @@ class RuntimeSection:
     device: str
     threads: int | None
     logprob_chunk: int
+    packing: bool
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,13 @@ from collections.abc import Iterator
 import torch
 
 from grpo_core.engine.zero import logprobs_through_head
+from grpo_core.loss.packing import (
+    pack_tree,
+    pack_varlen,
+    packed_counts,
+    padded_counts,
+    tree_mask,
+)
 from grpo_core.rollout import Rollout
 from grpo_core.store.models import is_peft
 
@@ -314,31 +321,76 @@ def _shared_hidden(decoder, ro: Rollout, kw: str) -> torch.Tensor:
     return torch.cat([first, rest], 1)
 
 
+def _varlen(decoder) -> bool:
+    """The decoder's attention finds packed sequences from ``position_ids`` alone (a
+    flash-attention varlen kernel) rather than needing an explicit mask."""
+    return str(decoder.config._attn_implementation).startswith("flash_attention")
+
+
+def _packed_hidden(run, decoder, ro: Rollout) -> torch.Tensor:
+    """[N, H]: the hidden state that predicts each valid completion token, from one decoder
+    call over a padding-free layout (grpo_core.loss.packing): a varlen row for
+    flash-attention, else one row per prompt under a tree mask (boolean for SDPA, additive
+    for the others)."""
+    device, host = ro.completion_ids.device, ro.to("cpu")  # the layout is built on the host
+    if _varlen(decoder):
+        packed, mask = pack_varlen(host, 0), None
+    else:
+        sdpa = decoder.config._attn_implementation == "sdpa"
+        packed = pack_tree(host, 0)
+        mask = tree_mask(packed, None if sdpa else next(decoder.parameters()).dtype)
+    out = run(
+        input_ids=packed.input_ids.to(device),
+        attention_mask=None if mask is None else mask.to(device),
+        position_ids=packed.position_ids.to(device),
+        use_cache=False,
+    ).last_hidden_state
+    return out.reshape(-1, out.shape[-1])[packed.picks.to(device)]
+
+
+def decoder_counts(model, rollout: Rollout, packing: bool) -> tuple[int, int]:
+    """(decoder positions, of which padding) that ``completion_logprobs`` runs for this
+    batch with these settings: the padding-fraction metric's counts."""
+    base = model.get_base_model() if is_peft(model) else model
+    decoder = base.get_decoder()
+    if packing and rollout.completion_ids.shape[1] > 0:
+        return packed_counts(rollout, _varlen(decoder))
+    return padded_counts(rollout, share_prompts(decoder, rollout))
+
+
 def completion_logprobs(
-    model, rollout: Rollout, temperature: float, chunk: int | None, entropy: bool = False
+    model,
+    rollout: Rollout,
+    temperature: float,
+    chunk: int | None,
+    entropy: bool = False,
+    packing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the completion tokens under ``model``: [B, T] each.
 
-    Runs the decoder once over each prompt and its KV cache under the completions when that
-    saves enough tokens (``share_prompts``), else over prompt + completion per row; applies
-    the LM head only at completion positions, ``chunk`` rows at a time (``token_logprobs``),
-    never over the whole vocabulary at once; ``chunk=None``: the model's own head module
-    (``grpo_core.engine.zero.logprobs_through_head``). All ways give the same log-probs and
-    gradients.
+    With ``packing``, runs the decoder once over a padding-free layout of the batch
+    (``_packed_hidden``); else once over each prompt and its KV cache under the completions
+    when that saves enough tokens (``share_prompts``), else over prompt + completion per row;
+    applies the LM head only at completion positions, ``chunk`` rows at a time
+    (``token_logprobs``), never over the whole vocabulary at once; ``chunk=None``: the
+    model's own head module (``grpo_core.engine.zero.logprobs_through_head``, padded). All
+    ways give the same log-probs and gradients.
     """
     if chunk is None:
         return logprobs_through_head(model, repeated_inputs(rollout), rollout, temperature, entropy)
     base = model.get_base_model() if is_peft(model) else model
     decoder = base.get_decoder()
     run = _ThroughModel(model, decoder)
-    if share_prompts(decoder, rollout):
-        h = _shared_hidden(run, rollout, _cache_kw(decoder))
-    else:
-        h = _repeated_hidden(run, rollout)
     sel = rollout.completion_mask.bool()
+    if packing and sel.shape[1] > 0:
+        h = _packed_hidden(run, decoder, rollout)
+    elif share_prompts(decoder, rollout):
+        h = _shared_hidden(run, rollout, _cache_kw(decoder))[sel]
+    else:
+        h = _repeated_hidden(run, rollout)[sel]
     with _head_in_place(model):
         lp, ent = token_logprobs(
-            h[sel],
+            h,
             base.get_output_embeddings().weight,
             rollout.completion_ids[sel],
             temperature,
@@ -351,13 +403,13 @@ def completion_logprobs(
 
 
 def reference_logprobs(
-    reference, ro: Rollout, temperature: float, chunk: int | None, autocast
+    reference, ro: Rollout, temperature: float, chunk: int | None, autocast, packing: bool = False
 ) -> torch.Tensor:
     """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
     policy itself with its adapter disabled. Runs in inference mode (less per-op bookkeeping
     than no_grad; plain no_grad for a sharded model, FSDP's or ZeRO-3's (``chunk`` None),
     whose gathered weights are reused buffers); the result is copied out of it so the loss
-    can use it."""
+    can use it. ``packing``: see ``completion_logprobs``."""
     from torch.distributed.fsdp import FSDPModule
 
     sharded = chunk is None or isinstance(reference, FSDPModule)
@@ -365,8 +417,8 @@ def reference_logprobs(
     with mode, autocast:
         if is_peft(reference):
             with reference.disable_adapter():
-                out = completion_logprobs(reference, ro, temperature, chunk)[0]
+                out = completion_logprobs(reference, ro, temperature, chunk, packing=packing)[0]
         else:
-            where = next(reference.parameters()).device
-            out = completion_logprobs(reference, ro.to(where), temperature, chunk)[0]
+            on = ro.to(next(reference.parameters()).device)
+            out = completion_logprobs(reference, on, temperature, chunk, packing=packing)[0]
     return out.to(ro.completion_ids.device).clone()

@@ -235,6 +235,8 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
     out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
     out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
+    if "positions" in s:  # the policy pass's decoder positions that were padding
+        out["padding_frac"] = s["padding"] / max(s["positions"], 1.0)
     return out
 
 

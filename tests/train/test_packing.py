@@ -1,0 +1,249 @@
+"""Padding-free log-prob passes (grpo_core.loss.packing): the packed layouts give the same
+log-probs, entropies, losses and gradients as the padded ones, for every loss aggregation,
+with KL and entropy terms, for the policy (with gradients) and for the reference and
+old-log-prob passes (without); their layouts and padding counts match a hand count."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+import torch
+from grpo_core_plugins.objectives import clipped_ratio
+from test_prompt_sharing import AGGREGATIONS, make_rollout, model64  # noqa: F401 (a fixture)
+from transformers import AutoModelForCausalLM
+
+from grpo_core.loss import logprobs, packing
+from grpo_core.loss.losses import Normaliser, objective_loss
+
+#: the longest reduction (terms summed into one value) anywhere in the passes: the
+#: vocabulary (258: log-sum-exp, and the head's gradient), the MLP width (64), a packed row
+#: (at most 21 keys here), the 44 completion tokens whose gradients sum into each weight
+LONGEST_SUM = 258
+#: operations a value passes through between the input and the compared output, counted
+#: loosely: 2 layers x (norm, attention, MLP, residual), forward and backward, the head
+DEPTH = 32
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative bound on the difference between two orders of the same arithmetic.
+
+    The packed and padded passes compute the same sums with different kernels and shapes
+    (SDPA over a row of 21 keys with masked ones contributing exact zeros, against rows of
+    13; GEMMs of other sizes, so other blockings): only the order of additions differs. A
+    sum of K terms in another order differs by at most K * u relative to the sum of the
+    terms' magnitudes (u: the unit roundoff, 2^-53 for float64, 2^-24 for float32; Higham's
+    gamma_K), and errors add up along the DEPTH operations a value passes through. The bound
+    is taken relative to the largest magnitude of the compared tensor (``close``), since a
+    gradient entry that cancels to near zero has no relative accuracy of its own. float32:
+    258 * 32 * 6e-8 = 4.9e-4, a bound about 30x above what is seen (~1e-5: the errors of a
+    sum grow like sqrt(K) u in practice, not K u), so the test does not fail on a machine
+    whose BLAS blocks its sums differently, yet a wrong mask (an error of order 1) fails it
+    by three orders of magnitude."""
+    return LONGEST_SUM * DEPTH * torch.finfo(dtype).eps / 2
+
+
+def close(a: torch.Tensor, b: torch.Tensor, msg: str = "") -> None:
+    """a equals b up to ``tolerance`` of b's largest magnitude."""
+    tol = tolerance(b.dtype)
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(scale, 1e-30), msg=msg)
+
+
+def loss_and_grads(model, ro, packed: bool, aggregation: str, kl_coef: float, seed: int = 1):
+    """Log-probs, entropies, the clipped-ratio loss with KL and entropy terms, and every
+    parameter's gradient, along the packed or the padded path (the padded one sharing
+    prompts or not as it chooses)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = ro.completion_mask.to(torch.get_default_dtype())
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        base, _ = logprobs.completion_logprobs(model, ro, 1.0, 4)
+    noise = 0.3 * torch.randn(mask.shape, generator=g, dtype=dtype)
+    old, ref = (base + noise) * mask, (base - noise.flip(0)) * mask  # ratios away from 1
+    adv = torch.randn(ro.size, generator=g, dtype=dtype)
+    model.zero_grad(set_to_none=True)
+    logp, ent = logprobs.completion_logprobs(model, ro, 1.0, 4, entropy=True, packing=packed)
+    term = clipped_ratio(logp, old, adv, mask.to(dtype), 0.2, 0.28)
+    loss, _ = objective_loss(
+        term,
+        mask.to(dtype),
+        aggregation,
+        Normaliser.of(mask.to(dtype), mask.shape[1]),
+        logp=logp,
+        ref_logp=ref if kl_coef else None,
+        kl_coef=kl_coef,
+        entropy=ent,
+        entropy_coef=0.01,
+    )
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), ent.detach(), loss.detach(), grads
+
+
+def assert_same(a, b) -> None:
+    for x, y, what in zip(a[:3], b[:3], ("logp", "entropy", "loss")):
+        close(x, y, what)
+    assert a[3].keys() == b[3].keys() and a[3]
+    for n in a[3]:
+        close(a[3][n], b[3][n], n)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_packed_equals_padded_float64(model64, aggregation, kl_coef):  # noqa: F811
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
+    packed = loss_and_grads(model64, ro, True, aggregation, kl_coef)
+    padded = loss_and_grads(model64, ro, False, aggregation, kl_coef)
+    assert_same(packed, padded)
+    assert max(g.abs().max() for g in packed[3].values()) > 1e-3  # gradients are not all zero
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_equals_padded_float32(tiny_model, attention):
+    """The model as it trains (float32, RMSNorm as shipped), both mask kinds: boolean for
+    SDPA, additive for eager attention."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
+    model.train()
+    ro = make_rollout(model.config.vocab_size, model.config.pad_token_id, seed=2)
+    assert_same(
+        loss_and_grads(model, ro, True, "seq_mean_token_mean", 0.1),
+        loss_and_grads(model, ro, False, "seq_mean_token_mean", 0.1),
+    )
+
+
+def test_a_wrong_mask_is_caught(model64, monkeypatch):  # noqa: F811
+    """The tolerance is tight enough to see a mask that lets completions see each other."""
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
+    padded = loss_and_grads(model64, ro, False, "token_mean", 0.1)
+    causal_only = packing.tree_mask
+
+    def leaky(p, dtype):
+        return causal_only(
+            packing.Packed(p.input_ids, p.position_ids, p.base, p.base, p.picks, 0), dtype
+        )
+
+    monkeypatch.setattr(logprobs, "tree_mask", leaky)
+    with pytest.raises(AssertionError):
+        assert_same(loss_and_grads(model64, ro, True, "token_mean", 0.1), padded)
+
+
+def test_reference_and_old_logprobs_packed(model64):  # noqa: F811
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=5)
+    out = []
+    for packed in (True, False):
+        ref = logprobs.reference_logprobs(
+            model64, ro, 0.7, 3, contextlib.nullcontext(), packing=packed
+        )
+        with torch.no_grad():
+            old, ent = logprobs.completion_logprobs(
+                model64, ro, 0.7, 3, entropy=True, packing=packed
+            )
+        assert not ref.requires_grad and not old.requires_grad
+        out.append((ref, old, ent))
+    for a, b in zip(*out):
+        close(a, b)
+    assert (out[0][0] * ro.completion_mask == out[0][0]).all()  # padding stays 0
+
+
+def test_varlen_layout_through_position_ids(model64, monkeypatch):  # noqa: F811
+    """The flash-attention layout (one row, no mask): on the CPU, transformers finds the
+    sequences from where ``position_ids`` restart and builds the block-diagonal mask for
+    SDPA, so the layout is checked here; the varlen kernel itself only runs on a GPU."""
+    monkeypatch.setattr(logprobs, "_varlen", lambda decoder: True)
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=4)
+    for aggregation in AGGREGATIONS:
+        assert_same(
+            loss_and_grads(model64, ro, True, aggregation, 0.1),
+            loss_and_grads(model64, ro, False, aggregation, 0.1),
+        )
+
+
+def test_packed_under_gradient_checkpointing(model64):  # noqa: F811
+    """One decoder call and no cache: the tree layout shares prompts even where the KV-cache
+    sharing falls back to repeating them (checkpointed layers)."""
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=6)
+    plain = loss_and_grads(model64, ro, False, "token_mean", 0.1)
+    model64.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model64.train()
+    assert_same(loss_and_grads(model64, ro, True, "token_mean", 0.1), plain)
+
+
+def test_layouts_by_hand():
+    """Prompts [5, 2, 7] tokens, completions [7, 3, 5 | 1, 7, 2 | 6, 4, 7] (T = 7)."""
+    ro = make_rollout(258, 257)
+    tree = packing.pack_tree(ro, 0)
+    # rows: prompt + (n - 1) per completion: 5 + 6 + 2 + 4 = 17, 2 + 0 + 6 + 1 = 9, 21
+    assert tree.input_ids.shape == (3, 21) and tree.padding == 4 + 12 + 0
+    assert tree.position_ids[0, :17].tolist() == [*range(11), 5, 6, 5, 6, 7, 8]
+    assert tree.input_ids[0, :5].tolist() == [12, 40, 41, 99, 7]
+    assert tree.input_ids[0, 5:11].tolist() == ro.completion_ids[0, :6].tolist()
+    # completion 1 (3 tokens): token 0 from the prompt's last position, then its own two
+    assert tree.picks[7:10].tolist() == [4, 11, 12]
+    mask = packing.tree_mask(tree, None)[0, 0]
+    assert mask[12, :5].all() and not mask[12, 5:11].any() and mask[12, 11:13].all()
+    assert not mask[12, 13:].any()
+    varlen = packing.pack_varlen(ro, 0)
+    # each completion after its prompt: 3 x (5 + 2 + 7) + (6 + 2 + 4 + 0 + 6 + 1 + 5 + 3 + 6)
+    assert varlen.input_ids.shape == (1, 42 + 33) and varlen.padding == 0
+    assert varlen.position_ids[0, 11:16].tolist() == [0, 1, 2, 3, 4]  # completion 1 restarts
+
+
+def test_padding_counts_by_hand():
+    ro = make_rollout(258, 257)
+    # repeated: 9 rows x (7 + 6); real: 3 x 14 prompt tokens + min(n, 6) = 39 completion tokens
+    assert packing.padded_counts(ro, shared=False) == (117, 117 - 42 - 39)
+    # shared: 3 x 7 prompt positions + 9 x 6 completion positions; real 14 + 39
+    assert packing.padded_counts(ro, shared=True) == (75, 75 - 14 - 39)
+    assert packing.packed_counts(ro, varlen=False) == (63, 16)
+    assert packing.packed_counts(ro, varlen=True) == (75, 0)
+    tree = packing.pack_tree(ro, 0)
+    assert (tree.positions, tree.padding) == packing.packed_counts(ro, varlen=False)
+
+
+def test_left_padded_completions_are_refused():
+    ro = make_rollout(258, 257)
+    ro.completion_mask[0, 0] = 0
+    with pytest.raises(ValueError, match="right-padded"):
+        packing.pack_tree(ro, 0)
+
+
+def _run(tiny_model: str, data: str, out: str, packing_on: bool) -> list[dict]:
+    from helpers import make_config
+
+    from grpo_core import config
+    from grpo_core.trainer import train
+
+    cfg = make_config(
+        tiny_model,
+        data,
+        out,
+        sampling={"group_size": 4, "max_new_tokens": 8},
+        train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 0},
+        kl={"name": "fixed", "options": {"coef": 0.1}},
+        objective={"name": "grpo", "entropy_coef": 0.01},
+        runtime={"device": "cpu", "packing": packing_on},
+        output={"dir": out, "progress": False, "samples_every": 0, "save_model": False},
+    )
+    train(config.validate(cfg))
+    with open(f"{out}/metrics.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_a_packed_run_learns_the_same_and_reports_its_padding(tiny_model, tmp_path):
+    """Two steps with and without packing: the same completions (same seed), so the same
+    losses, KL, entropy and gradient norms; the padding fraction is what the layouts' counts
+    say (counted by hand in test_padding_counts_by_hand), lower when packed. The prompts all
+    differ in length, so every micro-batch has padding to remove."""
+    from grpo_core.tiny import write_jsonl
+
+    data = str(tmp_path / "sums.jsonl")
+    write_jsonl(data, [{"prompt": f"{10**k}+{k}=", "answer": str(10**k + k)} for k in range(8)])
+    padded = _run(tiny_model, data, str(tmp_path / "padded"), False)
+    packed = _run(tiny_model, data, str(tmp_path / "packed"), True)
+    for a, b in zip(packed, padded):
+        assert a["completion_len"] == b["completion_len"]  # the same rollouts
+        for key in ("loss", "kl", "entropy", "grad_norm"):
+            close(torch.tensor(a[key]), torch.tensor(b[key]), key)
+        assert 0.0 <= a["padding_frac"] < b["padding_frac"] < 1.0
