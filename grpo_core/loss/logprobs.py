@@ -15,12 +15,14 @@ import torch
 
 from grpo_core.engine.zero import logprobs_through_head
 from grpo_core.loss.packing import (
+    choose_capacity,
     pack_tree,
     pack_varlen,
     packed_counts,
     padded_counts,
     tree_mask,
 )
+from grpo_core.observe.flops import Shape
 from grpo_core.rollout import Rollout
 from grpo_core.store.models import is_peft
 
@@ -327,6 +329,16 @@ def _varlen(decoder) -> bool:
     return str(decoder.config._attn_implementation).startswith("flash_attention")
 
 
+def _capacity(decoder, ro: Rollout) -> int | None:
+    """The tree layout's row capacity for this batch and model (``choose_capacity``); one row
+    per prompt where the config does not give the sizes the cost needs."""
+    try:
+        shape = Shape.of(decoder.config)
+    except AttributeError:
+        return None
+    return choose_capacity(ro, 4 * shape.hidden / (2 * shape.layer_params))
+
+
 def _packed_hidden(run, decoder, ro: Rollout) -> torch.Tensor:
     """[N, H]: the hidden state that predicts each valid completion token, from one decoder
     call over a padding-free layout (grpo_core.loss.packing): a varlen row for
@@ -337,7 +349,7 @@ def _packed_hidden(run, decoder, ro: Rollout) -> torch.Tensor:
         packed, mask = pack_varlen(host, 0), None
     else:
         sdpa = decoder.config._attn_implementation == "sdpa"
-        packed = pack_tree(host, 0)
+        packed = pack_tree(host, 0, _capacity(decoder, host))
         mask = tree_mask(packed, None if sdpa else next(decoder.parameters()).dtype)
     out = run(
         input_ids=packed.input_ids.to(device),
@@ -354,7 +366,8 @@ def decoder_counts(model, rollout: Rollout, packing: bool) -> tuple[int, int]:
     base = model.get_base_model() if is_peft(model) else model
     decoder = base.get_decoder()
     if packing and rollout.completion_ids.shape[1] > 0:
-        return packed_counts(rollout, _varlen(decoder))
+        varlen = _varlen(decoder)
+        return packed_counts(rollout, varlen, None if varlen else _capacity(decoder, rollout))
     return padded_counts(rollout, share_prompts(decoder, rollout))
 
 

@@ -3,13 +3,14 @@ log-probs), and how much padding each layout runs through the decoder.
 
 Two packed layouts, both feeding only real tokens with per-sequence ``position_ids``:
 
-- ``tree`` (SDPA or eager attention: CPU, and GPU without flash-attention): one row per
-  prompt, holding the prompt once and then each of its completions, with an explicit 4D mask
-  in which a completion token sees its prompt and its own earlier tokens (a tree: the prompt is
-  shared, as ``_shared_hidden`` shares it through a KV cache, but in one decoder call and
-  without a cache, so it also works under gradient checkpointing). Rows are right-padded to
-  the longest; the mask is dense, so attention costs (row length)^2 per row, which is why
-  each prompt gets its own row instead of the whole micro-batch one row.
+- ``tree`` (SDPA or eager attention: CPU, and GPU without flash-attention): rows that each
+  hold a prompt once and then some of its completions, with an explicit 4D mask in which a
+  completion token sees its prompt and its own earlier tokens (a tree: the prompt is shared,
+  as ``_shared_hidden`` shares it through a KV cache, but in one decoder call and without a
+  cache, so it also works under gradient checkpointing). Rows are right-padded to the
+  longest. The mask is dense, so attention costs (row length)^2 per row: a row per prompt
+  with all its completions can cost more than the padding it saves (G x T long rows), so
+  the rows' capacity is chosen per batch by counting both (``choose_capacity``).
 - ``varlen`` (flash-attention): the whole micro-batch in one row, each completion after its
   own copy of the prompt, with no mask: the attention kernel finds the sequences from
   where ``position_ids`` restart (transformers' padding-free path), and computes only the
@@ -131,15 +132,60 @@ class _Builder:
         return Packed(ids, _rows(self.pos, 0), seq, base, picks, int((~real).sum()))
 
 
-def pack_tree(ro: Rollout, pad: int) -> Packed:
-    """One row per prompt of the micro-batch: the prompt once, then each of its completions
-    (positions continuing the prompt's), right-padded with ``pad`` to the longest row."""
+def row_plan(ro: Rollout, capacity: int | None = None) -> list[tuple[int, list[int]]]:
+    """The tree layout's rows: (prompt, its completions in the row). Each prompt's
+    completions, longest first, fill rows of at most ``capacity`` positions (the prompt and
+    each completion but its last token; a row takes at least one completion), the prompt
+    repeated at the head of each row; ``capacity`` None: one row per prompt."""
+    fed = (completion_lengths(ro) - 1).clamp(min=0).tolist()
+    plen = ro.prompt_mask.long().sum(-1).tolist()
+    rows: list[tuple[int, list[int]]] = []
+    for p in torch.unique(ro.group).tolist():
+        members = sorted(torch.nonzero(ro.group == p).flatten().tolist(), key=lambda i: -fed[i])
+        used = None
+        for i in members:
+            if used is None or (capacity is not None and used + fed[i] > capacity):
+                rows.append((p, []))
+                used = plen[p]
+            rows[-1][1].append(i)
+            used += fed[i]
+    return rows
+
+
+def _row_lengths(ro: Rollout, plan: list[tuple[int, list[int]]]) -> list[int]:
+    fed = (completion_lengths(ro) - 1).clamp(min=0)
+    plen = ro.prompt_mask.long().sum(-1)
+    return [int(plen[p] + fed[members].sum()) for p, members in plan]
+
+
+def choose_capacity(ro: Rollout, pair_cost: float) -> int | None:
+    """The row capacity whose tree layout costs the least, counted as positions plus
+    ``pair_cost`` per query-key pair the dense mask covers (R rows of L: R L (1 + pair_cost
+    L)); ``pair_cost`` is a pair's attention FLOPs over a position's matrix FLOPs
+    (grpo_core.observe.flops: 4 H / (2 x layer params)). Longer rows share a prompt among
+    more completions and pad less, but attention over a dense row grows as its square.
+    Candidates: multiples of the longest single sequence, and one row per prompt (None)."""
+    fed = (completion_lengths(ro) - 1).clamp(min=0)
+    longest = int((ro.prompt_mask.long().sum(-1)[ro.group] + fed).max())
+    best, best_cost = None, None
+    for capacity in [longest * k for k in (1, 1.5, 2, 3, 4, 6, 8)] + [None]:
+        lengths = _row_lengths(ro, row_plan(ro, None if capacity is None else int(capacity)))
+        width = max(lengths)
+        cost = len(lengths) * width * (1.0 + pair_cost * width)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = None if capacity is None else int(capacity), cost
+    return best
+
+
+def pack_tree(ro: Rollout, pad: int, capacity: int | None = None) -> Packed:
+    """Rows of ``row_plan``: a prompt, then completions of it (positions continuing the
+    prompt's), right-padded with ``pad`` to the longest row."""
     b = _Builder(ro)
-    for r, p in enumerate(torch.unique(ro.group).tolist()):
+    for r, (p, members) in enumerate(row_plan(ro, capacity)):
         b.row()
         prompt = _prompt(ro, p)
         k, _ = b.segment(prompt, 0)
-        for i in torch.nonzero(ro.group == p).flatten().tolist():
+        for i in members:
             _, at = b.segment(b.fed(i), len(prompt), base=k)
             b.pick(i, r, len(prompt) - 1, at)
     return b.done(pad)
@@ -188,15 +234,12 @@ def padded_counts(ro: Rollout, shared: bool) -> tuple[int, int]:
     return positions, positions - int(pmask.sum()) - int(cmask.sum())
 
 
-def packed_counts(ro: Rollout, varlen: bool) -> tuple[int, int]:
+def packed_counts(ro: Rollout, varlen: bool, capacity: int | None = None) -> tuple[int, int]:
     """(decoder positions, of which padding) of ``pack_varlen`` (one row, none padding) or
-    ``pack_tree`` (rows right-padded to the longest), from the lengths alone."""
-    fed = (completion_lengths(ro) - 1).clamp(min=0)
-    plen = ro.prompt_mask.long().sum(-1)
+    ``pack_tree`` with ``capacity`` (rows right-padded to the longest), from the lengths."""
     if varlen:
-        total = int(plen[ro.group].sum() + fed.sum())
-        return total, 0
-    prompts = torch.unique(ro.group)
-    rows = torch.stack([plen[p] + fed[ro.group == p].sum() for p in prompts])
-    positions = int(rows.max()) * len(rows)
-    return positions, positions - int(rows.sum())
+        fed = (completion_lengths(ro) - 1).clamp(min=0)
+        return int(ro.prompt_mask.long().sum(-1)[ro.group].sum() + fed.sum()), 0
+    rows = _row_lengths(ro, row_plan(ro, capacity))
+    positions = max(rows) * len(rows)
+    return positions, positions - sum(rows)

@@ -113,6 +113,18 @@ def test_packed_equals_padded_float32(tiny_model, attention):
     )
 
 
+def test_rows_of_a_small_capacity(model64, monkeypatch):  # noqa: F811
+    """Rows that hold a prompt and only some of its completions (the prompt repeated per
+    row) give the same numbers too."""
+    monkeypatch.setattr(logprobs, "_capacity", lambda decoder, ro: 12)
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=8)
+    assert len(packing.row_plan(ro, 12)) > 3
+    assert_same(
+        loss_and_grads(model64, ro, True, "seq_mean_token_sum_norm", 0.1),
+        loss_and_grads(model64, ro, False, "seq_mean_token_sum_norm", 0.1),
+    )
+
+
 def test_a_wrong_mask_is_caught(model64, monkeypatch):  # noqa: F811
     """The tolerance is tight enough to see a mask that lets completions see each other."""
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
@@ -176,18 +188,42 @@ def test_layouts_by_hand():
     tree = packing.pack_tree(ro, 0)
     # rows: prompt + (n - 1) per completion: 5 + 6 + 2 + 4 = 17, 2 + 0 + 6 + 1 = 9, 21
     assert tree.input_ids.shape == (3, 21) and tree.padding == 4 + 12 + 0
-    assert tree.position_ids[0, :17].tolist() == [*range(11), 5, 6, 5, 6, 7, 8]
+    # row 0: the prompt, then its completions longest first: 0 (6 fed), 2 (4), 1 (2)
+    assert tree.position_ids[0, :17].tolist() == [*range(11), 5, 6, 7, 8, 5, 6]
     assert tree.input_ids[0, :5].tolist() == [12, 40, 41, 99, 7]
     assert tree.input_ids[0, 5:11].tolist() == ro.completion_ids[0, :6].tolist()
-    # completion 1 (3 tokens): token 0 from the prompt's last position, then its own two
-    assert tree.picks[7:10].tolist() == [4, 11, 12]
+    # completion 1 (3 tokens, at 15): token 0 from the prompt's last position, then its own
+    assert tree.picks[7:10].tolist() == [4, 15, 16]
     mask = packing.tree_mask(tree, None)[0, 0]
-    assert mask[12, :5].all() and not mask[12, 5:11].any() and mask[12, 11:13].all()
-    assert not mask[12, 13:].any()
+    assert mask[16, :5].all() and not mask[16, 5:15].any() and mask[16, 15:17].all()
+    assert not mask[16, 17:].any()
     varlen = packing.pack_varlen(ro, 0)
     # each completion after its prompt: 3 x (5 + 2 + 7) + (6 + 2 + 4 + 0 + 6 + 1 + 5 + 3 + 6)
     assert varlen.input_ids.shape == (1, 42 + 33) and varlen.padding == 0
     assert varlen.position_ids[0, 11:16].tolist() == [0, 1, 2, 3, 4]  # completion 1 restarts
+
+
+def test_row_plan_and_capacity_by_hand():
+    ro = make_rollout(258, 257)
+    # fed (n - 1) per completion: [6, 2, 4 | 0, 6, 1 | 5, 3, 6]; prompts 5, 2, 7 tokens
+    one_each = [(0, [0, 2, 1]), (1, [4, 5, 3]), (2, [8, 6, 7])]
+    assert packing.row_plan(ro, None) == one_each
+    # capacity 12: 5 + 6; 5 + 4 + 2 | 2 + 6 + 1 + 0 | 7 + 6 (alone: a row takes one);
+    # 7 + 5; 7 + 3: rows of 11, 11, 9, 13, 12, 10
+    assert packing.row_plan(ro, 12) == [
+        (0, [0]),
+        (0, [2, 1]),
+        (1, [4, 5, 3]),
+        (2, [8]),
+        (2, [6]),
+        (2, [7]),
+    ]
+    assert packing.packed_counts(ro, False, 12) == (6 * 13, 6 * 13 - 66)
+    # no attention cost: the fewest positions win: one row per prompt (3 x 21 = 63), first
+    # reached at twice the longest sequence (13); a high one: rows of 13 (6 x 13^2 against
+    # 4 x 18^2 at 19 and 3 x 21^2 at 26)
+    assert packing.row_plan(ro, packing.choose_capacity(ro, 0.0)) == one_each
+    assert packing.choose_capacity(ro, 10.0) == 13
 
 
 def test_padding_counts_by_hand():

@@ -1,0 +1,281 @@
+"""A roofline for every phase of a GRPO step: the machine's measured limits, each phase's
+work from the model's shape and the step's token counts (grpo_core.observe.flops), and the
+share of the limit each phase reaches.
+
+    python bench/roofline.py [--case tiny,gsm8k,smollm2] [--steps 3] [--packing on|off]
+                             [--data ../shared/data]
+
+The machine: GEMM GFLOP/s at the model's own shapes (the training pass's tokens x hidden
+against hidden x hidden, hidden x MLP, MLP x hidden, and a 1,024-row LM-head chunk against
+the vocabulary), and at 1,024 cubed, with 1 and 2 threads (best of 5 timings each); memory
+bandwidth: reading a 256 MB float32 tensor (a sum), 1 and 2 threads. The run: grpo-core's
+trainer on the case (bench/step_vs_trl.py's CASES: same model, prompts, ``math`` reward,
+KL 0.04 with a reference, one micro-batch) with one thread, 1 warm-up step then ``--steps``
+measured; each phase's wall time per step, summed over the measured steps.
+
+Work per phase: generation, model FLOPs (prefill once per prompt, then each completion's
+tokens) and the bytes a batched decode must read (every weight per forward, each live
+completion's keys and values); reference and old-log-prob passes, forward FLOPs (prompts
+once, completions' real tokens, the head at completion tokens); training, 3x forward (per
+inner iteration); padding, the layers' FLOPs on the padding positions the passes ran, apart.
+Decode is judged against memory bandwidth (time the bytes need / time taken), the log-prob
+passes against the GEMM peak at the model's shapes (achieved GFLOP/s / peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from step_vs_trl import CASES, real_model, rows_for  # noqa: E402
+
+
+def best_seconds(fn, tries: int = 5) -> float:
+    """The fastest of ``tries`` timings after one warm-up (the least disturbed by load)."""
+    fn()
+    out = []
+    for _ in range(tries):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def gemm_gflops(m: int, k: int, n: int, threads: int) -> float:
+    """GFLOP/s of a float32 [m, k] x [k, n] product with ``threads`` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    reps = max(1, int(2e8 // (2 * m * k * n)))
+
+    def run():
+        for _ in range(reps):
+            torch.matmul(a, b, out=out)
+
+    return 2.0 * m * k * n * reps / best_seconds(run) / 1e9
+
+
+def bandwidth_gbs(threads: int, megabytes: int = 256) -> float:
+    """GB/s reading a float32 tensor of ``megabytes`` once (a sum: one read per element)."""
+    torch.set_num_threads(threads)
+    x = torch.ones(megabytes * 2**20 // 4)
+    return x.numel() * 4 / best_seconds(lambda: x.sum()) / 1e9
+
+
+def machine(shape, tokens: int) -> dict:
+    """The limits: GEMM GFLOP/s at the model's shapes (best over them) and at 1,024 cubed,
+    memory bandwidth; each for 1 and 2 threads."""
+    H, mlp, V = shape.hidden, shape.intermediate, shape.vocab
+    shapes = [(tokens, H, H), (tokens, H, mlp), (tokens, mlp, H), (1024, H, V)]
+    out = {}
+    for threads in (1, 2):
+        at_model = {s: gemm_gflops(*s, threads) for s in shapes}
+        out[threads] = {
+            "model": max(at_model.values()),
+            "shapes": at_model,
+            "square": gemm_gflops(1024, 1024, 1024, threads),
+            "bandwidth": bandwidth_gbs(threads),
+        }
+    torch.set_num_threads(1)
+    return out
+
+
+class Recorder:
+    """Wall seconds of the phases of each step, and each step's rollout."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.steps[-1][name] = time.perf_counter() - t
+
+        return timed
+
+    def install(self, phases) -> dict:
+        saved = {n: getattr(phases, n) for n in ("sample", "advantages", "update")}
+        sample = self.wrap("generate", saved["sample"])
+
+        def first(*a, **kw):
+            self.steps.append({})
+            return sample(*a, **kw)
+
+        update = self.wrap("train", saved["update"])
+
+        def last(run, step, judged, targets):
+            self.steps[-1]["rollout"] = judged.rollout
+            self.steps[-1]["run"] = run
+            return update(run, step, judged, targets)
+
+        phases.sample, phases.advantages, phases.update = (
+            first,
+            self.wrap("reference", saved["advantages"]),
+            last,
+        )
+        return saved
+
+
+def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: bool) -> list:
+    """The trainer on the case; the measured steps' records (times, rollout, run)."""
+    from grpo_core import config, phases
+    from grpo_core.tiny import write_jsonl
+    from grpo_core.trainer import train
+
+    _, _, P, G, new_tokens, _ = CASES[case]
+    out = tempfile.mkdtemp(prefix=f"roofline_{case}_")
+    write_jsonl(os.path.join(out, "data.jsonl"), rows)
+    cfg = config.validate(
+        {
+            "model": {"name_or_path": model_dir},
+            "data": {"path": os.path.join(out, "data.jsonl"), "columns": ["answer"]},
+            "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
+            "train": {"steps": 1 + steps, "prompts_per_step": P, "micro_batch_groups": P},
+            "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
+            "runtime": {"device": "cpu", "threads": 1, "packing": packing},
+            "reward": {"name": "math"},
+            "kl": {"name": "fixed", "options": {"coef": 0.04}},
+            "output": {
+                "dir": os.path.join(out, "run"),
+                "progress": False,
+                "save_model": False,
+                "samples_every": 0,
+                "tensorboard": "off",
+            },
+            "health": {"enabled": False},
+        }
+    )
+    rec = Recorder()
+    saved = rec.install(phases)
+    try:
+        train(cfg)
+    finally:
+        for n, fn in saved.items():
+            setattr(phases, n, fn)
+    return rec.steps[1:]
+
+
+def lengths(ro) -> tuple[list[int], list[list[int]]]:
+    """Each prompt's real tokens and its completions' real tokens."""
+    plen = ro.prompt_mask.sum(-1).tolist()
+    n = ro.completion_mask.sum(-1)
+    prompts = sorted(set(ro.group.tolist()))
+    return [plen[p] for p in prompts], [n[ro.group == p].tolist() for p in prompts]
+
+
+def step_work(shape, step: dict, packing: bool) -> dict:
+    """FLOPs (and decode bytes) of one step's phases, and the padding FLOPs apart."""
+    from grpo_core.loss.logprobs import decoder_counts
+    from grpo_core.observe import flops
+
+    run, ro = step["run"], step["rollout"]
+    prompts, comps = lengths(ro)
+    forward = flops.logprob_pass_flops(shape, prompts, comps)
+    recompute = run.generator.recompute_old_logprobs
+    iterations = run.config.train.inner_iterations
+    positions, padding = decoder_counts(run.policy, ro, packing)
+    passes = int(run.reference is not None) + int(recompute)
+    return {
+        "generate": flops.generation_flops(shape, prompts, comps),
+        "decode_bytes": flops.decode_bytes(shape, prompts, comps),
+        "reference": forward * passes,
+        "train": 3 * forward * iterations,
+        "padding/reference": flops.padding_flops(shape, padding) * passes,
+        "padding/train": flops.padding_flops(shape, padding, backward=True) * iterations,
+        "padding_frac": padding / max(positions, 1),
+    }
+
+
+def report(case: str, shape, limits: dict, steps: list, packing: bool) -> None:
+    """One table row per phase: seconds, GFLOP, GFLOP/s and the share of the limit."""
+    work = [step_work(shape, s, packing) for s in steps]
+    total = {k: sum(w[k] for w in work) for k in work[0]}
+    secs = {p: sum(s[p] for s in steps) for p in ("generate", "reference", "train")}
+    peak, bw = limits[1]["model"], limits[1]["bandwidth"]
+    frac = statistics.mean(w["padding_frac"] for w in work)
+    print(
+        f"\n{case}, packing {'on' if packing else 'off'}; padding {frac:.2f} of the policy "
+        f"pass's positions; limits (1 thread): GEMM {peak:.1f} GFLOP/s at the model's "
+        f"shapes, bandwidth {bw:.1f} GB/s"
+    )
+    print(
+        "| phase | s | useful GFLOP | padding GFLOP | GFLOP/s | of GEMM peak | of bandwidth bound |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for p in ("generate", "reference", "train"):
+        rate = total[p] / secs[p] / 1e9
+        bound = f"{total['decode_bytes'] / bw / 1e9 / secs[p]:.2f}" if p == "generate" else "-"
+        pad = total.get(f"padding/{p}", 0.0) / 1e9
+        print(
+            f"| {p} | {secs[p]:.3f} | {total[p] / 1e9:.3f} | {pad:.3f} | {rate:.2f} | "
+            f"{rate / peak:.2f} | {bound} |"
+        )
+
+
+def model_for(case: str, work: str) -> str:
+    from grpo_core.tiny import build_model
+
+    if case == "smollm2":
+        return real_model()
+    hidden, layers, _, _, new_tokens, length = CASES[case]
+    return build_model(
+        os.path.join(work, case),
+        hidden=hidden,
+        layers=layers,
+        max_positions=max(512, (length or 0) + new_tokens),
+    )
+
+
+def print_limits(limits: dict) -> None:
+    print(
+        "| threads | GEMM at 1024^3 GFLOP/s | GEMM at the model's shapes (m x k x n: GFLOP/s) "
+        "| read bandwidth GB/s |"
+    )
+    print("|---|---|---|---|")
+    for t, lim in limits.items():
+        shapes = ", ".join(f"{m}x{k}x{n}: {g:.1f}" for (m, k, n), g in lim["shapes"].items())
+        print(f"| {t} | {lim['square']:.1f} | {shapes} | {lim['bandwidth']:.1f} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", default="tiny,gsm8k", help="comma-separated: tiny, gsm8k, smollm2")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--packing", default="on", choices=["on", "off"])
+    ap.add_argument(
+        "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+    )
+    args = ap.parse_args()
+    import transformers
+    from transformers import AutoConfig
+
+    from grpo_core.observe.flops import Shape
+
+    transformers.utils.logging.set_verbosity_error()
+    work = tempfile.mkdtemp(prefix="roofline_")
+    packing = args.packing == "on"
+    for case in args.case.split(","):
+        folder = model_for(case, work)
+        shape = Shape.of(AutoConfig.from_pretrained(folder))
+        _, _, P, G, new_tokens, length = CASES[case]
+        tokens = P * (length if isinstance(length, int) else 32) + P * G * new_tokens
+        limits = machine(shape, tokens)
+        print(f"\n{case}: machine, measured at this model's shapes")
+        print_limits(limits)
+        steps = run_case(case, folder, rows_for(case, args.data), args.steps, packing)
+        report(case, shape, limits, steps, packing)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
