@@ -140,7 +140,7 @@ def trl_trainer(model, folder: str, work: str):
     )
 
 
-def ours(model, ro, packing: bool, train: bool) -> None:
+def ours(model, ro, packing: str, train: bool) -> None:
     from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
 
     if not train:
@@ -176,8 +176,8 @@ def timed(fn, train: bool) -> float:
 def measure(model, trainer, ro, repeats: int) -> dict[str, list[float]]:
     """Seconds of each side's passes, in rotation."""
     sides = {
-        "padded": lambda train: ours(model, ro, False, train),
-        "packed": lambda train: ours(model, ro, True, train),
+        "padded": lambda train: ours(model, ro, "off", train),
+        "packed": lambda train: ours(model, ro, "on", train),
         "trl": lambda train: trl_pass(trainer, model, ro, train),
     }
     times: dict[str, list[float]] = {f"{s}/{p}": [] for s in sides for p in ("ref", "train")}
@@ -195,13 +195,16 @@ def describe(model, ro) -> str:
     from grpo_core.loss.logprobs import decoder_counts
 
     n = ro.completion_mask.sum(-1).float()
-    pad = {k: decoder_counts(model, ro, k) for k in (False, True)}
+    from grpo_core.loss.logprobs import choose_layout
+
+    pad = {k: decoder_counts(model, ro, k) for k in ("off", "on")}
     frac = {k: v[1] / v[0] for k, v in pad.items()}
     return (
         f"completion tokens: mean {n.mean():.1f}, min {int(n.min())}, max {int(n.max())}, "
         f"cut at the budget {float(ro.truncated.float().mean()):.2f}; prompt tokens "
-        f"{ro.prompt_mask.sum(-1).tolist()}; decoder positions padded {pad[False][0]} "
-        f"(padding {frac[False]:.2f}), packed {pad[True][0]} (padding {frac[True]:.2f})"
+        f"{ro.prompt_mask.sum(-1).tolist()}; decoder positions padded {pad['off'][0]} "
+        f"(padding {frac['off']:.2f}), packed {pad['on'][0]} (padding {frac['on']:.2f}); "
+        f"packing: auto runs {choose_layout(model.get_decoder(), ro, 'auto')[0]}"
     )
 
 

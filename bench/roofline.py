@@ -2,7 +2,7 @@
 work from the model's shape and the step's token counts (grpo_core.observe.flops), and the
 share of the limit each phase reaches.
 
-    python bench/roofline.py [--case tiny,gsm8k,smollm2] [--steps 3] [--packing on|off]
+    python bench/roofline.py [--case tiny,gsm8k,smollm2] [--steps 3] [--packing off|on|auto]
                              [--data ../shared/data]
 
 The machine: GEMM GFLOP/s at the model's own shapes (the training pass's tokens x hidden
@@ -126,7 +126,7 @@ class Recorder:
         return saved
 
 
-def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: bool) -> list:
+def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: str) -> list:
     """The trainer on the case; the measured steps' records (times, rollout, run)."""
     from grpo_core import config, phases
     from grpo_core.tiny import write_jsonl
@@ -173,7 +173,7 @@ def lengths(ro) -> tuple[list[int], list[list[int]]]:
     return [plen[p] for p in prompts], [n[ro.group == p].tolist() for p in prompts]
 
 
-def step_work(shape, step: dict, packing: bool) -> dict:
+def step_work(shape, step: dict, packing: str) -> dict:
     """FLOPs (and decode bytes) of one step's phases, and the padding FLOPs apart."""
     from grpo_core.loss.logprobs import decoder_counts
     from grpo_core.observe import flops
@@ -196,7 +196,7 @@ def step_work(shape, step: dict, packing: bool) -> dict:
     }
 
 
-def report(case: str, shape, limits: dict, steps: list, packing: bool) -> None:
+def report(case: str, shape, limits: dict, steps: list, packing: str) -> None:
     """One table row per phase: seconds, GFLOP, GFLOP/s and the share of the limit."""
     work = [step_work(shape, s, packing) for s in steps]
     total = {k: sum(w[k] for w in work) for k in work[0]}
@@ -204,7 +204,7 @@ def report(case: str, shape, limits: dict, steps: list, packing: bool) -> None:
     peak, bw = limits[1]["model"], limits[1]["bandwidth"]
     frac = statistics.mean(w["padding_frac"] for w in work)
     print(
-        f"\n{case}, packing {'on' if packing else 'off'}; padding {frac:.2f} of the policy "
+        f"\n{case}, packing {packing}; padding {frac:.2f} of the policy "
         f"pass's positions; limits (1 thread): GEMM {peak:.1f} GFLOP/s at the model's "
         f"shapes, bandwidth {bw:.1f} GB/s"
     )
@@ -251,7 +251,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="tiny,gsm8k", help="comma-separated: tiny, gsm8k, smollm2")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--packing", default="on", choices=["on", "off"])
+    ap.add_argument("--packing", default="auto", choices=["off", "on", "auto"])
     ap.add_argument(
         "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
     )
@@ -263,7 +263,7 @@ def main() -> int:
 
     transformers.utils.logging.set_verbosity_error()
     work = tempfile.mkdtemp(prefix="roofline_")
-    packing = args.packing == "on"
+    packing = args.packing
     for case in args.case.split(","):
         folder = model_for(case, work)
         shape = Shape.of(AutoConfig.from_pretrained(folder))

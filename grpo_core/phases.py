@@ -290,7 +290,7 @@ class Updated:
 
 def _layout(run: Run, sub: Rollout) -> tuple[int, int]:
     """(decoder positions, of which padding) of a micro-batch's policy pass as it ran."""
-    packing = run.config.runtime.packing and _chunk(run) is not None
+    packing = run.config.runtime.packing if _chunk(run) is not None else "off"
     return decoder_counts(run.policy, sub, packing)
 
 

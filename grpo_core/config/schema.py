@@ -539,12 +539,13 @@ RUNTIME = _obj(
             "description": "tokens per LM-head chunk in log-prob passes",
         },
         "packing": {
-            "type": "boolean",
-            "default": False,
+            "enum": ["off", "on", "auto"],
+            "default": "off",
             "description": "padding-free log-prob passes (policy, reference, old "
-            "log-probs): real tokens only, with per-sequence positions; each prompt once "
-            "under a tree mask (SDPA, eager), or one varlen row (flash-attention); same "
-            "numbers as padded",
+            "log-probs): real tokens only, with per-sequence positions; with SDPA or "
+            "eager attention, rows of a prompt and some of its completions under a tree "
+            "mask; with flash-attention, one varlen row; auto: packed where that counts "
+            "less work than padded (always with flash-attention); same numbers as padded",
         },
     },
     description="Where and how the numbers are computed.",

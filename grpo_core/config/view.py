@@ -174,7 +174,7 @@ class RuntimeSection:
     device: str
     threads: int | None
     logprob_chunk: int
-    packing: bool
+    packing: str
 
 
 @dataclass(frozen=True)

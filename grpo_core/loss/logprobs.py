@@ -19,7 +19,9 @@ from grpo_core.loss.packing import (
     pack_tree,
     pack_varlen,
     packed_counts,
+    padded_cost,
     padded_counts,
+    tree_cost,
     tree_mask,
 )
 from grpo_core.observe.flops import Shape
@@ -329,27 +331,48 @@ def _varlen(decoder) -> bool:
     return str(decoder.config._attn_implementation).startswith("flash_attention")
 
 
-def _capacity(decoder, ro: Rollout) -> int | None:
-    """The tree layout's row capacity for this batch and model (``choose_capacity``); one row
-    per prompt where the config does not give the sizes the cost needs."""
+def _pair_cost(decoder) -> float | None:
+    """A query-key pair's attention FLOPs over a position's matrix FLOPs (4 H over twice a
+    layer's weights; grpo_core.observe.flops), or None where the config lacks the sizes."""
     try:
         shape = Shape.of(decoder.config)
     except AttributeError:
         return None
-    return choose_capacity(ro, 4 * shape.hidden / (2 * shape.layer_params))
+    return 4 * shape.hidden / (2 * shape.layer_params)
 
 
-def _packed_hidden(run, decoder, ro: Rollout) -> torch.Tensor:
+def choose_layout(decoder, ro: Rollout, packing: str) -> tuple[str, int | None]:
+    """How the decoder runs this batch: ``varlen`` or ``tree`` (packed; the tree's row
+    capacity with it) or ``shared`` or ``repeated`` (padded). ``packing``: ``off`` padded;
+    ``on`` packed; ``auto`` packed where that counts fewer positions and attention pairs
+    than padded (``grpo_core.loss.packing.tree_cost``, ``padded_cost``): with flash-attention
+    always (no mask, no padding), with a dense mask only where padding outweighs the
+    attention a long row adds."""
+    shared = share_prompts(decoder, ro)
+    padded = "shared" if shared else "repeated"
+    if packing == "off" or ro.completion_ids.shape[1] == 0:
+        return padded, None
+    if _varlen(decoder):
+        return "varlen", None
+    pair_cost = _pair_cost(decoder)
+    capacity = None if pair_cost is None else choose_capacity(ro, pair_cost)
+    if packing == "on" or pair_cost is None:
+        return ("tree" if packing == "on" else padded), capacity
+    cheaper = tree_cost(ro, capacity, pair_cost) < padded_cost(ro, shared, pair_cost)
+    return ("tree" if cheaper else padded), capacity
+
+
+def _packed_hidden(run, decoder, ro: Rollout, layout: str, capacity: int | None):
     """[N, H]: the hidden state that predicts each valid completion token, from one decoder
     call over a padding-free layout (grpo_core.loss.packing): a varlen row for
-    flash-attention, else one row per prompt under a tree mask (boolean for SDPA, additive
-    for the others)."""
+    flash-attention, else rows under a tree mask (boolean for SDPA, additive for the
+    others)."""
     device, host = ro.completion_ids.device, ro.to("cpu")  # the layout is built on the host
-    if _varlen(decoder):
+    if layout == "varlen":
         packed, mask = pack_varlen(host, 0), None
     else:
         sdpa = decoder.config._attn_implementation == "sdpa"
-        packed = pack_tree(host, 0, _capacity(decoder, host))
+        packed = pack_tree(host, 0, capacity)
         mask = tree_mask(packed, None if sdpa else next(decoder.parameters()).dtype)
     out = run(
         input_ids=packed.input_ids.to(device),
@@ -360,15 +383,14 @@ def _packed_hidden(run, decoder, ro: Rollout) -> torch.Tensor:
     return out.reshape(-1, out.shape[-1])[packed.picks.to(device)]
 
 
-def decoder_counts(model, rollout: Rollout, packing: bool) -> tuple[int, int]:
+def decoder_counts(model, rollout: Rollout, packing: str) -> tuple[int, int]:
     """(decoder positions, of which padding) that ``completion_logprobs`` runs for this
     batch with these settings: the padding-fraction metric's counts."""
     base = model.get_base_model() if is_peft(model) else model
-    decoder = base.get_decoder()
-    if packing and rollout.completion_ids.shape[1] > 0:
-        varlen = _varlen(decoder)
-        return packed_counts(rollout, varlen, None if varlen else _capacity(decoder, rollout))
-    return padded_counts(rollout, share_prompts(decoder, rollout))
+    layout, capacity = choose_layout(base.get_decoder(), rollout, packing)
+    if layout in ("varlen", "tree"):
+        return packed_counts(rollout, layout == "varlen", capacity)
+    return padded_counts(rollout, layout == "shared")
 
 
 def completion_logprobs(
@@ -377,17 +399,18 @@ def completion_logprobs(
     temperature: float,
     chunk: int | None,
     entropy: bool = False,
-    packing: bool = False,
+    packing: str = "off",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the completion tokens under ``model``: [B, T] each.
 
-    With ``packing``, runs the decoder once over a padding-free layout of the batch
-    (``_packed_hidden``); else once over each prompt and its KV cache under the completions
-    when that saves enough tokens (``share_prompts``), else over prompt + completion per row;
-    applies the LM head only at completion positions, ``chunk`` rows at a time
-    (``token_logprobs``), never over the whole vocabulary at once; ``chunk=None``: the
-    model's own head module (``grpo_core.engine.zero.logprobs_through_head``, padded). All
-    ways give the same log-probs and gradients.
+    Runs the decoder once over a padding-free layout of the batch (``_packed_hidden``) when
+    ``packing`` (``off``, ``on``, ``auto``: ``choose_layout``) says so; else once over each
+    prompt and its KV cache under the completions when that saves enough tokens
+    (``share_prompts``), else over prompt + completion per row; applies the LM head only at
+    completion positions, ``chunk`` rows at a time (``token_logprobs``), never over the
+    whole vocabulary at once; ``chunk=None``: the model's own head module
+    (``grpo_core.engine.zero.logprobs_through_head``, padded). All ways give the same
+    log-probs and gradients.
     """
     if chunk is None:
         return logprobs_through_head(model, repeated_inputs(rollout), rollout, temperature, entropy)
@@ -395,9 +418,10 @@ def completion_logprobs(
     decoder = base.get_decoder()
     run = _ThroughModel(model, decoder)
     sel = rollout.completion_mask.bool()
-    if packing and sel.shape[1] > 0:
-        h = _packed_hidden(run, decoder, rollout)
-    elif share_prompts(decoder, rollout):
+    layout, capacity = choose_layout(decoder, rollout, packing)
+    if layout in ("varlen", "tree"):
+        h = _packed_hidden(run, decoder, rollout, layout, capacity)
+    elif layout == "shared":
         h = _shared_hidden(run, rollout, _cache_kw(decoder))[sel]
     else:
         h = _repeated_hidden(run, rollout)[sel]
@@ -416,7 +440,7 @@ def completion_logprobs(
 
 
 def reference_logprobs(
-    reference, ro: Rollout, temperature: float, chunk: int | None, autocast, packing: bool = False
+    reference, ro: Rollout, temperature: float, chunk: int | None, autocast, packing: str = "off"
 ) -> torch.Tensor:
     """Log-probs under the frozen reference: a copy (on its own device), or, for LoRA, the
     policy itself with its adapter disabled. Runs in inference mode (less per-op bookkeeping

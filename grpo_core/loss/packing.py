@@ -158,23 +158,37 @@ def _row_lengths(ro: Rollout, plan: list[tuple[int, list[int]]]) -> list[int]:
     return [int(plen[p] + fed[members].sum()) for p, members in plan]
 
 
+def tree_cost(ro: Rollout, capacity: int | None, pair_cost: float) -> float:
+    """The tree layout's work in positions: R rows of L positions, each position's matrix
+    work plus ``pair_cost`` per query-key pair of its dense mask (L per position)."""
+    lengths = _row_lengths(ro, row_plan(ro, capacity))
+    width = max(lengths)
+    return len(lengths) * width * (1.0 + pair_cost * width)
+
+
+def padded_cost(ro: Rollout, shared: bool, pair_cost: float) -> float:
+    """The padded layouts' work in the same units: ``shared``, the prompts' rows ([P, Lp],
+    Lp keys each) and the completions' ([B, T - 1], Lp + T - 1 keys each); else [B, Lp +
+    T - 1] rows, as many keys each. Every position of a padded row counts."""
+    B, T = ro.completion_ids.shape
+    Lp, fed = ro.prompt_ids.shape[1], max(T - 1, 0)
+    if shared:
+        P = len(torch.unique(ro.group))
+        return P * Lp * (1.0 + pair_cost * Lp) + B * fed * (1.0 + pair_cost * (Lp + fed))
+    return B * (Lp + fed) * (1.0 + pair_cost * (Lp + fed))
+
+
 def choose_capacity(ro: Rollout, pair_cost: float) -> int | None:
-    """The row capacity whose tree layout costs the least, counted as positions plus
-    ``pair_cost`` per query-key pair the dense mask covers (R rows of L: R L (1 + pair_cost
-    L)); ``pair_cost`` is a pair's attention FLOPs over a position's matrix FLOPs
-    (grpo_core.observe.flops: 4 H / (2 x layer params)). Longer rows share a prompt among
-    more completions and pad less, but attention over a dense row grows as its square.
-    Candidates: multiples of the longest single sequence, and one row per prompt (None)."""
+    """The row capacity whose tree layout costs the least (``tree_cost``); ``pair_cost`` is a
+    pair's attention FLOPs over a position's matrix FLOPs (grpo_core.observe.flops: 4 H / (2
+    x layer params)). Longer rows share a prompt among more completions and pad less, but
+    attention over a dense row grows as its square. Candidates: multiples of the longest
+    single sequence, and one row per prompt (None)."""
     fed = (completion_lengths(ro) - 1).clamp(min=0)
     longest = int((ro.prompt_mask.long().sum(-1)[ro.group] + fed).max())
-    best, best_cost = None, None
-    for capacity in [longest * k for k in (1, 1.5, 2, 3, 4, 6, 8)] + [None]:
-        lengths = _row_lengths(ro, row_plan(ro, None if capacity is None else int(capacity)))
-        width = max(lengths)
-        cost = len(lengths) * width * (1.0 + pair_cost * width)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = None if capacity is None else int(capacity), cost
-    return best
+    candidates = [int(longest * k) for k in (1, 1.5, 2, 3, 4, 6, 8)] + [None]
+    costs = [tree_cost(ro, c, pair_cost) for c in candidates]
+    return candidates[costs.index(min(costs))]
 
 
 def pack_tree(ro: Rollout, pad: int, capacity: int | None = None) -> Packed:

@@ -64,7 +64,9 @@ def loss_and_grads(model, ro, packed: bool, aggregation: str, kl_coef: float, se
     old, ref = (base + noise) * mask, (base - noise.flip(0)) * mask  # ratios away from 1
     adv = torch.randn(ro.size, generator=g, dtype=dtype)
     model.zero_grad(set_to_none=True)
-    logp, ent = logprobs.completion_logprobs(model, ro, 1.0, 4, entropy=True, packing=packed)
+    logp, ent = logprobs.completion_logprobs(
+        model, ro, 1.0, 4, entropy=True, packing="on" if packed else "off"
+    )
     term = clipped_ratio(logp, old, adv, mask.to(dtype), 0.2, 0.28)
     loss, _ = objective_loss(
         term,
@@ -116,7 +118,7 @@ def test_packed_equals_padded_float32(tiny_model, attention):
 def test_rows_of_a_small_capacity(model64, monkeypatch):  # noqa: F811
     """Rows that hold a prompt and only some of its completions (the prompt repeated per
     row) give the same numbers too."""
-    monkeypatch.setattr(logprobs, "_capacity", lambda decoder, ro: 12)
+    monkeypatch.setattr(logprobs, "choose_capacity", lambda ro, pair_cost: 12)
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=8)
     assert len(packing.row_plan(ro, 12)) > 3
     assert_same(
@@ -145,13 +147,10 @@ def test_reference_and_old_logprobs_packed(model64):  # noqa: F811
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=5)
     out = []
     for packed in (True, False):
-        ref = logprobs.reference_logprobs(
-            model64, ro, 0.7, 3, contextlib.nullcontext(), packing=packed
-        )
+        mode = "on" if packed else "off"
+        ref = logprobs.reference_logprobs(model64, ro, 0.7, 3, contextlib.nullcontext(), mode)
         with torch.no_grad():
-            old, ent = logprobs.completion_logprobs(
-                model64, ro, 0.7, 3, entropy=True, packing=packed
-            )
+            old, ent = logprobs.completion_logprobs(model64, ro, 0.7, 3, entropy=True, packing=mode)
         assert not ref.requires_grad and not old.requires_grad
         out.append((ref, old, ent))
     for a, b in zip(*out):
@@ -226,6 +225,24 @@ def test_row_plan_and_capacity_by_hand():
     assert packing.choose_capacity(ro, 10.0) == 13
 
 
+def test_auto_packs_where_it_counts_less_work(model64, monkeypatch):  # noqa: F811
+    """Counted in positions (test_padding_counts_by_hand): with attention free, the tree's
+    63 beat the padded 75 or 117; with a pair costing 10 positions, rows of 13 (6 x 13 x 131
+    = 10,218) lose to shared prompts (3 x 7 x 71 + 9 x 6 x 131 = 8,565) and beat repeated
+    ones (9 x 13 x 131 = 15,327)."""
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
+    decoder = model64.get_decoder()
+    for cost, share, layout in ((0.0, 0, "tree"), (10.0, 0, "shared"), (10.0, 10**9, "tree")):
+        monkeypatch.setattr(logprobs, "_pair_cost", lambda decoder, c=cost: c)
+        monkeypatch.setattr(logprobs, "SHARE_MIN_SAVED_TOKENS", share)
+        assert logprobs.choose_layout(decoder, ro, "auto")[0] == layout
+        assert logprobs.choose_layout(decoder, ro, "off")[0] in ("shared", "repeated")
+        assert logprobs.choose_layout(decoder, ro, "on")[0] == "tree"
+    assert packing.tree_cost(ro, 13, 10.0) == 6 * 13 * 131
+    assert packing.padded_cost(ro, True, 10.0) == 3 * 7 * 71 + 9 * 6 * 131
+    assert packing.padded_cost(ro, False, 10.0) == 9 * 13 * 131
+
+
 def test_padding_counts_by_hand():
     ro = make_rollout(258, 257)
     # repeated: 9 rows x (7 + 6); real: 3 x 14 prompt tokens + min(n, 6) = 39 completion tokens
@@ -245,7 +262,7 @@ def test_left_padded_completions_are_refused():
         packing.pack_tree(ro, 0)
 
 
-def _run(tiny_model: str, data: str, out: str, packing_on: bool) -> list[dict]:
+def _run(tiny_model: str, data: str, out: str, packing_on: str) -> list[dict]:
     from helpers import make_config
 
     from grpo_core import config
@@ -276,8 +293,8 @@ def test_a_packed_run_learns_the_same_and_reports_its_padding(tiny_model, tmp_pa
 
     data = str(tmp_path / "sums.jsonl")
     write_jsonl(data, [{"prompt": f"{10**k}+{k}=", "answer": str(10**k + k)} for k in range(8)])
-    padded = _run(tiny_model, data, str(tmp_path / "padded"), False)
-    packed = _run(tiny_model, data, str(tmp_path / "packed"), True)
+    padded = _run(tiny_model, data, str(tmp_path / "padded"), "off")
+    packed = _run(tiny_model, data, str(tmp_path / "packed"), "on")
     for a, b in zip(packed, padded):
         assert a["completion_len"] == b["completion_len"]  # the same rollouts
         for key in ("loss", "kl", "entropy", "grad_norm"):
