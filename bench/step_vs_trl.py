@@ -4,6 +4,7 @@ Alternating blocks of each side; it refuses to time while other processes use th
 
     python bench/step_vs_trl.py [--case tiny,gsm8k,long,g16,smollm2|all] [--steps 4] [--blocks 3]
                                 [--allow-load] [--json FILE] [--data ../shared/data]
+                                [--packing off|on|auto]
 
 Both sides: the same randomly initialised model, prompts and ``math`` reward, KL coefficient
 0.04 (each keeps a reference model), lr 1e-4, token-mean loss (TRL ``loss_type="dapo"``),
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
 import json
 import os
 import statistics
@@ -271,7 +273,9 @@ def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str)
     return timer.measured()
 
 
-def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str) -> list[dict]:
+def ours_block(
+    model_dir: str, rows: list[dict], case: str, steps: int, out: str, packing: str = "off"
+) -> list[dict]:
     from grpo_core import config, phases
     from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
@@ -286,7 +290,7 @@ def ours_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str
             "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
             "train": {"steps": WARMUP + steps, "prompts_per_step": P, "micro_batch_groups": P},
             "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
-            "runtime": {"device": "cpu", "threads": 1},
+            "runtime": {"device": "cpu", "threads": 1, "packing": packing},
             "reward": {"name": "math"},
             "kl": {"name": "fixed", "options": {"coef": 0.04}},
             "output": {
@@ -335,7 +339,9 @@ def summary(blocks: list[list[dict]]) -> dict:
     }
 
 
-def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: bool) -> dict:
+def run_case(
+    case: str, steps: int, blocks: int, data_root: str, allow_load: bool, packing: str = "off"
+) -> dict:
     from grpo_core.tiny import build_model
 
     hidden, layers, P, G, new_tokens, length = CASES[case]
@@ -354,7 +360,8 @@ def run_case(case: str, steps: int, blocks: int, data_root: str, allow_load: boo
     runs: dict[str, list] = {"trl": [], "ours": []}
     loads, loaded = [], False
     for i in range(blocks):
-        for side, fn in (("trl", trl_block), ("ours", ours_block)):
+        ours = functools.partial(ours_block, packing=packing)
+        for side, fn in (("trl", trl_block), ("ours", ours)):
             busy, who = busy_elsewhere()
             loads.append(round(busy, 2))
             loaded = loaded or bool(who)
@@ -399,6 +406,12 @@ def main() -> int:
     )
     ap.add_argument("--json", help="also write every step's timings here")
     ap.add_argument(
+        "--packing",
+        default="off",
+        choices=["off", "on", "auto"],
+        help="grpo-core's runtime.packing",
+    )
+    ap.add_argument(
         "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
     )
     args = ap.parse_args()
@@ -428,7 +441,10 @@ def main() -> int:
         "| load |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    results = [run_case(c, args.steps, args.blocks, args.data, args.allow_load) for c in cases]
+    results = [
+        run_case(c, args.steps, args.blocks, args.data, args.allow_load, args.packing)
+        for c in cases
+    ]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
