@@ -30,17 +30,18 @@ def tolerance(dtype: torch.dtype) -> float:
     """Relative bound on the difference between two orders of the same arithmetic.
 
     The packed and padded passes compute the same sums with different kernels and shapes
-    (SDPA over a row of 21 keys with masked ones contributing exact zeros, against rows of
-    13; GEMMs of other sizes, so other blockings): only the order of additions differs. A
+    (SDPA over rows of up to 21 keys with masked ones contributing exact zeros, against rows
+    of 13; GEMMs of other sizes, so other blockings): only the order of additions differs. A
     sum of K terms in another order differs by at most K * u relative to the sum of the
     terms' magnitudes (u: the unit roundoff, 2^-53 for float64, 2^-24 for float32; Higham's
     gamma_K), and errors add up along the DEPTH operations a value passes through. The bound
     is taken relative to the largest magnitude of the compared tensor (``close``), since a
     gradient entry that cancels to near zero has no relative accuracy of its own. float32:
-    258 * 32 * 6e-8 = 4.9e-4, a bound about 30x above what is seen (~1e-5: the errors of a
+    258 * 32 * 6e-8 = 4.9e-4, a worst-case bound about 600x above what is seen (8e-7 of the
+    largest gradient, 8e-8 on log-probs, with SDPA and eager alike: rounding errors of a
     sum grow like sqrt(K) u in practice, not K u), so the test does not fail on a machine
-    whose BLAS blocks its sums differently, yet a wrong mask (an error of order 1) fails it
-    by three orders of magnitude."""
+    whose BLAS blocks its sums differently (a fixed 1e-5 once failed on a fresh machine at
+    1.9e-5), yet a wrong mask fails it (test_a_wrong_mask_is_caught, in both dtypes)."""
     return LONGEST_SUM * DEPTH * torch.finfo(dtype).eps / 2
 
 
@@ -127,20 +128,23 @@ def test_rows_of_a_small_capacity(model64, monkeypatch):  # noqa: F811
     )
 
 
-def test_a_wrong_mask_is_caught(model64, monkeypatch):  # noqa: F811
+def _leaky(packed, dtype):
+    """A wrong tree mask: every completion also sees the earlier completions of its row."""
+    p = packed
+    return packing.tree_mask(
+        packing.Packed(p.input_ids, p.position_ids, p.base, p.base, p.picks, 0), dtype
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_wrong_mask_is_caught(model64, monkeypatch, dtype):  # noqa: F811
     """The tolerance is tight enough to see a mask that lets completions see each other."""
-    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id)
-    padded = loss_and_grads(model64, ro, False, "token_mean", 0.1)
-    causal_only = packing.tree_mask
-
-    def leaky(p, dtype):
-        return causal_only(
-            packing.Packed(p.input_ids, p.position_ids, p.base, p.base, p.picks, 0), dtype
-        )
-
-    monkeypatch.setattr(logprobs, "tree_mask", leaky)
+    model = model64.to(dtype)
+    ro = make_rollout(model.config.vocab_size, model.config.pad_token_id)
+    padded = loss_and_grads(model, ro, False, "token_mean", 0.1)
+    monkeypatch.setattr(logprobs, "tree_mask", _leaky)
     with pytest.raises(AssertionError):
-        assert_same(loss_and_grads(model64, ro, True, "token_mean", 0.1), padded)
+        assert_same(loss_and_grads(model, ro, True, "token_mean", 0.1), padded)
 
 
 def test_reference_and_old_logprobs_packed(model64):  # noqa: F811
