@@ -29,6 +29,7 @@ from grpo_core.loss.groups import (
 )
 from grpo_core.loss.logprobs import completion_logprobs, decoder_counts, reference_logprobs
 from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
+from grpo_core.loss.packing import padded_counts
 from grpo_core.observe.evaluate import evaluate
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
 from grpo_core.reward.call import Scored, score_rollout, with_overlong
@@ -290,8 +291,9 @@ class Updated:
 
 def _layout(run: Run, sub: Rollout) -> tuple[int, int]:
     """(decoder positions, of which padding) of a micro-batch's policy pass as it ran."""
-    packing = run.config.runtime.packing if _chunk(run) is not None else "off"
-    return decoder_counts(run.policy, sub, packing)
+    if _chunk(run) is None:  # the model's own head module: each prompt repeated, padded
+        return padded_counts(sub, shared=False)
+    return decoder_counts(run.policy, sub, run.config.runtime.packing)
 
 
 def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
