@@ -21,6 +21,7 @@ from grpo_core.loss.packing import (
     packed_counts,
     padded_cost,
     padded_counts,
+    right_padded,
     tree_cost,
     tree_mask,
 )
@@ -351,6 +352,8 @@ def choose_layout(decoder, ro: Rollout, packing: str) -> tuple[str, int | None]:
     shared = share_prompts(decoder, ro)
     padded = "shared" if shared else "repeated"
     if packing == "off" or ro.completion_ids.shape[1] == 0:
+        return padded, None
+    if packing == "auto" and not right_padded(ro):  # "on" refuses it (completion_lengths)
         return padded, None
     if _varlen(decoder):
         return "varlen", None

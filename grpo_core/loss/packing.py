@@ -53,14 +53,18 @@ class Packed:
         return self.input_ids.numel()
 
 
-def completion_lengths(ro: Rollout) -> torch.Tensor:
-    """[B] valid tokens of each completion. The packed layouts need right padding (each
-    mask a prefix of ones), which every generator writes; anything else is refused."""
+def right_padded(ro: Rollout) -> bool:
+    """Each completion mask is a prefix of ones, as every generator writes them: what the
+    packed layouts need."""
     mask = ro.completion_mask.long()
-    n = mask.sum(-1)
-    if not bool((mask.cumprod(-1).sum(-1) == n).all()):
+    return bool((mask.cumprod(-1).sum(-1) == mask.sum(-1)).all())
+
+
+def completion_lengths(ro: Rollout) -> torch.Tensor:
+    """[B] valid tokens of each completion; refuses completions that are not right-padded."""
+    if not right_padded(ro):
         raise ValueError("packing needs right-padded completions (completion_mask a prefix)")
-    return n
+    return ro.completion_mask.long().sum(-1)
 
 
 def _prompt(ro: Rollout, p: int) -> torch.Tensor:

@@ -259,11 +259,15 @@ def test_padding_counts_by_hand():
     assert (tree.positions, tree.padding) == packing.packed_counts(ro, varlen=False)
 
 
-def test_left_padded_completions_are_refused():
+def test_completions_not_right_padded(model64):  # noqa: F811
+    """``on`` refuses them; ``auto`` runs them padded."""
     ro = make_rollout(258, 257)
     ro.completion_mask[0, 0] = 0
+    assert not packing.right_padded(ro)
     with pytest.raises(ValueError, match="right-padded"):
         packing.pack_tree(ro, 0)
+    decoder = model64.get_decoder()
+    assert logprobs.choose_layout(decoder, ro, "auto")[0] in ("shared", "repeated")
 
 
 def _run(tiny_model: str, data: str, out: str, packing_on: str) -> list[dict]:
