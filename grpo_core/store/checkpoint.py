@@ -47,6 +47,7 @@ MAY_CHANGE = (
     "health.",
     "runtime.threads",
     "reward.timeout",
+    "sampling.generation_timeout",
     "reward.failure",
     "reward.isolation",
     "distributed.",
