@@ -2,7 +2,8 @@
 curve, one trainer thread and one generator thread.
 
     python bench/async.py [--steps 24] [--warmup 4] [--prompts 8] [--group 8]
-                          [--tokens 16] [--inner 1] [--hidden 64] [--warm] [--out DIR]
+                          [--tokens 16] [--inner 1] [--hidden 64] [--warm]
+                          [--repeats 3] [--out DIR]
 
 Trains a tiny model (grpo_core.tiny, the demo's two-digit sums; ``--warm``: warm-started
 as in the demo, so it answers and learns; else randomly initialised, so every completion
@@ -13,7 +14,12 @@ times, each run its own ``grpo train`` process: the synchronous loop, then
 core each for training and generation. Steps/s and tokens/s are taken over the steps after
 ``--warmup`` from the runs' own per-step times (process start and model loading left out);
 the reward columns are the mean reward of the first and the last third of the steps.
-Prints one JSON line per run, then a table with the speed-ups against the synchronous loop.
+``--repeats`` rounds run the four in turn (each round in another order) and each figure is
+the median over rounds. Prints one JSON line per run, then a table with the speed-ups
+against the synchronous loop and against k = 0: k = 0 has the same two processes as k >= 1
+but no overlap, so on a machine other jobs load (where two runnable processes get a larger
+share of it than one) its ratio to the synchronous loop is that share, not an overlap, and
+k = 1 against k = 0 is the overlap's own gain.
 The sync run's ``generate`` and ``train`` shares say whether the case is balanced (the
 overlap can at best halve a step whose two halves are equal).
 """
@@ -86,6 +92,7 @@ def _measure(records: list[dict], warmup: int) -> dict:
 
 
 def _run(args, model: str, data: str, name: str, generation: str, k: int) -> dict:
+    """One ``grpo train`` process of a variant; its figures."""
     out = os.path.join(args.out, name.replace("=", ""))
     path = os.path.join(args.out, f"{name.replace('=', '')}.json")
     with open(path, "w", encoding="utf-8") as f:
@@ -108,19 +115,27 @@ def main() -> None:
     p.add_argument("--inner", type=int, default=1)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--warm", action="store_true")
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="bench-async-")
     model, data = _model(args.out, args.hidden, args.warm)
-    rows = [_run(args, model, data, *v) for v in VARIANTS]
-    for r in rows:
-        print(json.dumps(r))
-    base = rows[0]["steps_per_s"]
-    print(f"{'run':5} {'steps/s':>8} {'x sync':>7} {'tokens/s':>9} {'reward 1st/3rd':>15}")
+    runs: dict[str, list[dict]] = {v[0]: [] for v in VARIANTS}
+    for r in range(args.repeats):
+        for v in VARIANTS[r % 4 :] + VARIANTS[: r % 4]:
+            runs[v[0]].append(_run(args, model, data, *v))
+            print(json.dumps(runs[v[0]][-1]), flush=True)
+    rows = [
+        {"run": n, **{k: statistics.median(x[k] for x in got) for k in got[0] if k != "run"}}
+        for n, got in runs.items()
+    ]
+    sync, k0 = rows[0]["steps_per_s"], rows[1]["steps_per_s"]
+    print(f"{'run':5} {'steps/s':>8} {'x sync':>7} {'x k=0':>6} {'tokens/s':>9} {'reward':>13}")
     for r in rows:
         print(
-            f"{r['run']:5} {r['steps_per_s']:8.3f} {r['steps_per_s'] / base:7.2f} "
-            f"{r['tokens_per_s']:9.1f} {r['reward_first_third']:7.3f}/{r['reward_last_third']:.3f}"
+            f"{r['run']:5} {r['steps_per_s']:8.3f} {r['steps_per_s'] / sync:7.2f} "
+            f"{r['steps_per_s'] / k0:6.2f} {r['tokens_per_s']:9.1f} "
+            f"{r['reward_first_third']:6.3f}/{r['reward_last_third']:.3f}"
         )
 
 
