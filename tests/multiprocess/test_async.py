@@ -17,6 +17,7 @@ from helpers import ROOT, make_config, write_config
 from safetensors.torch import load_file
 
 from grpo_core import config
+from grpo_core.cli.main import main
 from grpo_core.data.prompts import PromptStream
 from grpo_core.errors import UserError
 from grpo_core.trainer import train
@@ -249,3 +250,13 @@ def test_a_stalled_trainer_ends_its_generator(tiny_model, addition_data, tmp_pat
         _, err = proc.communicate(timeout=60)
     line = _one_line(err, "grpo generator process:")
     assert "waited 3 s for" in line and "from the trainer" in line
+
+
+def test_grpo_validate_refuses_it_too(tiny_model, addition_data, tmp_path, capsys):
+    cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"))
+    cfg["sampling"]["max_staleness"] = 2
+    cfg["groups"] = {"resample_zero_std_max": 2}
+    assert main(["validate", write_config(tmp_path / "c.json", cfg)]) != 0
+    assert "groups.resample_zero_std_max: is not supported with asynchronous" in (
+        capsys.readouterr().err
+    )
