@@ -176,7 +176,7 @@ def test_sigkill_then_resume_trains_every_prompt_once(warm_model, addition_data,
     generator dies with it; the resumed run trains each step on the prompts of the data
     order, with the same completions and final weights as an uninterrupted run: the
     checkpoint kept the rollouts already sampled for the next two steps."""
-    steps, whole, cut = 8, str(tmp_path / "whole"), str(tmp_path / "cut")
+    steps, whole, cut = 12, str(tmp_path / "whole"), str(tmp_path / "cut")
     cfg = _cfg(warm_model, addition_data, cut, steps=steps, max_staleness=2)
     cfg["output"]["checkpoint_every"] = 2
     proc = _start(cfg, tmp_path)
