@@ -28,7 +28,7 @@ from grpo_core.loss.groups import (
     to_grid,
 )
 from grpo_core.loss.logprobs import completion_logprobs, decoder_counts, reference_logprobs
-from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss
+from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss, truncated_is_weights
 from grpo_core.loss.packing import padded_counts
 from grpo_core.observe.evaluate import evaluate
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
@@ -59,9 +59,13 @@ class Sampled:
     transcripts: list[Transcript] | None = None
     greedy: Rollout | None = None  # ReMax: one greedy completion per prompt
     greedy_seconds: float = 0.0
+    version: int | None = None  # generator process: the weights version that sampled it
+    waited: float = 0.0  # generator process: how long the trainer waited for the rollout
 
 
 def sample(run: Run, step: int) -> Sampled:
+    if run.remote is not None:
+        return _sample_remote(run, step)
     P, G = run.prompts, first_group_size(run.cfg)
     every = run.stream.take(run.config.train.prompts_per_step)
     return generate(
@@ -70,6 +74,22 @@ def sample(run: Run, step: int) -> Sampled:
         every[run.rank * P : (run.rank + 1) * P],
         step_seed(run.config.train.seed, step),
         run.rank * P * G,
+    )
+
+
+def _sample_remote(run: Run, step: int) -> Sampled:
+    """Phase 1 with generation in its own process: hand it the prompts of the steps up to
+    ``step + k`` (in the data order; those not handed yet), then take step ``step``'s
+    rollout."""
+    remote, tc = run.remote, run.config.train
+    for s in range(remote.next_step, min(step + remote.k, tc.steps - 1) + 1):
+        rows = run.stream.take(tc.prompts_per_step)
+        ids = make_batch(rows, run.cfg["data"], run.tokenizer).prompt_ids
+        remote.submit(s, rows, ids, step_seed(tc.seed, s))
+    got = remote.receive(step)
+    batch = make_batch(got.rows, run.cfg["data"], run.tokenizer)
+    return Sampled(
+        batch, got.rollout.to(run.device), got.seconds, version=got.version, waited=got.waited
     )
 
 
@@ -233,13 +253,14 @@ def advantages(run: Run, judged: Judged) -> Advantages:
             run.reference, ro, temp, chunk, run.autocast, config.runtime.packing
         )
     )
-    old_logp, is_weights = ro.logprobs, None
-    if run.generator.recompute_old_logprobs:  # the sampler's numerics differ from ours
+    old_logp, is_weights, tis = ro.logprobs, None, config.objective.tis
+    if run.generator.recompute_old_logprobs or tis:  # other numerics, or an older policy
         with torch.no_grad(), run.autocast:
             old_logp = completion_logprobs(
                 run.policy, ro, temp, chunk, packing=config.runtime.packing
             )[0]
-        is_weights = torch.exp(old_logp - ro.logprobs).clamp(max=run.generator.tis_cap) * mask
+        cap, level = (tis["cap"], tis["level"]) if tis else (run.generator.tis_cap, "token")
+        is_weights = truncated_is_weights(old_logp, ro.logprobs, mask, cap, level)
     rewards = judged.scored.rewards
     if ref_logp is not None and config.kl.placement == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
@@ -357,6 +378,8 @@ def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
                     run.baseline.fit(ro, targets.returns, targets.values, loss_mask, batches)
                 )
     run.generator.sync_weights(run.policy)
+    if run.remote is not None:  # the generator process samples from these k steps on
+        run.remote.publish(run.policy, step + 1)
     run.nonfinite_run = run.nonfinite_run + 1 if skipped else 0
     if run.nonfinite_run >= config.train.max_nonfinite_steps:
         raise TrainingError(
@@ -421,6 +444,8 @@ def observe(
             **_memory(run),
         }
     )
+    if sampled.version is not None:
+        record.update(_async_metrics(step, sampled, targets))
     if sampled.transcripts is not None:
         record.update(episode_metrics(sampled.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:
@@ -450,6 +475,23 @@ def observe(
                 ),
                 step,
             )
+    return record
+
+
+def _async_metrics(step: int, sampled: Sampled, targets: Advantages) -> dict:
+    """Generation in its own process: how old the step's rollout is (updates between the
+    weights that sampled it and those it trains), the version, the trainer's wait, and the
+    mean truncated importance weight over completion tokens when TIS is on."""
+    record = {
+        "async/staleness": step - sampled.version,
+        "async/version": sampled.version,
+        "time/wait_rollout": sampled.waited,
+    }
+    if targets.is_weights is not None:
+        mask = sampled.rollout.action_mask.to(targets.is_weights)
+        record["async/tis_weight"] = float(
+            (targets.is_weights * mask).sum() / mask.sum().clamp(min=1)
+        )
     return record
 
 

@@ -45,6 +45,8 @@ from grpo_core.observe.metrics import (
     truncate_metrics,
 )
 from grpo_core.observe.pitfalls import run_settings
+from grpo_core.overlap import RemoteGenerator, enabled
+from grpo_core.overlap import problems as overlap_problems
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
 from grpo_core.store import persist, rundir
@@ -97,6 +99,7 @@ class Run:
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
     episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
+    remote: RemoteGenerator | None = None  # generation in its own process (grpo_core.overlap)
 
     @property
     def main(self) -> bool:
@@ -224,9 +227,9 @@ def start(
         memory_limit=memory_limit_mb(device),
     )
     _attach(run, how)
-    if resume:
-        persist.resume(run, resume, force)
+    inflight = persist.resume(run, resume, force) if resume else None
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
+    _launch(run, inflight)
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
             truncate_metrics(run.dir, run.start_step)
@@ -253,7 +256,7 @@ def _processes(cfg: dict) -> tuple[torch.device, int, int]:
             f"by the {world} processes"
         )
     problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
-    problems += episode_problems(cfg) + groups.problems(cfg)
+    problems += episode_problems(cfg) + groups.problems(cfg) + overlap_problems(cfg, world)
     if problems:
         raise UserError(problems[0])
     return device, rank, world
@@ -323,6 +326,24 @@ def _attach(run: Run, how: str) -> None:
         run.episodes = EpisodeRunner(
             _plugin("environment", cfg["environment"]), run.generator, run.tokenizer, cfg
         )
+
+
+def _launch(run: Run, inflight: dict | None) -> None:
+    """Start the generator process when generation runs beside training, primed with a
+    checkpoint's in-flight rollouts; a checkpoint that holds some needs it."""
+    if not enabled(run.cfg):
+        if inflight:
+            raise UserError(
+                f"--resume: the checkpoint holds {len(inflight['steps'])} rollouts of an "
+                f"asynchronous run; resume with its sampling.max_staleness"
+            )
+        return
+    if run.baseline.needs_greedy:
+        raise UserError(
+            f"baseline.name: {run.cfg['baseline']['name']} (greedy completions) is not "
+            f"supported with asynchronous generation (sampling.generation: process)"
+        )
+    run.remote = RemoteGenerator(run.cfg, run.sampling, run.policy, run.start_step, inflight)
 
 
 def critic_problem(
@@ -432,6 +453,8 @@ def finish(run: Run) -> dict:
     run.reward.close()
     if run.episodes is not None:
         run.episodes.close()
+    if run.remote is not None:
+        run.remote.close()
     if run.main:
         run.metrics.close()
         with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -21,6 +21,7 @@ from grpo_core.errors import ConfigError, UserError
 from grpo_core.hookspecs import Baseline, Environment
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
+from grpo_core.overlap import problems as overlap_problems
 from grpo_core.registry import registry
 from grpo_core.store import rundir
 from grpo_core.store.gguf import gguf_path
@@ -154,6 +155,7 @@ def _runtime(cfg: dict) -> list[str]:
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
     problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
+    problems += overlap_problems(cfg, dist.launched_world())
     ds = _deepspeed_config(cfg["deepspeed"], problems)
     if isinstance(ds, dict):
         problems += _deepspeed(ds, cfg["generator"]["name"])

@@ -234,6 +234,26 @@ SAMPLING = _obj(
             "default": None,
             "description": "most completions generated at once",
         },
+        "max_staleness": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 0,
+            "description": "k: step t's completions come from the weights of k updates "
+            "before (generation beside training, in its own process; 0: the synchronous loop)",
+        },
+        "generation": {
+            "enum": ["auto", "inline", "process"],
+            "default": "auto",
+            "description": "inline: in the trainer's process; process: in its own process "
+            "(hf generator, one trainer process); auto: process when max_staleness >= 1",
+        },
+        "generation_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 600,
+            "description": "seconds the trainer and the generator process wait for each "
+            "other before the run ends with an error",
+        },
     },
     description="Phase 1, sample: G completions per prompt.",
 )
@@ -377,6 +397,28 @@ OBJECTIVE = plugin_ref(
             "description": "completions cut by the token budget (no "
             "EOS) leave the loss; the baseline still "
             "sees their rewards",
+        },
+        "tis": {
+            "type": ["object", "null"],
+            "default": None,
+            "properties": {
+                "cap": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "default": 2.0,
+                    "description": "C: importance weights above it are cut to it",
+                },
+                "level": {
+                    "enum": ["token", "sequence"],
+                    "default": "token",
+                    "description": "one weight per token, or one per completion "
+                    "(the product of its tokens' ratios)",
+                },
+            },
+            "additionalProperties": False,
+            "description": "truncated importance sampling: the trainer recomputes the "
+            "log-probs of the policy before the update and weights the policy term by "
+            "min(pi_old / pi_sampler, cap) (null: off; see docs/algorithms.md)",
         },
     },
 )

@@ -64,6 +64,9 @@ class SamplingSection:
     repetition_penalty: float | None
     stop: list
     generation_batch_size: int | None
+    max_staleness: int
+    generation: str
+    generation_timeout: float
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class ObjectiveSection:
     aggregation: None | str
     entropy_coef: float
     mask_truncated_completions: bool
+    tis: dict | None
 
 
 @dataclass(frozen=True)

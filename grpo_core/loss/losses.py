@@ -30,6 +30,31 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
 
 
+def truncated_is_weights(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+    level: str = "token",
+) -> torch.Tensor:
+    """Truncated importance weights (TIS; Yao et al., 2025; Espeholt et al., 2018 for the
+    truncation) of tokens sampled by a behaviour policy mu and trained as if from pi:
+
+        token:    w_t = min(pi(y_t) / mu(y_t), cap)
+        sequence: w_t = min(prod_s pi(y_s) / mu(y_s), cap) for every t of the completion
+
+    logp (pi), behaviour_logp (mu), mask: [B, T] -> [B, T] weights, 0 off the mask. The
+    sequence ratio is taken in log space and cut before exp, so long completions cannot
+    overflow it."""
+    log_cap = torch.log(torch.tensor(cap, dtype=torch.float64)).item()
+    log_ratio = (logp - behaviour_logp) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(mask)
+    elif level != "token":
+        raise ValueError(f"unknown TIS level {level!r}; expected token or sequence")
+    return torch.exp(log_ratio.clamp(max=log_cap)) * mask
+
+
 @dataclass
 class Normaliser:
     """Denominators of the loss, computed once over the whole optimizer step's batch so that

@@ -35,6 +35,7 @@ PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
 MASTER = "master.safetensors"
 BASELINE = "baseline.pt"  # the baseline's state, when it has any
+INFLIGHT = "inflight.pt"  # an asynchronous run's rollouts sampled for steps not yet trained
 #: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
 #: how many threads, how the run is spread over processes); any other difference is refused
 #: unless forced.
@@ -46,6 +47,7 @@ MAY_CHANGE = (
     "health.",
     "runtime.threads",
     "reward.timeout",
+    "sampling.generation_timeout",
     "reward.failure",
     "reward.isolation",
     "distributed.",
@@ -147,6 +149,7 @@ def save(
     keep_last: int,
     dtype: torch.dtype,
     baseline: dict | None = None,
+    inflight: dict | None = None,
 ) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
     ``keep_last``; another run's checkpoints are never counted or removed."""
@@ -182,6 +185,7 @@ def save(
         keep_last,
         optimizer_state,
         baseline,
+        inflight,
     )
 
 
@@ -197,10 +201,12 @@ def finish_save(
     keep_last: int,
     optimizer_state: dict | None = None,
     baseline: dict | None = None,
+    inflight: dict | None = None,
 ) -> str:
     """The part every checkpoint shares, once its weights are in ``tmp``: trainer state, the
-    baseline's (``baseline.pt``: a running mean, a critic's weights and optimizer), tokenizer,
-    checksums of every file, then the rename that makes it exist."""
+    baseline's (``baseline.pt``: a running mean, a critic's weights and optimizer), an
+    asynchronous run's in-flight rollouts (``inflight.pt``), tokenizer, checksums of every
+    file, then the rename that makes it exist."""
     try:
         torch.save(
             {
@@ -212,6 +218,8 @@ def finish_save(
         )
         if baseline:
             torch.save(baseline, os.path.join(tmp, BASELINE))
+        if inflight and inflight["steps"]:
+            torch.save(inflight, os.path.join(tmp, INFLIGHT))
         tokenizer.save_pretrained(tmp)
         files = {}
         for folder, _, names in os.walk(tmp):
@@ -244,6 +252,12 @@ def finish_save(
         os.replace(old, gone)  # out of sight in one step: a kill cannot leave half of it
         shutil.rmtree(gone, ignore_errors=True)
     return final
+
+
+def inflight(path: str) -> dict | None:
+    """The in-flight rollouts checkpoint ``path`` holds (an asynchronous run), or None."""
+    file = os.path.join(path, INFLIGHT)
+    return torch.load(file, weights_only=True) if os.path.isfile(file) else None
 
 
 def clear_leftovers(root: str) -> None:

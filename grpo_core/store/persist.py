@@ -57,6 +57,9 @@ def save(run, step: int, now: bool = False) -> str | None:
         "data": run.stream.state_dict(),
     }
     baseline = run.baseline.state_dict()  # baseline.pt: a critic's tensors too
+    # rollouts asked of the generator process for later steps: kept, so none is lost or
+    # sampled twice (the data position is already past their prompts)
+    inflight = run.remote.inflight(step) if run.remote is not None else None
     if run.engine.shards:
         _save_sharded(run, root, step + 1, meta, baseline)
     elif run.main:
@@ -72,6 +75,7 @@ def save(run, step: int, now: bool = False) -> str | None:
             run.cfg["output"]["keep_last"],
             run.save_dtype,
             baseline,
+            inflight,
         )
     dist.barrier()
     return os.path.join(root, f"{checkpoint.PREFIX}{step + 1:08d}")
@@ -92,6 +96,8 @@ def stopped(run, step: int, path: str, signum: int) -> Stopped:
     run.reward.close()
     if run.episodes is not None:
         run.episodes.close()
+    if run.remote is not None:
+        run.remote.close()
     if run.main:
         run.metrics.close()
     return Stopped(
@@ -135,8 +141,9 @@ def _save_sharded(run, root: str, step: int, meta: dict, baseline: dict) -> None
         )
 
 
-def resume(run, target: str | bool, force: bool) -> None:
-    """Load a checkpoint: the newest intact one of this run, or the directory given."""
+def resume(run, target: str | bool, force: bool) -> dict | None:
+    """Load a checkpoint: the newest intact one of this run, or the directory given.
+    Returns the in-flight rollouts of an asynchronous run it holds (None: none)."""
     root = os.path.join(run.dir, "checkpoints")
     if target is True:
         path = checkpoint.latest_intact(root, run.run_id, lambda m: _warn(run, m))
@@ -179,6 +186,7 @@ def resume(run, target: str | bool, force: bool) -> None:
             file=sys.stderr,
         )
         _schedule_notice(run, (state.get("config") or {}).get("train", {}).get("steps"))
+    return checkpoint.inflight(path)
 
 
 def _schedule_notice(run, steps_then: int | None) -> None:

@@ -265,6 +265,7 @@ def test_deprecated_keys_load_at_their_new_place_with_a_notice(tmp_path, capsys,
         "aggregation": "seq_mean_token_sum_norm",
         "entropy_coef": 0.01,
         "mask_truncated_completions": False,
+        "tis": None,
         "options": {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "log_ratio_clamp": 20.0},
     }
     assert eff["kl"]["placement"] == "reward" and eff["kl"]["estimator"] == "k1"
