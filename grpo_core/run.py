@@ -29,7 +29,7 @@ from grpo_core.data.prompts import (
 )
 from grpo_core.data.sources import Source, open_stream, read_rows
 from grpo_core.engine import dist, parallel, schedules
-from grpo_core.engine.update import TorchUpdate
+from grpo_core.engine.update import TorchUpdate, build_optimizer
 from grpo_core.engine.zero import DeepSpeedUpdate, deepspeed_config
 from grpo_core.env.episodes import EpisodeRunner, completion_budget
 from grpo_core.env.episodes import problems as episode_problems
@@ -188,10 +188,8 @@ def start(
     generator = _plugin("generator", cfg["generator"])
     stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
     eval_rows = _eval_rows(cfg)
-    optimizer = _optimizer(params, cfg["optimizer"], how)
-    scheduler = schedules.build(
-        optimizer, cfg["optimizer"], config.train.steps * config.train.inner_iterations
-    )
+    optimizer = build_optimizer(params, cfg["optimizer"], how)
+    scheduler = schedules.build(optimizer, cfg["optimizer"], schedules.total_updates(cfg["train"]))
     run = Run(
         cfg=cfg,
         config=config,
@@ -251,6 +249,11 @@ def _processes(cfg: dict) -> tuple[torch.device, int, int]:
         raise UserError(
             f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
             f"by the {world} processes"
+        )
+    if world > 1 and (train["prompts_per_step"] // world) % train["mini_batches"]:
+        raise UserError(
+            f"train.mini_batches: {train['mini_batches']} does not divide the "
+            f"{train['prompts_per_step'] // world} prompts each of the {world} processes holds"
         )
     problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg)
@@ -343,25 +346,6 @@ def critic_problem(
     return None
 
 
-def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
-    """AdamW; in one process on the CPU or a GPU its fused kernel (one pass over each
-    parameter instead of a dozen ops, the update up to rounding; transformers' Trainer
-    defaults to it too) unless ``optimizer.fused`` is false. Sharded runs (ddp, fsdp,
-    deepspeed) keep the default kernels."""
-    fused = (
-        how == "none"
-        and oc["fused"]
-        and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
-    )
-    return torch.optim.AdamW(
-        params,
-        lr=oc["lr"],
-        betas=tuple(oc["betas"]),
-        weight_decay=oc["weight_decay"],
-        fused=True if fused else None,
-    )
-
-
 def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: str) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
     tc = cfg["train"]
@@ -374,7 +358,7 @@ def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: s
             cfg["optimizer"]["max_grad_norm"],
             how == "fsdp" and cfg["distributed"]["reshard_after_forward"],
         )
-    per = tc["prompts_per_step"] // world
+    per = tc["prompts_per_step"] // world // tc["mini_batches"]  # groups per update, here
     return DeepSpeedUpdate(
         policy,
         params,

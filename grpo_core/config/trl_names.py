@@ -28,6 +28,11 @@ TRL: dict[str, tuple[str, str]] = {
     "beta": ("kl.options.coef", "with kl.name: fixed; 0 loads no reference model"),
     "epsilon": ("objective.options.clip_low", ""),
     "epsilon_high": ("objective.options.clip_high", ""),
+    "top_entropy_quantile": (
+        "objective.top_entropy_quantile",
+        "the threshold over each micro-batch on each process",
+    ),
+    "mask_truncated_completions": ("objective.mask_truncated_completions", ""),
     "delta": ("objective.options.dual_clip", "a bound on the ratio of negative advantages"),
     "loss_type": (
         "objective.aggregation",
@@ -40,6 +45,7 @@ TRL: dict[str, tuple[str, str]] = {
         "reward: {name: weighted}, a weight per component",
     ),
     "num_iterations": ("train.inner_iterations", ""),
+    "steps_per_generation": ("train.mini_batches", "optimizer updates per pass over a rollout"),
     "max_steps": ("train.steps", "a step is one rollout of train.prompts_per_step prompts"),
     "num_train_epochs": (
         "train.steps",
@@ -62,6 +68,7 @@ TRL: dict[str, tuple[str, str]] = {
     "warmup_steps": ("optimizer.warmup_steps", ""),
     "warmup_ratio": ("optimizer.warmup_ratio", ""),
     "weight_decay": ("optimizer.weight_decay", ""),
+    "optim": ("optimizer.name", "adamw_torch, adamw_torch_fused: adamw; sgd; adafactor"),
     "adam_beta1": ("optimizer.betas", "[beta1, beta2]"),
     "adam_beta2": ("optimizer.betas", "[beta1, beta2]"),
     "max_grad_norm": ("optimizer.max_grad_norm", ""),
@@ -78,6 +85,7 @@ TRL: dict[str, tuple[str, str]] = {
     "load_in_4bit": ("model.quantization", "4bit"),
     "load_in_8bit": ("model.quantization", "8bit"),
     "trust_remote_code": ("model.trust_remote_code", ""),
+    "attn_implementation": ("model.attn_implementation", ""),
     "dataset_name": ("data.path", ""),
     "dataset_config": ("data.name", ""),
     "dataset_train_split": ("data.split", ""),
@@ -94,6 +102,10 @@ TRL: dict[str, tuple[str, str]] = {
 #: verl names with one meaning here (its dotted paths end in these)
 VERL: dict[str, tuple[str, str]] = {
     "ppo_epochs": ("train.inner_iterations", ""),
+    "ppo_mini_batch_size": (
+        "train.mini_batches",
+        "a count here: train_batch_size / ppo_mini_batch_size",
+    ),
     "train_batch_size": ("train.prompts_per_step", "prompts, as in verl"),
     "max_response_length": ("sampling.max_new_tokens", ""),
     "total_training_steps": ("train.steps", ""),
@@ -111,11 +123,6 @@ VERL: dict[str, tuple[str, str]] = {
 
 #: TRL settings with no counterpart here, and what to do instead
 MISSING: dict[str, str] = {
-    "steps_per_generation": "one optimizer update per rollout, or train.inner_iterations "
-    "passes over it",
-    "mask_truncated_completions": "a reward can score a truncated completion (the "
-    "completion_tokens column) or return None for it",
-    "top_entropy_quantile": "every completion token is in the loss",
     "generation_kwargs": "sampling's own keys",
     "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",
 }
@@ -157,8 +164,18 @@ def from_trl(flat: dict[str, Any]) -> dict:
 
 
 #: TRL names with a note that still map one to one, and how their values read here
-_DIRECT = {"generation_batch_size", "max_prompt_length", "beta", "use_vllm", "max_steps"}
-_VALUES = {"use_vllm": lambda v: "vllm" if v else "hf"}
+_DIRECT = {
+    "generation_batch_size",
+    "max_prompt_length",
+    "beta",
+    "use_vllm",
+    "max_steps",
+    "steps_per_generation",
+    "optim",
+    "top_entropy_quantile",
+}
+_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw"}
+_VALUES = {"use_vllm": lambda v: "vllm" if v else "hf", "optim": lambda v: _OPTIMIZERS.get(v, v)}
 
 
 def _put(config: dict, path: str, value: Any) -> None:

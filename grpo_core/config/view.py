@@ -28,6 +28,7 @@ class ModelSection:
     gradient_checkpointing: bool
     lora: dict | None
     quantization: None | str
+    attn_implementation: str | None
     reference_device: str
 
 
@@ -117,15 +118,18 @@ class ObjectiveSection:
     options: dict
     aggregation: None | str
     entropy_coef: float
+    top_entropy_quantile: float
     mask_truncated_completions: bool
 
 
 @dataclass(frozen=True)
 class OptimizerSection:
-    """``optimizer``: Phase 4: AdamW and its learning-rate schedule."""
+    """``optimizer``: Phase 4: the optimizer and its learning-rate schedule."""
 
+    name: str
     lr: float
     weight_decay: float
+    momentum: float
     betas: list
     lr_schedule: str
     scheduler_options: dict
@@ -142,6 +146,7 @@ class TrainSection:
     steps: int
     prompts_per_step: int
     inner_iterations: int
+    mini_batches: int
     micro_batch_groups: int
     max_nonfinite_steps: int
     seed: int
