@@ -430,6 +430,8 @@ def observe(
             **_memory(run),
         }
     )
+    run.tokens_seen += record["step_tokens"]
+    record["tokens_seen"] = run.tokens_seen
     if sampled.transcripts is not None:
         record.update(episode_metrics(sampled.transcripts, run.episodes.seconds, run.device))
     if run.eval_rows is not None:

@@ -94,6 +94,7 @@ class Run:
     steps_run: int = 0  # steps this process ran (a resumed run starts at start_step)
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite_run: int = 0  # steps in a row whose update was skipped
+    tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
     episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set

@@ -149,7 +149,9 @@ def rollout_metrics(
     max_reward: float | None,
     device: torch.device,
 ) -> dict:
-    """Reward, group and length statistics of a step's rollout.
+    """Reward, group and length statistics of a step's rollout; ``step_tokens``: the tokens
+    of every completion with its prompt (padding left out), over all ranks, as TRL counts
+    them for ``num_tokens``.
 
     rewards [B] (NaN = missing), grid [P, Gmax] the same by group, flat [P] groups whose
     rewards are all equal. A group is *solved* when all its completions reach ``max_reward``
@@ -166,6 +168,7 @@ def rollout_metrics(
     ).clamp(min=1.0)
     tiny = (within > 0) & (within < TINY_STD * scale)  # differences that are only noise
     lengths = ro.completion_mask.sum(-1).double().cpu()
+    prompt_lengths = ro.prompt_mask.sum(-1).double().cpu()[ro.group.cpu()]
     solved = (
         torch.zeros_like(flat)
         if max_reward is None
@@ -181,6 +184,7 @@ def rollout_metrics(
             "groups": len(grid),
             "flat": flat.sum(),
             "length": lengths.sum(),
+            "tokens": lengths.sum() + prompt_lengths.sum(),
             "truncated": ro.truncated.sum().cpu(),
             "extra": extra,
             "solved": solved.sum(),
@@ -206,6 +210,7 @@ def rollout_metrics(
         "completion_len": s["length"] / n,
         "completion_len_max": float(longest),
         "truncated_frac": s["truncated"] / n,
+        "step_tokens": int(s["tokens"]),
     }
     for name, values in dimensions.items():  # this rank's completions
         v = torch.tensor([float(x) for x in values])
@@ -234,6 +239,8 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     out = {"kl": s["kl"] / tokens} if "kl" in s else {}
     out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
     out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
+    if "clip_low" in s and "clip_high" in s:  # TRL's region: either bound (never both)
+        out["clip_region_frac"] = (s["clip_low"] + s["clip_high"]) / tokens
     out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
     return out
 
