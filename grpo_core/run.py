@@ -37,6 +37,7 @@ from grpo_core.errors import UserError
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
+from grpo_core.observe.callbacks import Callbacks
 from grpo_core.observe.health import HealthMonitor
 from grpo_core.observe.metrics import (
     MetricsWriter,
@@ -47,7 +48,7 @@ from grpo_core.observe.metrics import (
 from grpo_core.observe.pitfalls import run_settings
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
-from grpo_core.store import persist, rundir
+from grpo_core.store import hub, persist, rundir
 from grpo_core.store.models import (
     context_length,
     is_peft,
@@ -95,6 +96,7 @@ class Run:
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite_run: int = 0  # steps in a row whose update was skipped
     tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
+    callbacks: Callbacks | None = None  # the config's callback plugins (built on rank 0)
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
     episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
@@ -221,6 +223,7 @@ def start(
         metrics=None,
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
         memory_limit=memory_limit_mb(device),
+        callbacks=Callbacks(cfg["callbacks"], rank == 0),
     )
     _attach(run, how)
     if resume:
@@ -235,6 +238,7 @@ def start(
             config.output.progress,
             tracking.Trackers.start(cfg, run_id, run.start_step),
         )
+        run.callbacks.begin(run.dir, unresolved(cfg), run.start_step)
     return run
 
 
@@ -257,6 +261,7 @@ def _processes(cfg: dict) -> tuple[torch.device, int, int]:
             f"{train['prompts_per_step'] // world} prompts each of the {world} processes holds"
         )
     problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
+    problems += hub.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg)
     if problems:
         raise UserError(problems[0])
@@ -419,8 +424,21 @@ def finish(run: Run) -> dict:
         run.episodes.close()
     if run.main:
         run.metrics.close()
-        with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
-            f.write(redact(json.dumps(summary, indent=2)))
+        _write_summary(run.dir, summary)
         rundir.release(run.dir)
     dist.barrier()
+    oc = run.config.output
+    if run.main and oc.push_to_hub:  # last: a failed upload leaves the run complete
+        summary["hub_commit"] = hub.push(
+            os.path.join(run.dir, "final"),
+            oc.hub_model_id,
+            oc.hub_private,
+            f"grpo-core run {run.run_id}: {run.steps_run} steps",
+        )
+        _write_summary(run.dir, summary)
     return summary
+
+
+def _write_summary(run_dir: str, summary: dict) -> None:
+    with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
+        f.write(redact(json.dumps(summary, indent=2)))

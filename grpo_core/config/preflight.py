@@ -22,7 +22,7 @@ from grpo_core.hookspecs import Baseline, Environment
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.registry import registry
-from grpo_core.store import rundir
+from grpo_core.store import hub, rundir
 from grpo_core.store.gguf import gguf_path
 from grpo_core.store.models import attention_problem, load_tokenizer
 
@@ -35,6 +35,7 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
+    problems += hub.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg) + _critic(cfg)
     problems += schedules.problems(cfg["optimizer"], schedules.total_updates(cfg["train"]))
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets

@@ -627,6 +627,23 @@ OUTPUT = _obj(
             "default": True,
             "description": "write final/ (model and tokenizer) at the end",
         },
+        "push_to_hub": {
+            "type": "boolean",
+            "default": False,
+            "description": "upload final/ to output.hub_model_id at the end (token: HF_TOKEN "
+            "or hf auth login)",
+        },
+        "hub_model_id": {
+            "type": ["string", "null"],
+            "pattern": "^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$",
+            "default": None,
+            "description": "the hub repository pushed to: user/name",
+        },
+        "hub_private": {
+            "type": "boolean",
+            "default": True,
+            "description": "a repository push_to_hub creates is private",
+        },
         "checkpoint_every": {
             "type": "integer",
             "minimum": 0,
@@ -765,6 +782,13 @@ CORE_SCHEMA: dict = {
             "output": OUTPUT,
             "eval": EVAL,
             "health": HEALTH,
+            "callbacks": {
+                "type": "array",
+                "items": plugin_ref("callback", description="a callback plugin by name"),
+                "default": [],
+                "description": "callback plugins run at step boundaries (main process), in "
+                "this order: [{name: my_callback, options: {...}}]",
+            },
             "deepspeed": {
                 "type": ["object", "string", "null"],
                 "default": None,

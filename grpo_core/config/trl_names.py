@@ -94,6 +94,9 @@ TRL: dict[str, tuple[str, str]] = {
     "output_dir": ("output.dir", ""),
     "save_steps": ("output.checkpoint_every", ""),
     "save_total_limit": ("output.keep_last", ""),
+    "push_to_hub": ("output.push_to_hub", ""),
+    "hub_model_id": ("output.hub_model_id", ""),
+    "hub_private_repo": ("output.hub_private", "private unless false (TRL: the hub's default)"),
     "report_to": ("output.loggers", "a list of {name: tensorboard} and the like"),
     "log_completions": ("output.samples_every", "a step interval"),
     "eval_steps": ("eval.every_n_steps", ""),
@@ -173,6 +176,7 @@ _DIRECT = {
     "steps_per_generation",
     "optim",
     "top_entropy_quantile",
+    "hub_private_repo",
 }
 _OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw"}
 _VALUES = {"use_vllm": lambda v: "vllm" if v else "hf", "optim": lambda v: _OPTIMIZERS.get(v, v)}

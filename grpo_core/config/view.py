@@ -198,6 +198,9 @@ class OutputSection:
     dir: str
     save_dtype: str
     save_model: bool
+    push_to_hub: bool
+    hub_model_id: str | None
+    hub_private: bool
     checkpoint_every: int
     keep_last: int
     samples_every: int
@@ -254,6 +257,7 @@ class Config:
     output: OutputSection
     eval: EvalSection
     health: HealthSection
+    callbacks: list
     deepspeed: dict | str | None
 
 
