@@ -12,6 +12,19 @@ from typing import Any
 
 from grpo_core.errors import ConfigError
 
+#: keys of TRL's generation_kwargs (transformers' / vLLM's names) -> our sampling keys
+GENERATION = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_new_tokens",
+    "max_tokens": "max_new_tokens",
+    "stop": "stop",
+    "stop_strings": "stop",
+}
+
 #: TRL GRPOConfig (and ModelConfig / ScriptArguments) name -> (our key path, how it differs)
 TRL: dict[str, tuple[str, str]] = {
     "num_generations": ("sampling.group_size", ""),
@@ -22,6 +35,10 @@ TRL: dict[str, tuple[str, str]] = {
     "min_p": ("sampling.min_p", ""),
     "repetition_penalty": ("sampling.repetition_penalty", ""),
     "generation_batch_size": ("sampling.generation_batch_size", "counts completions"),
+    "generation_kwargs": (
+        "sampling",
+        "its keys: top_p, top_k, min_p, repetition_penalty, temperature, max_new_tokens, stop",
+    ),
     "max_prompt_length": ("data.max_prompt_tokens", "with data.long_prompts: truncate_left"),
     "shuffle_dataset": ("data.shuffle", ""),
     "chat_template_kwargs": ("data.chat_template_kwargs", ""),
@@ -126,7 +143,6 @@ VERL: dict[str, tuple[str, str]] = {
 
 #: TRL settings with no counterpart here, and what to do instead
 MISSING: dict[str, str] = {
-    "generation_kwargs": "sampling's own keys",
     "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",
 }
 
@@ -152,7 +168,9 @@ def from_trl(flat: dict[str, Any]) -> dict:
     config: dict[str, Any] = {}
     problems = []
     for key, value in flat.items():
-        if key not in TRL:
+        if key == "generation_kwargs":
+            problems += _generation(config, value or {})
+        elif key not in TRL:
             config[key] = value
         elif TRL[key][1] and key not in _DIRECT:
             problems.append(f"{key}: set {TRL[key][0]} instead ({TRL[key][1]})")
@@ -180,6 +198,21 @@ _DIRECT = {
 }
 _OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw"}
 _VALUES = {"use_vllm": lambda v: "vllm" if v else "hf", "optim": lambda v: _OPTIMIZERS.get(v, v)}
+
+
+def _generation(config: dict, kwargs: dict) -> list[str]:
+    """TRL's ``generation_kwargs`` into ``sampling`` keys (the schema then checks the
+    values); a name with no sampling key here is a problem line naming it."""
+    problems = []
+    for name, value in kwargs.items():
+        if name in GENERATION:
+            _put(config, f"sampling.{GENERATION[name]}", value)
+        else:
+            problems.append(
+                f"generation_kwargs.{name}: not a sampling setting here; the generator "
+                f"takes {sorted(set(GENERATION.values()))}"
+            )
+    return problems
 
 
 def _put(config: dict, path: str, value: Any) -> None:

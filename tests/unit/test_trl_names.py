@@ -108,6 +108,29 @@ def test_flat_trl_mapping_loads():
     assert cfg["model"]["attn_implementation"] == "sdpa"
 
 
+def test_generation_kwargs_become_sampling_keys_checked_by_the_schema():
+    flat = {
+        "model_name_or_path": "m",
+        "dataset_name": PROMPTS,
+        "reward": {"name": "math"},
+        "generation_kwargs": {"top_p": 0.9, "top_k": 20, "min_p": 0.05, "stop_strings": ["\n"]},
+    }
+    cfg = config.validate(trl_names.from_trl(flat))
+    sampling = cfg["sampling"]
+    assert (sampling["top_p"], sampling["top_k"], sampling["min_p"]) == (0.9, 20, 0.05)
+    assert sampling["stop"] == ["\n"]
+    with pytest.raises(ConfigError) as info:
+        trl_names.from_trl({**flat, "generation_kwargs": {"no_repeat_ngram_size": 3}})
+    assert info.value.problems == [
+        "generation_kwargs.no_repeat_ngram_size: not a sampling setting here; the generator "
+        "takes ['max_new_tokens', 'min_p', 'repetition_penalty', 'stop', 'temperature', "
+        "'top_k', 'top_p']"
+    ]
+    with pytest.raises(ConfigError) as info:
+        config.validate(trl_names.from_trl({**flat, "generation_kwargs": {"top_p": 2}}))
+    assert info.value.problems[0].startswith("sampling.top_p: ")
+
+
 def test_flat_trl_mapping_refuses_names_that_need_a_decision():
     with pytest.raises(ConfigError) as info:
         trl_names.from_trl({"loss_type": "dapo", "per_device_train_batch_size": 8})
