@@ -660,7 +660,8 @@ OUTPUT = _obj(
         "progress": {
             "type": "boolean",
             "default": True,
-            "description": "a live status line on the terminal",
+            "description": "a tqdm progress bar on a terminal; in a log, a line every "
+            "twentieth of the run",
         },
         "loggers": {
             "type": ["array", "null"],
