@@ -88,3 +88,19 @@ def test_the_contract_version_serves_api_2_plugins_too():
     assert grpo_core.PLUGIN_API_VERSION == 3
     # every built-in still declares API 2 and loads
     assert {name for kind, name in registry().plugins if kind == "reward"} >= {"math", "format"}
+
+
+def test_callbacks_and_the_attention_kernel_may_change_on_resume():
+    from grpo_core.store.checkpoint import config_differences
+
+    saved = config.validate(make_config("m", "d.jsonl", "out"))
+    changed = {
+        **saved,
+        "callbacks": [{"name": "recorder", "options": {}}],
+        "model": {**saved["model"], "attn_implementation": "eager"},
+        "train": {**saved["train"], "mini_batches": 2},
+    }
+    # the number of updates a step takes is part of the run: still refused
+    assert config_differences({"config": saved}, changed) == [
+        "train.mini_batches: checkpoint 1, config 2"
+    ]
