@@ -3,6 +3,7 @@ step's end ends the run there with its final model, and a wrong name is a one-li
 
 from __future__ import annotations
 
+import json
 import os
 import types
 
@@ -104,3 +105,22 @@ def test_callbacks_and_the_attention_kernel_may_change_on_resume():
     assert config_differences({"config": saved}, changed) == [
         "train.mini_batches: checkpoint 1, config 2"
     ]
+
+
+def test_callback_objects_from_python(tiny_model, addition_data, tmp_path):
+    CALLS.clear()
+    out = str(tmp_path / "run")
+    first, second = Recorder(stop_after=0), Recorder()
+    summary = grpo_core.train(
+        make_config(tiny_model, addition_data, out, train={"steps": 3}),
+        callbacks=[first, second],
+    )
+    assert summary["steps"] == 1  # the first object asked to stop after step 0
+    # both objects, in order, as themselves (Recorder, then Recorder_2)
+    assert [c[0] for c in CALLS] == ["begin", "begin", "step", "step", "end", "end"]
+    assert json.load(open(os.path.join(out, "config.json")))["callbacks"] == [
+        {"name": "Recorder", "options": {}},
+        {"name": "Recorder_2", "options": {}},
+    ]
+    with pytest.raises(grpo_core.UserError, match=r"^callbacks\[0\]: object does not derive"):
+        grpo_core.train(make_config(tiny_model, addition_data, out), callbacks=[object()])
