@@ -32,6 +32,7 @@ def train(
     resume: str | bool | None = None,
     overwrite: bool = False,
     force: bool = False,
+    callbacks: Iterable[Any] | None = None,
 ) -> dict:
     """Validate, preflight and run a training run; returns its summary (as ``grpo train``
     prints it).
@@ -44,7 +45,8 @@ def train(
     prompts, rows of ``data.prompt_field`` plus the fields rewards read; without
     ``data.columns`` every other field common to all rows is passed to the rewards.
     ``overrides`` are ``--set`` strings; ``resume``, ``overwrite`` and ``force`` as in
-    ``grpo train``."""
+    ``grpo train``. ``callbacks``: :class:`grpo_core.hookspecs.Callback` objects (TRL's
+    ``callbacks=[...]``), run after the config's own ``callbacks``."""
     from grpo_core import config as configs
     from grpo_core import trainer
     from grpo_core.config import preflight
@@ -57,6 +59,8 @@ def train(
         raw["reward"] = _sum_of(list(named))
     if dataset is not None:
         raw["data"] = _in_memory(raw.get("data") or {}, dataset)
+    if callbacks is not None:
+        raw["callbacks"] = [*(raw.get("callbacks") or []), *_callbacks(callbacks)]
     cfg = configs.validate(
         apply_overrides(configs.migrate(raw), overrides or [], configs.moved_path)
     )
@@ -97,6 +101,39 @@ def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
             )
         named[name] = fn
     return named
+
+
+def _callbacks(objects: Iterable[Any]) -> list[dict]:
+    """Callback objects as config entries: each registered as a callback plugin named after
+    its class (``Name``, then ``Name_2``, ...) that builds into the object itself; an earlier
+    call's registration of that name is replaced, an installed plugin's name refused."""
+    from grpo_core.hookspecs import Callback
+    from grpo_core.registry import PluginInfo, registry
+
+    plugins, refs, per_class = registry().plugins, [], {}
+    for i, obj in enumerate(objects):
+        if not isinstance(obj, Callback):
+            raise UserError(
+                f"callbacks[{i}]: {type(obj).__name__} does not derive from "
+                f"grpo_core.hookspecs.Callback"
+            )
+        seen = per_class[type(obj).__name__] = per_class.get(type(obj).__name__, 0) + 1
+        name = type(obj).__name__ + (f"_{seen}" if seen > 1 else "")
+        old = plugins.get(("callback", name))
+        if old is not None and old.distribution != CALLBACKS_FROM:
+            raise UserError(
+                f"callbacks[{i}]: {name!r} is the name of a callback plugin from "
+                f"{old.distribution}; rename the class"
+            )
+        plugins[("callback", name)] = PluginInfo(
+            "callback", name, lambda obj=obj: obj, functions.NO_OPTIONS, "", CALLBACKS_FROM
+        )
+        refs.append({"name": name})
+    return refs
+
+
+#: the distribution name callback objects passed to train() are registered under
+CALLBACKS_FROM = "python (grpo_core.train callbacks)"
 
 
 def _sum_of(names: list[str]) -> dict:

@@ -13,8 +13,10 @@ be an instance of the kind's base class below (a reward may also be a plain func
 base classes carry the declarations the trainer reads (what a component needs, what it has),
 with defaults, so the trainer never has to guess by probing attributes.
 
-A plugin module may declare ``GRPO_CORE_API = (2,)``: the plugin-API versions it supports. A
-plugin whose set excludes :data:`grpo_core.PLUGIN_API_VERSION` is refused.
+A plugin module may declare ``GRPO_CORE_API = (3,)``: the plugin-API versions it supports. A
+plugin none of whose versions this grpo-core serves (:data:`grpo_core.registry.SERVED_APIS`)
+is refused. API 3 added the ``callback`` kind and nothing else, so a plugin written for API 2
+still loads.
 """
 
 from __future__ import annotations
@@ -70,7 +72,21 @@ def environment(register):
     """Register multi-turn environments and tools (:class:`Environment`)."""
 
 
-KINDS = ("reward", "baseline", "kl", "generator", "objective", "environment", "logger")
+@hookspec
+def callback(register):
+    """Register callbacks run at the loop's step boundaries (:class:`Callback`). API 3."""
+
+
+KINDS = (
+    "reward",
+    "baseline",
+    "kl",
+    "generator",
+    "objective",
+    "environment",
+    "logger",
+    "callback",
+)
 
 
 class Component:
@@ -318,6 +334,30 @@ class Logger(Component):
         """Flush and finish, at the end of the run."""
 
 
+class Callback(Component):
+    """Code run at the loop's boundaries (TRL's ``TrainerCallback``): a notification, a
+    custom early stop, an upload. Runs in the main process only, in the order the config's
+    ``callbacks`` lists them: ``on_train_begin`` once, ``on_step_end`` after each step's
+    metrics, ``on_save`` after each checkpoint, ``on_train_end`` with the summary. Added in
+    plugin API 3."""
+
+    def on_train_begin(self, run_dir: str, config: dict, start_step: int) -> None:
+        """``config``: as written (``${env:NAME}`` unresolved); ``start_step`` > 0 on a
+        resume."""
+
+    def on_step_end(self, step: int, metrics: dict) -> bool | None:
+        """``metrics``: the step's record as metrics.jsonl gets it (our names). Return True
+        to end the run after this step: the final model and summary are written as after
+        the last step."""
+        return None
+
+    def on_save(self, step: int, path: str) -> None:
+        """A checkpoint of ``step`` steps done is complete at ``path``."""
+
+    def on_train_end(self, summary: dict) -> None:
+        """The run ended (every step, or a callback's stop): its summary.json content."""
+
+
 @dataclass
 class Observation:
     """What an environment answers to a model turn: ``text`` goes into the context (a tool's
@@ -376,4 +416,5 @@ CONTRACTS: dict[str, type] = {
     "objective": Objective,
     "environment": Environment,
     "logger": Logger,
+    "callback": Callback,
 }

@@ -23,12 +23,18 @@ from grpo_core.loss.groups import (
     first_group_size,
     group_std,
     group_std_zero,
-    micro_batches,
+    mini_batches,
     resample,
     to_grid,
 )
 from grpo_core.loss.logprobs import completion_logprobs, decoder_counts, reference_logprobs
-from grpo_core.loss.losses import Normaliser, kl_penalty, objective_loss, truncated_is_weights
+from grpo_core.loss.losses import (
+    Normaliser,
+    high_entropy_mask,
+    kl_penalty,
+    objective_loss,
+    truncated_is_weights,
+)
 from grpo_core.loss.packing import padded_counts
 from grpo_core.observe.evaluate import evaluate
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
@@ -299,6 +305,65 @@ def advantages(run: Run, judged: Judged) -> Advantages:
     )
 
 
+def _mini_batch(
+    run: Run,
+    ro: Rollout,
+    targets: Advantages,
+    loss_mask: torch.Tensor,
+    batches: list[torch.Tensor],
+    stats: dict[str, float],
+    count: int,
+) -> float:
+    """One optimizer update's gradient: forward and backward of each micro-batch of one
+    mini-batch, its loss normalised over the mini-batch (all ranks), so that summing the
+    micro-batches gives the mini-batch's loss. Adds the loss terms (as a mean over the
+    ``count`` mini-batches) and token sums to ``stats``; returns the loss."""
+    config = run.config
+    objective = config.objective
+    rows = torch.cat(batches)
+    norm = Normaliser(
+        float(dist.all_sum(loss_mask[rows].sum().double()).clamp(min=1)),
+        float(dist.all_sum(targets.keep[rows].sum().double()).clamp(min=1)),
+        float(completion_budget(run.cfg)[1]),
+    )
+    kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
+    aggregation = objective.aggregation or run.objective.aggregation
+    run.engine.zero_grad()
+    total = 0.0
+    for i, mb in enumerate(batches):
+        sub = ro.rows(mb)
+        with run.autocast:
+            logp, ent = completion_logprobs(
+                run.policy,
+                sub,
+                config.sampling.temperature,
+                _chunk(run),
+                entropy=True,
+                packing=config.runtime.packing,
+            )
+        term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
+        loss, terms = objective_loss(
+            term,
+            loss_mask[mb],
+            aggregation,
+            norm,
+            logp=logp,
+            ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb],
+            kl_coef=kl_coef,
+            kl_estimator=config.kl.estimator,
+            entropy=ent,
+            entropy_coef=objective.entropy_coef,
+            is_weights=None if targets.is_weights is None else targets.is_weights[mb],
+            policy_mask=high_entropy_mask(ent, loss_mask[mb], objective.top_entropy_quantile),
+        )
+        run.engine.backward(loss, last=i == len(batches) - 1)
+        total += float(loss.detach())
+        terms["positions"], terms["padding"] = _layout(run, sub)
+        for k, v in terms.items():
+            stats[k] = stats.get(k, 0.0) + (v / count if k.startswith("loss/") else v)
+    return total
+
+
 @dataclass
 class Updated:
     """Phase 4: the loss terms and counts of each inner iteration (summed over micro-batches
@@ -318,64 +383,32 @@ def _layout(run: Run, sub: Rollout) -> tuple[int, int]:
 
 
 def update(run: Run, step: int, judged: Judged, targets: Advantages) -> Updated:
+    """Phase 4: ``inner_iterations`` passes over the rollout, each ``mini_batches`` optimizer
+    updates on runs of whole groups (micro-batches within), then the weights to the
+    generator."""
     t0, ro, config = time.time(), judged.rollout, run.config
-    objective = config.objective
     loss_mask = ro.action_mask.float() * targets.keep[:, None]  # no loss on environment tokens
-    norm = Normaliser(
-        float(dist.all_sum(loss_mask.sum().double()).clamp(min=1)),
-        float(dist.all_sum(targets.keep.sum().double()).clamp(min=1)),
-        float(completion_budget(run.cfg)[1]),
-    )
-    kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
-    aggregation = objective.aggregation or run.objective.aggregation
     iterations: list[dict[str, float]] = []
     grad_norm, skipped = 0.0, 0
     run.policy.train()
-    batches = list(micro_batches(ro.group, run.prompts, config.train.micro_batch_groups))
+    minis = mini_batches(
+        ro.group, run.prompts, config.train.mini_batches, config.train.micro_batch_groups
+    )
     for _ in range(config.train.inner_iterations):
-        run.engine.zero_grad()
-        total, stats = 0.0, {}
-        for i, mb in enumerate(batches):
-            sub = ro.rows(mb)
-            with run.autocast:
-                logp, ent = completion_logprobs(
-                    run.policy,
-                    sub,
-                    config.sampling.temperature,
-                    _chunk(run),
-                    entropy=True,
-                    packing=config.runtime.packing,
-                )
-            term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
-            loss, terms = objective_loss(
-                term,
-                loss_mask[mb],
-                aggregation,
-                norm,
-                logp=logp,
-                ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb],
-                kl_coef=kl_coef,
-                kl_estimator=config.kl.estimator,
-                entropy=ent,
-                entropy_coef=objective.entropy_coef,
-                is_weights=None if targets.is_weights is None else targets.is_weights[mb],
-            )
-            run.engine.backward(loss, last=i == len(batches) - 1)
-            total += float(loss.detach())
-            terms["positions"], terms["padding"] = _layout(run, sub)
-            for k, v in terms.items():
-                stats[k] = stats.get(k, 0.0) + v
+        stats: dict[str, float] = {}
+        for batches in minis:
+            total = _mini_batch(run, ro, targets, loss_mask, batches, stats, len(minis))
+            norm_now, applied = run.engine.step(math.isfinite(total))
+            if applied:
+                grad_norm = norm_now
+            else:  # NaN guard: this update was skipped
+                skipped += 1
+                _warn(run, step, "non-finite loss or gradient; update skipped")
         iterations.append(stats)
-        norm_now, applied = run.engine.step(math.isfinite(total))
-        if applied:
-            grad_norm = norm_now
-        else:  # NaN guard: this update was skipped
-            skipped += 1
-            _warn(run, step, "non-finite loss or gradient; update skipped")
         if targets.returns is not None:  # PPO: the critic's update, its own optimizer
             with run.autocast:
                 stats.update(
-                    run.baseline.fit(ro, targets.returns, targets.values, loss_mask, batches)
+                    run.baseline.fit(ro, targets.returns, targets.values, loss_mask, sum(minis, []))
                 )
     run.generator.sync_weights(run.policy)
     if run.remote is not None:  # the generator process samples from these k steps on
@@ -444,6 +477,8 @@ def observe(
             **_memory(run),
         }
     )
+    run.tokens_seen += record["step_tokens"]
+    record["tokens_seen"] = run.tokens_seen
     if sampled.version is not None:
         record.update(_async_metrics(step, sampled, targets))
     if sampled.transcripts is not None:

@@ -16,7 +16,9 @@ import pluggy
 from grpo_core import hookspecs
 from grpo_core.errors import PluginError
 
-PLUGIN_API_VERSION = 2
+PLUGIN_API_VERSION = 3
+#: the plugin-API versions this grpo-core serves: 3 only added the callback kind to 2
+SERVED_APIS = (2, 3)
 ENTRY_POINT_GROUP = "grpo_core"
 BUILTIN_DISTRIBUTION = "grpo-core"
 #: Comma-separated distribution names; when set, only these external plugins load.
@@ -56,10 +58,11 @@ def _check_api(module: Any, dist: str) -> None:
     if supported is None:
         return
     supported = tuple(supported) if isinstance(supported, (list, tuple, set)) else (supported,)
-    if PLUGIN_API_VERSION not in supported:
+    if not set(supported) & set(SERVED_APIS):
         raise PluginError(
             f"plugin distribution {dist!r} supports grpo-core plugin API {list(supported)}, "
-            f"but this grpo-core provides API {PLUGIN_API_VERSION}"
+            f"but this grpo-core provides API {PLUGIN_API_VERSION} (and serves "
+            f"{list(SERVED_APIS)})"
         )
 
 

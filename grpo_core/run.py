@@ -29,7 +29,7 @@ from grpo_core.data.prompts import (
 )
 from grpo_core.data.sources import Source, open_stream, read_rows
 from grpo_core.engine import dist, parallel, schedules
-from grpo_core.engine.update import TorchUpdate
+from grpo_core.engine.update import TorchUpdate, build_optimizer
 from grpo_core.engine.zero import DeepSpeedUpdate, deepspeed_config
 from grpo_core.env.episodes import EpisodeRunner, completion_budget
 from grpo_core.env.episodes import problems as episode_problems
@@ -37,6 +37,7 @@ from grpo_core.errors import UserError
 from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
+from grpo_core.observe.callbacks import Callbacks
 from grpo_core.observe.health import HealthMonitor
 from grpo_core.observe.metrics import (
     MetricsWriter,
@@ -49,7 +50,7 @@ from grpo_core.overlap import RemoteGenerator, enabled
 from grpo_core.overlap import problems as overlap_problems
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
-from grpo_core.store import persist, rundir
+from grpo_core.store import hub, persist, rundir
 from grpo_core.store.models import (
     context_length,
     is_peft,
@@ -96,6 +97,8 @@ class Run:
     steps_run: int = 0  # steps this process ran (a resumed run starts at start_step)
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite_run: int = 0  # steps in a row whose update was skipped
+    tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
+    callbacks: Callbacks | None = None  # the config's callback plugins (built on rank 0)
     started: float = field(default_factory=time.time)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
     episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
@@ -191,10 +194,8 @@ def start(
     generator = _plugin("generator", cfg["generator"])
     stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
     eval_rows = _eval_rows(cfg)
-    optimizer = _optimizer(params, cfg["optimizer"], how)
-    scheduler = schedules.build(
-        optimizer, cfg["optimizer"], config.train.steps * config.train.inner_iterations
-    )
+    optimizer = build_optimizer(params, cfg["optimizer"], how)
+    scheduler = schedules.build(optimizer, cfg["optimizer"], schedules.total_updates(cfg["train"]))
     run = Run(
         cfg=cfg,
         config=config,
@@ -225,6 +226,7 @@ def start(
         metrics=None,
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
         memory_limit=memory_limit_mb(device),
+        callbacks=Callbacks(cfg["callbacks"], rank == 0),
     )
     _attach(run, how)
     inflight = persist.resume(run, resume, force) if resume else None
@@ -239,6 +241,7 @@ def start(
             config.output.progress,
             tracking.Trackers.start(cfg, run_id, run.start_step),
         )
+        run.callbacks.begin(run.dir, unresolved(cfg), run.start_step)
     return run
 
 
@@ -255,7 +258,13 @@ def _processes(cfg: dict) -> tuple[torch.device, int, int]:
             f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
             f"by the {world} processes"
         )
+    if world > 1 and (train["prompts_per_step"] // world) % train["mini_batches"]:
+        raise UserError(
+            f"train.mini_batches: {train['mini_batches']} does not divide the "
+            f"{train['prompts_per_step'] // world} prompts each of the {world} processes holds"
+        )
     problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
+    problems += hub.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg) + overlap_problems(cfg, world)
     if problems:
         raise UserError(problems[0])
@@ -364,25 +373,6 @@ def critic_problem(
     return None
 
 
-def _optimizer(params: list, oc: dict, how: str) -> torch.optim.AdamW:
-    """AdamW; in one process on the CPU or a GPU its fused kernel (one pass over each
-    parameter instead of a dozen ops, the update up to rounding; transformers' Trainer
-    defaults to it too) unless ``optimizer.fused`` is false. Sharded runs (ddp, fsdp,
-    deepspeed) keep the default kernels."""
-    fused = (
-        how == "none"
-        and oc["fused"]
-        and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
-    )
-    return torch.optim.AdamW(
-        params,
-        lr=oc["lr"],
-        betas=tuple(oc["betas"]),
-        weight_decay=oc["weight_decay"],
-        fused=True if fused else None,
-    )
-
-
 def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: str) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
     tc = cfg["train"]
@@ -395,7 +385,7 @@ def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: s
             cfg["optimizer"]["max_grad_norm"],
             how == "fsdp" and cfg["distributed"]["reshard_after_forward"],
         )
-    per = tc["prompts_per_step"] // world
+    per = tc["prompts_per_step"] // world // tc["mini_batches"]  # groups per update, here
     return DeepSpeedUpdate(
         policy,
         params,
@@ -457,8 +447,21 @@ def finish(run: Run) -> dict:
         run.remote.close()
     if run.main:
         run.metrics.close()
-        with open(os.path.join(run.dir, "summary.json"), "w", encoding="utf-8") as f:
-            f.write(redact(json.dumps(summary, indent=2)))
+        _write_summary(run.dir, summary)
         rundir.release(run.dir)
     dist.barrier()
+    oc = run.config.output
+    if run.main and oc.push_to_hub:  # last: a failed upload leaves the run complete
+        summary["hub_commit"] = hub.push(
+            os.path.join(run.dir, "final"),
+            oc.hub_model_id,
+            oc.hub_private,
+            f"grpo-core run {run.run_id}: {run.steps_run} steps",
+        )
+        _write_summary(run.dir, summary)
     return summary
+
+
+def _write_summary(run_dir: str, summary: dict) -> None:
+    with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
+        f.write(redact(json.dumps(summary, indent=2)))

@@ -38,10 +38,17 @@ def train(
             targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
             updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
             phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
-            last = step + 1 == run.config.train.steps
+            asked = run.callbacks.step_end(step, run.last, run.device)  # a callback's stop
+            last = asked or step + 1 == run.config.train.steps
             signum = 0 if last else persist.stop_signal(run, stops.signum)
             # 6. a checkpoint every output.checkpoint_every steps, and on a signal
             saved = persist.save(run, step, now=bool(signum))
+            if saved:
+                run.callbacks.saved(step + 1, saved)
             if signum:
                 raise persist.stopped(run, step, saved, signum)
-    return finish(run)
+            if asked:
+                break
+    summary = finish(run)
+    run.callbacks.end(summary)
+    return summary

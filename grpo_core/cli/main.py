@@ -163,14 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sc.set_defaults(func=cmd_schema)
 
-    pl = sub.add_parser("plugins", help="list, check or scaffold plugins")
-    pl.add_argument("action", nargs="?", choices=["list", "check", "new"], default="list")
-    pl.add_argument("kind_or_name", nargs="*", help="check: KIND NAME; new: NAME")
-    pl.add_argument("--json", action="store_true", help="print a JSON list")
-    pl.add_argument("--kind", default="reward", help="new: the plugin kind")
-    pl.add_argument("--out", default=".", help="new: where to write the package")
-    pl.add_argument("--options", default=None, help="check: plugin options as JSON")
-    pl.set_defaults(func=cmd_plugins)
+    _plugins_parser(sub)
 
     tr = with_config(sub.add_parser("train", help="run GRPO training"))
     tr.add_argument(
@@ -336,6 +329,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _plugins_parser(sub) -> None:
+    """``grpo plugins [list|check|new]``: each action a subcommand with its own ``--help``;
+    with none, the list."""
+    pl = sub.add_parser(
+        "plugins",
+        help="list, check or scaffold plugins",
+        description="With no action, the installed plugins (as `grpo plugins list`).",
+    )
+    pl.add_argument("--json", action="store_true", help="print a JSON list")
+    actions = pl.add_subparsers(dest="action", metavar="{list,check,new}")
+    ls = actions.add_parser("list", help="the installed plugins: kind, name, distribution")
+    ls.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print a JSON list"
+    )
+    ck = actions.add_parser(
+        "check",
+        help="run the conformance checks on an installed plugin",
+        description="Schema, defaults, shapes, determinism and edge inputs of one plugin; "
+        "PASS/FAIL per check, exit 0 only when all pass.",
+    )
+    ck.add_argument("kind", help="its kind: reward, baseline, kl, objective, ...")
+    ck.add_argument("name", help="its name, as `grpo plugins` lists it")
+    ck.add_argument("--options", default=None, help="plugin options as JSON")
+    nw = actions.add_parser(
+        "new",
+        help="write a plugin package that passes check as written",
+        description="Write grpo-NAME/ (pyproject with the entry point, the module, a test).",
+    )
+    nw.add_argument("name", help="the plugin's name: lower-case letters, digits and _")
+    nw.add_argument(
+        "--kind",
+        default="reward",
+        help="reward (default), baseline, kl, objective, environment or callback",
+    )
+    nw.add_argument("--out", default=".", help="the folder the package is written in")
+    pl.set_defaults(func=cmd_plugins)
+
+
 def main(argv: list[str] | None = None) -> int:
     install_redaction()  # before anything can hold sys.stderr: secrets never printed
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -345,8 +376,6 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_check(argv[1:])
     debug = "--debug" in argv  # accepted anywhere on the line: `grpo train c.yaml --debug`
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    if args.command == "plugins" and not _plugins_args(args):
-        return 2
     try:
         return args.func(args)
     except Stopped as exc:  # SIGINT/SIGTERM: a checkpoint saved, and named (by rank 0)
@@ -368,25 +397,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         return _crashed(exc, debug)
-
-
-def _plugins_args(args: argparse.Namespace) -> bool:
-    """Sets ``args.kind`` and ``args.name`` for ``grpo plugins`` from its positionals
-    (``check KIND NAME``; ``NAME`` for the others), since argparse cannot tell them apart.
-    False, after the usage line on stderr, when ``check`` or ``new`` lacks one."""
-    rest = args.kind_or_name
-    args.kind, args.name = (
-        (rest + [None, None])[:2]
-        if args.action == "check"
-        else (args.kind, rest[0] if rest else None)
-    )
-    if args.action == "check" and (args.kind is None or args.name is None):
-        print("error: grpo plugins check KIND NAME", file=sys.stderr)
-        return False
-    if args.action == "new" and not args.name:
-        print("error: grpo plugins new NAME --kind KIND", file=sys.stderr)
-        return False
-    return True
 
 
 def _crashed(exc: Exception, debug: bool) -> int:

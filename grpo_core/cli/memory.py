@@ -3,7 +3,8 @@ way of spreading the run (``distributed.strategy``), next to PPO.
 
 The estimate follows what this trainer allocates: weights (float32 master weights with
 ``model.dtype: auto``, computing in bfloat16 on a GPU), a frozen reference (none with LoRA or at
-KL 0), gradients and AdamW's two moments for trainable weights, each sharded as the strategy
+KL 0), gradients and the optimizer's moments for trainable weights (AdamW's two; with a
+config, those of ``optimizer.name``), each sharded as the strategy
 shards it, the KV cache of G x prompts completions being generated, the chunked LM-head
 logits, and the activations kept for backward. Peak = what stays resident from the second step
 on (weights, reference, the optimizer's moments) + the largest phase (generation, backward,
@@ -134,12 +135,14 @@ def plan(
     logprob_chunk: int = 1024,
     engine_bytes: float = 0.0,
     engine_sleeps: bool = True,
+    moments: float = 2.0,
 ) -> dict[str, float]:
     """Bytes per component for one device; ``total`` is the estimated peak. ``prompts`` is
     the whole step's; each of the ``gpus`` processes handles its share. ``dtype`` as
     ``model.dtype`` (auto: float32 weights, bfloat16 compute). ``engine_bytes``: what a
     colocated vLLM engine reserves on each device (0: the hf generator); ``engine_sleeps``:
-    it frees that during the update (``sleep``)."""
+    it frees that during the update (``sleep``). ``moments``: optimizer state tensors per
+    trainable weight (optimizer_moments)."""
     wb = 4 if dtype == "auto" else BYTES[dtype]  # stored weights, gradients, moments
     ab = 2 if dtype == "auto" else BYTES[dtype]  # activations and KV cache
     P = shape.params()
@@ -155,7 +158,8 @@ def plan(
     out["reference"] = P * wb / r_s if reference and not lora_rank else 0.0
     out["gradients"] = trainable * wb / g_s
     deepspeed = strategy.startswith("zero")
-    opt_bytes = 12 if deepspeed else 2 * wb  # DeepSpeed: fp32 master + m + v; torch: m + v
+    # DeepSpeed: an fp32 master copy and fp32 moments; torch: the moments, as the weights
+    opt_bytes = 4 + 4 * moments if deepspeed else moments * wb
     out["optimizer"] = trainable * opt_bytes / o_s
     gen = min(generation_batch or completions, completions)
     out["kv_cache"] = 2 * shape.layers * kv * seq * gen * ab
@@ -232,12 +236,22 @@ def _settings(args) -> dict:
         "vllm_memory_utilization": None,
         "vllm_sleep": True,
         "device_memory": None,
+        "moments": 2.0,
     }
     if args.config:
         got.update(_from_config(args.config))
     _apply_flags(got, args)
     _check_settings(got)
     return got
+
+
+def optimizer_moments(oc: dict) -> float:
+    """State tensors the configured optimizer keeps per trainable weight: AdamW 2 (m, v),
+    SGD 1 with momentum and 0 without, Adafactor 0 (its factored second moment holds a row
+    and a column per matrix, negligible beside the matrix)."""
+    if oc["name"] == "sgd":
+        return 1.0 if oc["momentum"] else 0.0
+    return 0.0 if oc["name"] == "adafactor" else 2.0
 
 
 def _from_config(path: str) -> dict:
@@ -269,6 +283,7 @@ def _from_config(path: str) -> dict:
         reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
         generation_batch_size=cfg["sampling"]["generation_batch_size"],
         logprob_chunk=cfg["runtime"]["logprob_chunk"],
+        moments=optimizer_moments(cfg["optimizer"]),
     )
     if cfg["generator"]["name"] == "vllm":
         engine = cfg["generator"]["options"]
@@ -392,6 +407,7 @@ def plan_cli(args) -> int:
             s["logprob_chunk"],
             engine,
             s["vllm_sleep"],
+            s["moments"],
         )
         print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
     print(

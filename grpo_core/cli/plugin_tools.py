@@ -103,6 +103,28 @@ def _try_logger(plugin) -> tuple[bool, str]:
     return True, ""
 
 
+def _try_callback(plugin) -> tuple[bool, str]:
+    """A callback's boundaries on a made-up two-step run: each call returns, and
+    ``on_step_end`` answers a bool or None."""
+    import os
+    import tempfile
+
+    answers = []
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            plugin.on_train_begin(run_dir, {"model": {"name_or_path": "x"}}, 0)
+            for step in range(2):
+                answers.append(plugin.on_step_end(step, {"step": step, "reward": 0.5}))
+                plugin.on_save(step + 1, os.path.join(run_dir, "checkpoints", f"{step + 1}"))
+            plugin.on_train_end({"run_dir": run_dir, "steps": 2})
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    wrong = [a for a in answers if a is not None and not isinstance(a, bool)]
+    if wrong:
+        return False, f"on_step_end returned {wrong[0]!r}; expected True, False or None"
+    return True, ""
+
+
 #: first model turns an environment answers in the conformance check
 ENV_TEXTS = ("5", "<calc>2+3</calc>", '<tool_call>{"name": "x"}</tool_call>', "I give up.")
 
@@ -170,6 +192,11 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         return _report(kind, name, results)  # that is checked
     if kind == "logger":
         record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
+        return _report(kind, name, results)
+    if kind == "callback":
+        record(
+            "each boundary on a two-step run; on_step_end a bool or None", *_try_callback(plugin)
+        )
         return _report(kind, name, results)
     _check_calls(kind, name, plugin, info.schema, options, record)
     return _report(kind, name, results)
@@ -421,6 +448,27 @@ class {cls}(Objective):
 def objective(register):
     register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
 ''',
+    "callback": '''
+class {cls}(Callback):
+    """TODO: say what runs at the step boundaries, and why."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale  # stop once the reward has fallen this far below its best
+        self.best = None
+
+    def on_step_end(self, step, metrics):
+        # metrics: the step's record, as metrics.jsonl has it; True ends the run after it
+        reward = metrics.get("reward")
+        if reward is None:
+            return None
+        self.best = reward if self.best is None else max(self.best, reward)
+        return reward < self.best - self.scale
+
+
+@hookimpl
+def callback(register):
+    register("{name}", {cls}, schema=SCHEMA, description="TODO: one line")
+''',
     "environment": '''
 class {cls}(Environment):
     """TODO: say what the model talks to, and when an episode ends."""
@@ -457,6 +505,7 @@ BASES = {
     "kl": "KLController",
     "objective": "Objective, PolicyTerm",
     "environment": "Environment, Observation",
+    "callback": "Callback",
 }
 
 
@@ -481,6 +530,7 @@ def new(name: str, kind: str, out: str) -> int:
         raise UserError(f"{root} already exists")
     cls = "".join(p.title() for p in name.split("_"))
     imports = "\nimport torch\n" if kind == "objective" else ""
+    api = "(3,)" if kind == "callback" else "(2, 3)"  # API 3 added callbacks, nothing else
     try:
         os.makedirs(os.path.join(root, pkg))
         os.makedirs(os.path.join(root, "tests"))
@@ -508,7 +558,7 @@ packages = ["{pkg}"]
 {imports}
 from grpo_core.hookspecs import {BASES[kind]}, hookimpl
 
-GRPO_CORE_API = (2,)
+GRPO_CORE_API = {api}
 
 SCHEMA = {{
     "type": "object",

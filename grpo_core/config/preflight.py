@@ -23,9 +23,9 @@ from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.overlap import problems as overlap_problems
 from grpo_core.registry import registry
-from grpo_core.store import rundir
+from grpo_core.store import hub, rundir
 from grpo_core.store.gguf import gguf_path
-from grpo_core.store.models import load_tokenizer
+from grpo_core.store.models import attention_problem, load_tokenizer
 
 #: rows of each data set looked at
 SAMPLE_ROWS = 50
@@ -36,9 +36,9 @@ def check(cfg: dict) -> None:
     problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
+    problems += hub.problems(cfg["output"])
     problems += episode_problems(cfg) + groups.problems(cfg) + _critic(cfg)
-    tc = cfg["train"]
-    problems += schedules.problems(cfg["optimizer"], tc["steps"] * tc["inner_iterations"])
+    problems += schedules.problems(cfg["optimizer"], schedules.total_updates(cfg["train"]))
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
     missing = [c for c in reward_columns(cfg["reward"]) if c not in passed.values()]
     if missing:
@@ -152,6 +152,10 @@ def _runtime(cfg: dict) -> list[str]:
         problems.append(
             f"model.quantization: {cfg['model']['quantization']} base weights need a CUDA device"
         )
+    attention = cfg["model"]["attn_implementation"]
+    problem = attention and attention_problem(attention, "cuda" if on_gpu else "cpu")
+    if problem:
+        problems.append(problem)
     if cfg["generator"]["name"] == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
     problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())

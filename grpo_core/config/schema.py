@@ -119,6 +119,12 @@ MODEL = _obj(
             "default": None,
             "description": "QLoRA base weights (needs bitsandbytes and CUDA)",
         },
+        "attn_implementation": {
+            "enum": [None, "eager", "sdpa", "flash_attention_2"],
+            "default": None,
+            "description": "attention kernel from_pretrained gets (null: "
+            "transformers' choice); flash_attention_2 needs flash-attn and CUDA",
+        },
         "reference_device": {
             "enum": ["same", "cpu"],
             "default": "same",
@@ -391,6 +397,14 @@ OBJECTIVE = plugin_ref(
             "description": "per-token losses to one number (null: the objective's own choice)",
         },
         "entropy_coef": {"type": "number", "default": 0.0, "description": "entropy bonus weight"},
+        "top_entropy_quantile": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 1.0,
+            "description": "policy loss on this share of each micro-batch's tokens, "
+            "those of highest entropy (1: all; KL and entropy terms keep all)",
+        },
         "mask_truncated_completions": {
             "type": "boolean",
             "default": False,
@@ -438,6 +452,12 @@ SCHEDULES = (
 
 OPTIMIZER = _obj(
     {
+        "name": {
+            "enum": ["adamw", "sgd", "adafactor"],
+            "default": "adamw",
+            "description": "adamw; sgd (momentum below, no state); adafactor "
+            "(transformers', factored moments: less memory)",
+        },
         "lr": {
             "type": "number",
             "exclusiveMinimum": 0,
@@ -448,7 +468,14 @@ OPTIMIZER = _obj(
             "type": "number",
             "minimum": 0,
             "default": 0.0,
-            "description": "AdamW decoupled weight decay",
+            "description": "weight decay (adamw, adafactor: decoupled; sgd: L2)",
+        },
+        "momentum": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "default": 0.0,
+            "description": "sgd: momentum",
         },
         "betas": {
             "type": "array",
@@ -456,7 +483,7 @@ OPTIMIZER = _obj(
             "minItems": 2,
             "maxItems": 2,
             "default": [0.9, 0.99],
-            "description": "AdamW moment decay rates",
+            "description": "adamw: moment decay rates",
         },
         "lr_schedule": {
             "enum": list(SCHEDULES),
@@ -497,7 +524,7 @@ OPTIMIZER = _obj(
             "runs (ddp, fsdp, deepspeed) always use",
         },
     },
-    description="Phase 4: AdamW and its learning-rate schedule.",
+    description="Phase 4: the optimizer and its learning-rate schedule.",
 )
 
 TRAIN = _obj(
@@ -508,7 +535,17 @@ TRAIN = _obj(
             "default": 8,
             "description": "P: prompts per step, over all processes",
         },
-        "inner_iterations": {**POS_INT, "default": 1, "description": "mu: updates per rollout"},
+        "inner_iterations": {
+            **POS_INT,
+            "default": 1,
+            "description": "mu: passes over each rollout",
+        },
+        "mini_batches": {
+            **POS_INT,
+            "default": 1,
+            "description": "optimizer updates per pass, each on prompts_per_step / "
+            "mini_batches whole groups (TRL's steps_per_generation)",
+        },
         "micro_batch_groups": {
             **POS_INT,
             "default": 8,
@@ -641,6 +678,23 @@ OUTPUT = _obj(
             "default": True,
             "description": "write final/ (model and tokenizer) at the end",
         },
+        "push_to_hub": {
+            "type": "boolean",
+            "default": False,
+            "description": "upload final/ to output.hub_model_id at the end (token: HF_TOKEN "
+            "or hf auth login)",
+        },
+        "hub_model_id": {
+            "type": ["string", "null"],
+            "pattern": "^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$",
+            "default": None,
+            "description": "the hub repository pushed to: user/name",
+        },
+        "hub_private": {
+            "type": "boolean",
+            "default": True,
+            "description": "a repository push_to_hub creates is private",
+        },
         "checkpoint_every": {
             "type": "integer",
             "minimum": 0,
@@ -657,7 +711,8 @@ OUTPUT = _obj(
         "progress": {
             "type": "boolean",
             "default": True,
-            "description": "a live status line on the terminal",
+            "description": "a tqdm progress bar on a terminal; in a log, a line every "
+            "twentieth of the run",
         },
         "loggers": {
             "type": ["array", "null"],
@@ -779,6 +834,13 @@ CORE_SCHEMA: dict = {
             "output": OUTPUT,
             "eval": EVAL,
             "health": HEALTH,
+            "callbacks": {
+                "type": "array",
+                "items": plugin_ref("callback", description="a callback plugin by name"),
+                "default": [],
+                "description": "callback plugins run at step boundaries (main process), in "
+                "this order: [{name: my_callback, options: {...}}]",
+            },
             "deepspeed": {
                 "type": ["object", "string", "null"],
                 "default": None,

@@ -12,6 +12,19 @@ from typing import Any
 
 from grpo_core.errors import ConfigError
 
+#: keys of TRL's generation_kwargs (transformers' / vLLM's names) -> our sampling keys
+GENERATION = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_new_tokens",
+    "max_tokens": "max_new_tokens",
+    "stop": "stop",
+    "stop_strings": "stop",
+}
+
 #: TRL GRPOConfig (and ModelConfig / ScriptArguments) name -> (our key path, how it differs)
 TRL: dict[str, tuple[str, str]] = {
     "num_generations": ("sampling.group_size", ""),
@@ -22,12 +35,21 @@ TRL: dict[str, tuple[str, str]] = {
     "min_p": ("sampling.min_p", ""),
     "repetition_penalty": ("sampling.repetition_penalty", ""),
     "generation_batch_size": ("sampling.generation_batch_size", "counts completions"),
+    "generation_kwargs": (
+        "sampling",
+        "its keys: top_p, top_k, min_p, repetition_penalty, temperature, max_new_tokens, stop",
+    ),
     "max_prompt_length": ("data.max_prompt_tokens", "with data.long_prompts: truncate_left"),
     "shuffle_dataset": ("data.shuffle", ""),
     "chat_template_kwargs": ("data.chat_template_kwargs", ""),
     "beta": ("kl.options.coef", "with kl.name: fixed; 0 loads no reference model"),
     "epsilon": ("objective.options.clip_low", ""),
     "epsilon_high": ("objective.options.clip_high", ""),
+    "top_entropy_quantile": (
+        "objective.top_entropy_quantile",
+        "the threshold over each micro-batch on each process",
+    ),
+    "mask_truncated_completions": ("objective.mask_truncated_completions", ""),
     "delta": ("objective.options.dual_clip", "a bound on the ratio of negative advantages"),
     "loss_type": (
         "objective.aggregation",
@@ -40,6 +62,7 @@ TRL: dict[str, tuple[str, str]] = {
         "reward: {name: weighted}, a weight per component",
     ),
     "num_iterations": ("train.inner_iterations", ""),
+    "steps_per_generation": ("train.mini_batches", "optimizer updates per pass over a rollout"),
     "max_steps": ("train.steps", "a step is one rollout of train.prompts_per_step prompts"),
     "num_train_epochs": (
         "train.steps",
@@ -62,6 +85,7 @@ TRL: dict[str, tuple[str, str]] = {
     "warmup_steps": ("optimizer.warmup_steps", ""),
     "warmup_ratio": ("optimizer.warmup_ratio", ""),
     "weight_decay": ("optimizer.weight_decay", ""),
+    "optim": ("optimizer.name", "adamw_torch, adamw_torch_fused: adamw; sgd; adafactor"),
     "adam_beta1": ("optimizer.betas", "[beta1, beta2]"),
     "adam_beta2": ("optimizer.betas", "[beta1, beta2]"),
     "max_grad_norm": ("optimizer.max_grad_norm", ""),
@@ -78,6 +102,7 @@ TRL: dict[str, tuple[str, str]] = {
     "load_in_4bit": ("model.quantization", "4bit"),
     "load_in_8bit": ("model.quantization", "8bit"),
     "trust_remote_code": ("model.trust_remote_code", ""),
+    "attn_implementation": ("model.attn_implementation", ""),
     "dataset_name": ("data.path", ""),
     "dataset_config": ("data.name", ""),
     "dataset_train_split": ("data.split", ""),
@@ -86,6 +111,9 @@ TRL: dict[str, tuple[str, str]] = {
     "output_dir": ("output.dir", ""),
     "save_steps": ("output.checkpoint_every", ""),
     "save_total_limit": ("output.keep_last", ""),
+    "push_to_hub": ("output.push_to_hub", ""),
+    "hub_model_id": ("output.hub_model_id", ""),
+    "hub_private_repo": ("output.hub_private", "private unless false (TRL: the hub's default)"),
     "report_to": ("output.loggers", "a list of {name: tensorboard} and the like"),
     "log_completions": ("output.samples_every", "a step interval"),
     "eval_steps": ("eval.every_n_steps", ""),
@@ -94,6 +122,10 @@ TRL: dict[str, tuple[str, str]] = {
 #: verl names with one meaning here (its dotted paths end in these)
 VERL: dict[str, tuple[str, str]] = {
     "ppo_epochs": ("train.inner_iterations", ""),
+    "ppo_mini_batch_size": (
+        "train.mini_batches",
+        "a count here: train_batch_size / ppo_mini_batch_size",
+    ),
     "train_batch_size": ("train.prompts_per_step", "prompts, as in verl"),
     "max_response_length": ("sampling.max_new_tokens", ""),
     "total_training_steps": ("train.steps", ""),
@@ -111,12 +143,6 @@ VERL: dict[str, tuple[str, str]] = {
 
 #: TRL settings with no counterpart here, and what to do instead
 MISSING: dict[str, str] = {
-    "steps_per_generation": "one optimizer update per rollout, or train.inner_iterations "
-    "passes over it",
-    "mask_truncated_completions": "a reward can score a truncated completion (the "
-    "completion_tokens column) or return None for it",
-    "top_entropy_quantile": "every completion token is in the loss",
-    "generation_kwargs": "sampling's own keys",
     "use_liger_loss": "the log-probs are computed in chunks (runtime.logprob_chunk)",
 }
 
@@ -142,7 +168,9 @@ def from_trl(flat: dict[str, Any]) -> dict:
     config: dict[str, Any] = {}
     problems = []
     for key, value in flat.items():
-        if key not in TRL:
+        if key == "generation_kwargs":
+            problems += _generation(config, value or {})
+        elif key not in TRL:
             config[key] = value
         elif TRL[key][1] and key not in _DIRECT:
             problems.append(f"{key}: set {TRL[key][0]} instead ({TRL[key][1]})")
@@ -157,8 +185,34 @@ def from_trl(flat: dict[str, Any]) -> dict:
 
 
 #: TRL names with a note that still map one to one, and how their values read here
-_DIRECT = {"generation_batch_size", "max_prompt_length", "beta", "use_vllm", "max_steps"}
-_VALUES = {"use_vllm": lambda v: "vllm" if v else "hf"}
+_DIRECT = {
+    "generation_batch_size",
+    "max_prompt_length",
+    "beta",
+    "use_vllm",
+    "max_steps",
+    "steps_per_generation",
+    "optim",
+    "top_entropy_quantile",
+    "hub_private_repo",
+}
+_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw"}
+_VALUES = {"use_vllm": lambda v: "vllm" if v else "hf", "optim": lambda v: _OPTIMIZERS.get(v, v)}
+
+
+def _generation(config: dict, kwargs: dict) -> list[str]:
+    """TRL's ``generation_kwargs`` into ``sampling`` keys (the schema then checks the
+    values); a name with no sampling key here is a problem line naming it."""
+    problems = []
+    for name, value in kwargs.items():
+        if name in GENERATION:
+            _put(config, f"sampling.{GENERATION[name]}", value)
+        else:
+            problems.append(
+                f"generation_kwargs.{name}: not a sampling setting here; the generator "
+                f"takes {sorted(set(GENERATION.values()))}"
+            )
+    return problems
 
 
 def _put(config: dict, path: str, value: Any) -> None:

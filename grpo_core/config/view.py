@@ -28,6 +28,7 @@ class ModelSection:
     gradient_checkpointing: bool
     lora: dict | None
     quantization: None | str
+    attn_implementation: str | None
     reference_device: str
 
 
@@ -120,16 +121,19 @@ class ObjectiveSection:
     options: dict
     aggregation: None | str
     entropy_coef: float
+    top_entropy_quantile: float
     mask_truncated_completions: bool
     tis: dict | None
 
 
 @dataclass(frozen=True)
 class OptimizerSection:
-    """``optimizer``: Phase 4: AdamW and its learning-rate schedule."""
+    """``optimizer``: Phase 4: the optimizer and its learning-rate schedule."""
 
+    name: str
     lr: float
     weight_decay: float
+    momentum: float
     betas: list
     lr_schedule: str
     scheduler_options: dict
@@ -146,6 +150,7 @@ class TrainSection:
     steps: int
     prompts_per_step: int
     inner_iterations: int
+    mini_batches: int
     micro_batch_groups: int
     max_nonfinite_steps: int
     seed: int
@@ -198,6 +203,9 @@ class OutputSection:
     dir: str
     save_dtype: str
     save_model: bool
+    push_to_hub: bool
+    hub_model_id: str | None
+    hub_private: bool
     checkpoint_every: int
     keep_last: int
     samples_every: int
@@ -254,6 +262,7 @@ class Config:
     output: OutputSection
     eval: EvalSection
     health: HealthSection
+    callbacks: list
     deepspeed: dict | str | None
 
 

@@ -51,6 +51,12 @@ def build(
     return sched
 
 
+def total_updates(train_cfg: dict) -> int:
+    """Optimizer updates in a whole run: per step, ``mini_batches`` in each of
+    ``inner_iterations`` passes."""
+    return train_cfg["steps"] * train_cfg["inner_iterations"] * train_cfg["mini_batches"]
+
+
 def warmup(opt_cfg: dict, total: int) -> int:
     """Warm-up updates: ``warmup_steps``, or ``warmup_ratio`` of the ``total`` updates."""
     ratio = opt_cfg.get("warmup_ratio")

@@ -39,7 +39,18 @@ def problems(cfg: dict) -> list[str]:
                 "groups.adaptive_first: not with groups.resample_zero_std_max, "
                 "groups.dynamic_sampling or an environment"
             )
-    return found
+    return found + _mini_batch_problems(cfg["train"])
+
+
+def _mini_batch_problems(tc: dict) -> list[str]:
+    """train.mini_batches must cut the step's prompts into equal runs of whole groups."""
+    if tc["prompts_per_step"] % tc["mini_batches"]:
+        return [
+            f"train.mini_batches: {tc['mini_batches']} does not divide "
+            f"train.prompts_per_step ({tc['prompts_per_step']}); each mini-batch holds "
+            f"the same number of whole groups"
+        ]
+    return []
 
 
 def first_group_size(cfg: dict) -> int:
@@ -93,12 +104,22 @@ def to_grid(values: torch.Tensor, group: torch.Tensor, P: int) -> tuple[torch.Te
     return grid, slot
 
 
-def micro_batches(group: torch.Tensor, P: int, per: int) -> Iterator[torch.Tensor]:
-    """Row indices of each micro-batch; a micro-batch holds whole groups, never part of one."""
-    for s in range(0, P, per):
-        rows = torch.nonzero((group >= s) & (group < s + per)).squeeze(1)
+def micro_batches(group: torch.Tensor, P: int, per: int, start: int = 0) -> Iterator[torch.Tensor]:
+    """Row indices of each micro-batch of groups ``start`` to ``P - 1``; a micro-batch holds
+    whole groups, never part of one."""
+    for s in range(start, P, per):
+        rows = torch.nonzero((group >= s) & (group < min(s + per, P))).squeeze(1)
         if rows.numel():
             yield rows
+
+
+def mini_batches(group: torch.Tensor, P: int, count: int, per: int) -> list[list[torch.Tensor]]:
+    """The micro-batches of each of ``count`` mini-batches (one optimizer update each): P
+    groups cut into ``count`` runs of P / count whole groups (``count`` divides P), each cut
+    into micro-batches of ``per`` groups. Mini-batches without rows are left out."""
+    size = P // count
+    cuts = [list(micro_batches(group, s + size, per, start=s)) for s in range(0, P, size)]
+    return [c for c in cuts if c]
 
 
 def resample(

@@ -88,6 +88,19 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The tokens of ``mask`` whose entropy is among the highest ``quantile`` share (TRL's
+    ``top_entropy_quantile``, after Wang et al. 2025, "Beyond the 80/20 rule"): 1 where
+    ``entropy >= q``, q the (1 - quantile) quantile (linear interpolation) of the masked
+    tokens' entropies; 0 elsewhere and off the mask. quantile 1 keeps the whole mask.
+    entropy, mask: [B, T] -> [B, T] in mask's dtype."""
+    values = entropy.detach()[mask.bool()].float()
+    if quantile >= 1.0 or values.numel() == 0:
+        return mask
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return mask * (entropy.detach() >= threshold).to(mask.dtype)
+
+
 def objective_loss(
     term: PolicyTerm,
     mask: torch.Tensor,
@@ -101,12 +114,15 @@ def objective_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     is_weights: torch.Tensor | None = None,
+    policy_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The loss of one micro-batch: policy term (times the truncated importance weight when
     the sampler's numerics differ), plus KL to the reference, minus the entropy bonus:
 
-        l_t = w_t * policy_t + kl_coef * KL_t - entropy_coef * H_t,   loss = aggregate(l)
+        l_t = w_t * e_t * policy_t + kl_coef * KL_t - entropy_coef * H_t,   loss = aggregate(l)
 
+    with e_t = ``policy_mask`` (high_entropy_mask; 1 without one): the policy term on the
+    tokens it keeps, still normalised over all of ``mask``'s tokens, as TRL does.
     term.loss, logp, ref_logp, entropy, is_weights, mask: [B, T]. Returns (loss, stats):
     stats are detached sums for logging: each term's share of the loss (``loss/policy``,
     ``loss/kl``, ``loss/entropy``; they add up to the loss, and over micro-batches to the
@@ -115,6 +131,8 @@ def objective_loss(
     """
     mask = mask.to(term.loss.dtype)
     policy_pt = term.loss if is_weights is None else term.loss * is_weights
+    if policy_mask is not None:
+        policy_pt = policy_pt * policy_mask
     policy = aggregate(policy_pt, mask, aggregation, norm)
     loss, parts = policy, {"loss/policy": policy}
     kl = None

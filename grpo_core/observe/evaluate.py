@@ -9,9 +9,12 @@ import sys
 import time
 from dataclasses import replace
 
+from tqdm import tqdm
+
 from grpo_core.data.prompts import make_batch, reward_inputs
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.hookspecs import Generator, Reward
+from grpo_core.observe.metrics import terminal_width
 from grpo_core.rollout import SamplingParams
 from grpo_core.scores import Scores
 
@@ -49,7 +52,8 @@ def evaluate(
     settings: SamplingParams | None = None,
 ) -> tuple[dict, list[dict]]:
     """Generate ``n`` completions per problem (with ``episodes``: ``n`` environment episodes,
-    each scored on its last turn) and score them; returns (report, records). ``settings``:
+    each scored on its last turn) and score them; returns (report, records). ``progress``:
+    a progress bar when stderr is a terminal. ``settings``:
     the run's sampling (top-k/p, min-p, repetition penalty, stop strings), whose
     temperature, token budget and batch size are replaced by this evaluation's."""
     sampling = replace(
@@ -62,6 +66,15 @@ def evaluate(
     records, per_problem = [], []
     dims: dict[str, list[float]] = {}
     t0 = time.time()
+    # a tqdm bar on a terminal only: a log gets no carriage returns (the report follows)
+    bar = tqdm(
+        total=len(rows),
+        desc="eval",
+        unit="problem",
+        file=sys.stderr,
+        disable=not (progress and sys.stderr.isatty()),
+        **terminal_width(),
+    )
     for s in range(0, len(rows), batch_prompts):
         chunk = rows[s : s + batch_prompts]
         batch = make_batch(chunk, data_cfg, tokenizer)
@@ -97,16 +110,8 @@ def evaluate(
             for k, v in dimensions.items():
                 dims.setdefault(k, []).append(float(v[i]))
         per_problem += correct_by_prompt
-        if progress:
-            done = min(s + batch_prompts, len(rows))
-            print(
-                f"\reval [{done}/{len(rows)}] {time.time() - t0:.0f}s",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    if progress:
-        print(file=sys.stderr)
+        bar.update(len(chunk))
+    bar.close()
     total = len(records)
     report = {
         "problems": len(rows),

@@ -76,7 +76,7 @@ ADVICE = {
     "stays at {kl:.3g}: the controller cannot reach its target and the KL term is "
     "taking over the loss; raise kl.options.target or lower optimizer.lr",
     "loss_oscillation": "the loss flips sign with growing swings ({value:.3g} at most): the "
-    "updates overshoot; lower optimizer.lr or train.inner_iterations",
+    "updates overshoot; lower optimizer.lr, train.inner_iterations or train.mini_batches",
     "entropy_temperature": "entropy is {value:.3g} at the sampling temperature: {cause}",
     "entropy": "entropy fell to {value:.3g}: the policy is collapsing to deterministic outputs; "
     "raise sampling.temperature or objective.entropy_coef, lower optimizer.lr, or "

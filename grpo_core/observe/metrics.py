@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm import tqdm
 
 from grpo_core.config.redact import redact
 from grpo_core.data.prompts import Batch
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from grpo_core.observe.tracking import Trackers
 
 SHOWN = ("reward", "kl", "entropy", "completion_len", "time/step")
+#: a progress line in a log: tqdm's meter without the bar, which only a terminal redraws
+LOG_LINE = (
+    "{desc}: {n_fmt}/{total_fmt} {percentage:3.0f}% [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+)
 
 
 class MetricsWriter:
@@ -41,6 +46,7 @@ class MetricsWriter:
         self.first_step: int | None = None  # a resumed run's rate counts its own steps
         self.log_every = max(1, total_steps // 20)
         self.trackers = trackers
+        self.bar: tqdm | None = None  # the terminal's progress bar, made at the first step
 
     def write(self, record: dict) -> None:
         line = redact(json.dumps({k: _clean(v) for k, v in record.items()}))
@@ -60,39 +66,64 @@ class MetricsWriter:
             self.trackers.log_samples(samples, step)
 
     def close(self) -> None:
-        """Finish the trackers (end of the run)."""
+        """Finish the progress bar and the trackers (end of the run)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         if self.trackers is not None:
             self.trackers.close()
 
     def _show(self, r: dict) -> None:
-        """A progress bar with rate and time left on a terminal; in a log (not a terminal),
-        one line every ``log_every`` steps and at the end, so logs stay short."""
+        """On a terminal a tqdm bar, redrawn each step to the terminal's width; in a log (not
+        a terminal) the same meter as a plain line every ``log_every`` steps and at the end,
+        so logs stay short and hold no carriage returns."""
         step = r["step"] + 1
         if self.first_step is None:
-            self.first_step, self.start = r["step"], time.time()
-        if not self.tty and step % self.log_every and step < self.total:
-            return
-        ran = step - self.first_step
-        per = (time.time() - self.start) / ran if ran else 0.0
-        left = per * (self.total - step)
-        done = int(20 * step / self.total)
-        parts = " ".join(
+            self.first_step = r["step"]
+        postfix = " ".join(
             f"{k}={r[k]:.3g}"
             for k in SHOWN
             if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
         )
-        text = (
-            f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} "
-            f"{per:.2f}s/step ETA {_clock(left)} {parts}"
+        if self.tty:
+            if self.bar is None:
+                self.bar = tqdm(
+                    total=self.total,
+                    initial=self.first_step,
+                    desc="train",
+                    unit="step",
+                    file=sys.stderr,
+                    mininterval=0,
+                    miniters=1,
+                    **terminal_width(),
+                )
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(1)
+            return
+        if step % self.log_every and step < self.total:
+            return
+        line = tqdm.format_meter(
+            step,
+            self.total,
+            time.time() - self.start,
+            prefix="train",
+            unit="step",
+            postfix=postfix,
+            initial=self.first_step,
+            bar_format=LOG_LINE,
         )
-        end = "\r" if self.tty and step < self.total else "\n"
-        print(text + ("\033[K" if self.tty else ""), end=end, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
-def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+def terminal_width() -> dict:
+    """tqdm's size settings: follow the terminal's size as it changes, or 100 x 24 where the
+    terminal reports no size (a bare pseudo-terminal), in which tqdm would draw nothing."""
+    try:
+        size = os.get_terminal_size(sys.__stderr__.fileno())
+        known = size.columns > 0 and size.lines > 0
+    except (AttributeError, OSError, ValueError):
+        known = False
+    return {"dynamic_ncols": True} if known else {"ncols": 100, "nrows": 24}
 
 
 def _clean(v):
@@ -149,7 +180,9 @@ def rollout_metrics(
     max_reward: float | None,
     device: torch.device,
 ) -> dict:
-    """Reward, group and length statistics of a step's rollout.
+    """Reward, group and length statistics of a step's rollout; ``step_tokens``: the tokens
+    of every completion with its prompt (padding left out), over all ranks, as TRL counts
+    them for ``num_tokens``.
 
     rewards [B] (NaN = missing), grid [P, Gmax] the same by group, flat [P] groups whose
     rewards are all equal. A group is *solved* when all its completions reach ``max_reward``
@@ -166,6 +199,7 @@ def rollout_metrics(
     ).clamp(min=1.0)
     tiny = (within > 0) & (within < TINY_STD * scale)  # differences that are only noise
     lengths = ro.completion_mask.sum(-1).double().cpu()
+    prompt_lengths = ro.prompt_mask.sum(-1).double().cpu()[ro.group.cpu()]
     solved = (
         torch.zeros_like(flat)
         if max_reward is None
@@ -181,6 +215,7 @@ def rollout_metrics(
             "groups": len(grid),
             "flat": flat.sum(),
             "length": lengths.sum(),
+            "tokens": lengths.sum() + prompt_lengths.sum(),
             "truncated": ro.truncated.sum().cpu(),
             "extra": extra,
             "solved": solved.sum(),
@@ -206,6 +241,7 @@ def rollout_metrics(
         "completion_len": s["length"] / n,
         "completion_len_max": float(longest),
         "truncated_frac": s["truncated"] / n,
+        "step_tokens": int(s["tokens"]),
     }
     for name, values in dimensions.items():  # this rank's completions
         v = torch.tensor([float(x) for x in values])
@@ -234,6 +270,8 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     out = {"kl": s["kl"] / tokens} if "kl" in s else {}
     out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
     out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
+    if "clip_low" in s and "clip_high" in s:  # TRL's region: either bound (never both)
+        out["clip_region_frac"] = (s["clip_low"] + s["clip_high"]) / tokens
     out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
     if "positions" in s:  # the policy pass's decoder positions that were padding
         out["padding_frac"] = s["padding"] / max(s["positions"], 1.0)

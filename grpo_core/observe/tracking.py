@@ -26,6 +26,8 @@ TRL_NAMES = {
     "truncated_frac": "completions/clipped_ratio",
     "clip_low_frac": "clip_ratio/low_mean",
     "clip_high_frac": "clip_ratio/high_mean",
+    "clip_region_frac": "clip_ratio/region_mean",
+    "tokens_seen": "num_tokens",
     "lr": "learning_rate",
     "loss/policy": "policy_loss",
 }

@@ -52,6 +52,8 @@ MAY_CHANGE = (
     "reward.isolation",
     "distributed.",
     "optimizer.fused",
+    "model.attn_implementation",  # the same attention, another kernel (rounding apart)
+    "callbacks",  # they watch the run; what they stop is the number of steps
 )
 #: What checkpoints written before the full config was stored are compared on.
 COMPATIBILITY_KEYS = (

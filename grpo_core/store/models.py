@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -56,6 +57,12 @@ def load_model(model_cfg: dict, device: torch.device):
                 f"convert to safetensors or set model.allow_unsafe_weights: true"
             )
     extra = {}
+    attention = model_cfg.get("attn_implementation")
+    if attention:
+        problem = attention_problem(attention, device.type)
+        if problem:
+            raise UserError(problem)
+        extra["attn_implementation"] = attention
     if model_cfg.get("quantization"):
         extra["quantization_config"] = _quantization(model_cfg["quantization"], device)
     try:
@@ -70,7 +77,7 @@ def load_model(model_cfg: dict, device: torch.device):
         raise UserError(
             f"model.name_or_path: cannot load a model from {path!r}: {str(exc).splitlines()[0]}"
         ) from exc
-    if not extra:
+    if "quantization_config" not in extra:
         model = model.to(device)
     if model_cfg.get("gradient_checkpointing"):
         kwargs = {"use_reentrant": False}
@@ -81,6 +88,23 @@ def load_model(model_cfg: dict, device: torch.device):
     if model_cfg.get("lora"):
         model = add_lora(model, model_cfg["lora"])
     return model
+
+
+def attention_problem(attention: str, device_type: str) -> str | None:
+    """Why ``model.attn_implementation`` cannot be used here (one line), or None:
+    flash_attention_2 needs the flash-attn package and a CUDA device."""
+    if attention != "flash_attention_2":
+        return None
+    if device_type != "cuda":
+        return (
+            f"model.attn_implementation: flash_attention_2 needs a CUDA device, not {device_type}"
+        )
+    if importlib.util.find_spec("flash_attn") is None:
+        return (
+            "model.attn_implementation: flash_attention_2 needs the flash-attn package "
+            "(pip install flash-attn), or use sdpa"
+        )
+    return None
 
 
 def _quantization(kind: str, device: torch.device):

@@ -55,6 +55,7 @@ def save(run, step: int, now: bool = False) -> str | None:
         "kl": run.kl.state_dict(),
         "data_position": run.stream.position,
         "data": run.stream.state_dict(),
+        "tokens_seen": run.tokens_seen,
     }
     baseline = run.baseline.state_dict()  # baseline.pt: a critic's tensors too
     # rollouts asked of the generator process for later steps: kept, so none is lost or
@@ -179,6 +180,7 @@ def resume(run, target: str | bool, force: bool) -> dict | None:
         run.baseline.load_state_dict(baseline)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
     run.start_step = state["step"]
+    run.tokens_seen = state.get("tokens_seen", 0)  # 0: written before it was kept
     if run.main:
         print(
             f"resumed from {path}: {run.start_step} steps done; the next is step "

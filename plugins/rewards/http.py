@@ -1,21 +1,32 @@
 """``http``: a remote reward service. POST {prompts, completions, columns} as JSON; the
 reply is {"rewards": [...]} (or a bare list). Timeouts, retries with exponential backoff.
 
-Redirects are followed by this module, not by urllib, so that credentials never reach another
+Built on httpx: one client per reward whose connections stay open between calls (pooled,
+``concurrency`` of them at most). A batch goes in one request, or with ``batch_size`` in
+requests of that many completions, ``concurrency`` of them in flight at once. A 429 or 503
+reply's ``Retry-After`` (seconds or an HTTP date) sets the wait before the next attempt; one
+over ``RETRY_AFTER_MAX`` seconds fails the call instead of stalling the step.
+
+Redirects are followed by this module, not by httpx, so that credentials never reach another
 origin: a redirect to a different scheme, host or port is refused unless
 ``allow_cross_origin_redirects`` is set, and then every configured header (Authorization,
 cookies, API keys) is dropped from that hop on. Only http(s) targets are followed, at most
-``max_redirects`` of them. The reply is read in chunks and refused past ``max_response_bytes``
-(at once when its Content-Length announces more), so a runaway server cannot exhaust memory.
+``max_redirects`` of them. No cookie a server sets is kept (a jar that accepts none), so none
+can travel to another port of the same host. The reply is read in chunks, decompressed, and
+refused past ``max_response_bytes`` (at once when its Content-Length announces more), so a
+runaway server cannot exhaust memory.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
+import httpx
 
 from grpo_core.hookspecs import Reward
 from grpo_core.scores import Scores
@@ -24,6 +35,8 @@ CHUNK = 64 * 1024
 REDIRECTS = (301, 302, 303, 307, 308)
 # Headers that carry credentials: never sent across origins, configured or not.
 SENSITIVE = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: the longest Retry-After waited for, in seconds
+RETRY_AFTER_MAX = 60.0
 
 
 class RemoteRewardError(RuntimeError):
@@ -34,14 +47,12 @@ class _Final(RemoteRewardError):
     """A failure that another attempt cannot fix (the reply or redirect is refused)."""
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Hand every redirect back to the caller as an HTTPError instead of following it."""
+class _Status(RemoteRewardError):
+    """A reply with an error status; ``wait``: what its Retry-After asks, in seconds."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
+    def __init__(self, code: int, reason: str, wait: float | None):
+        super().__init__(f"HTTP {code} {reason}")
+        self.code, self.wait = code, wait
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -50,6 +61,21 @@ def origin(url: str) -> tuple[str, str, int]:
     scheme = parts.scheme.lower()
     port = parts.port  # ValueError for a malformed port
     return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header value asks to wait (delay-seconds or an HTTP date,
+    RFC 9110 10.2.3), never negative; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class HTTPReward(Reward):
@@ -63,6 +89,8 @@ class HTTPReward(Reward):
         max_redirects: int = 5,
         allow_cross_origin_redirects: bool = False,
         max_response_bytes: int = 64 * 1024 * 1024,
+        batch_size: int | None = None,
+        concurrency: int = 4,
     ):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
         self.configured = dict(headers or {})
@@ -70,13 +98,38 @@ class HTTPReward(Reward):
         self.max_redirects = max_redirects
         self.allow_cross_origin = allow_cross_origin_redirects
         self.max_bytes = max_response_bytes
+        self.batch_size, self.concurrency = batch_size, concurrency
+        self._client: httpx.Client | None = None
+
+    def __getstate__(self) -> dict:
+        """Pickled for a worker process without the client: the worker opens its own."""
+        return {**self.__dict__, "_client": None}
+
+    def _pool(self) -> httpx.Client:
+        """The client, made on first use: pooled connections, no redirects followed by it,
+        no cookies kept."""
+        if self._client is None:
+            self._client = httpx.Client(
+                timeout=self.timeout,
+                follow_redirects=False,
+                cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+                limits=httpx.Limits(
+                    max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+                ),
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def _without_credentials(self, headers: dict) -> dict:
         """``headers`` minus the configured ones and any that carry credentials."""
         drop = {k.lower() for k in self.configured} | SENSITIVE
         return {k: v for k, v in headers.items() if k.lower() not in drop}
 
-    def _read(self, resp) -> bytes:
+    def _read(self, resp: httpx.Response) -> bytes:
         """The reply body, refused past ``max_bytes`` without reading much beyond it."""
         length = resp.headers.get("Content-Length")
         if length and length.strip().isdigit() and int(length) > self.max_bytes:
@@ -85,78 +138,108 @@ class HTTPReward(Reward):
                 f"({self.max_bytes}); not read"
             )
         body = bytearray()
-        while True:
-            chunk = resp.read(min(CHUNK, self.max_bytes + 1 - len(body)))
-            if not chunk:
-                return bytes(body)
+        for chunk in resp.iter_bytes(CHUNK):
             body += chunk
             if len(body) > self.max_bytes:
                 raise _Final(
                     f"reply is over max_response_bytes ({self.max_bytes}); reading stopped"
                 )
+        return bytes(body)
 
     def _post(self, body: bytes) -> bytes:
         """One attempt: send, follow the redirects the options allow, return the reply."""
         url, method, data, headers = self.url, "POST", body, dict(self.headers)
         for _ in range(self.max_redirects + 1):
-            req = urllib.request.Request(url, data=data, headers=headers, method=method)
-            try:
-                with _OPENER.open(req, timeout=self.timeout) as resp:
+            with self._pool().stream(method, url, content=data, headers=headers) as resp:
+                code = resp.status_code
+                if code not in REDIRECTS:
+                    if code >= 400:
+                        wait = retry_after(resp.headers.get("Retry-After"))
+                        raise _Status(code, resp.reason_phrase, wait)
                     return self._read(resp)
-            except urllib.error.HTTPError as exc:
-                if exc.code not in REDIRECTS:
-                    raise
-                code, location = exc.code, exc.headers.get("Location") if exc.headers else None
-                exc.close()
-                if not location:
-                    raise _Final(f"HTTP {code} redirect without a Location") from None
-            target = urllib.parse.urljoin(url, location.strip())
-            try:
-                here, there = origin(url), origin(target)
-            except ValueError:
-                raise _Final(f"redirect to a malformed URL {target[:200]!r} refused") from None
-            if there[0] not in ("http", "https") or not there[1]:
-                raise _Final(
-                    f"redirect to {target[:200]!r} refused: only http(s) URLs are followed"
-                )
-            if there != here:
-                if not self.allow_cross_origin:
-                    raise _Final(
-                        f"redirect to another origin ({there[0]}://{there[1]}:"
-                        f"{there[2]}) not followed; set allow_cross_origin_redirects "
-                        "to follow it (configured headers are then not sent)"
-                    )
-                headers = self._without_credentials(headers)
+                location = resp.headers.get("Location")
+            if not location:
+                raise _Final(f"HTTP {code} redirect without a Location")
+            url, headers = self._next_hop(url, location, headers)
             if code in (301, 302, 303):  # as browsers do: the next request is a bare GET
                 method, data = "GET", None
                 headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-            url = target
         raise _Final(f"more than max_redirects ({self.max_redirects}) redirects")
 
+    def _next_hop(self, url: str, location: str, headers: dict) -> tuple[str, dict]:
+        """Where a redirect from ``url`` leads and the headers that may go there; refused
+        (``_Final``) unless it is http(s), and same-origin or allowed across."""
+        target = urllib.parse.urljoin(url, location.strip())
+        try:
+            here, there = origin(url), origin(target)
+        except ValueError:
+            raise _Final(f"redirect to a malformed URL {target[:200]!r} refused") from None
+        if there[0] not in ("http", "https") or not there[1]:
+            raise _Final(f"redirect to {target[:200]!r} refused: only http(s) URLs are followed")
+        if there != here:
+            if not self.allow_cross_origin:
+                raise _Final(
+                    f"redirect to another origin ({there[0]}://{there[1]}:{there[2]}) not "
+                    "followed; set allow_cross_origin_redirects to follow it (configured "
+                    "headers are then not sent)"
+                )
+            headers = self._without_credentials(headers)
+        return target, headers
+
     def __call__(self, prompts, completions, **columns) -> Scores:
+        n = len(completions)
+        size = self.batch_size or n
+        if not size or size >= n or len(prompts) != n:
+            return Scores(self._score(prompts, completions, columns))
+        spans = [(s, min(s + size, n)) for s in range(0, n, size)]
+
+        def part(span: tuple[int, int]) -> list:
+            lo, hi = span
+            cut = {
+                k: v[lo:hi] if isinstance(v, list) and len(v) == n else v
+                for k, v in columns.items()
+            }
+            rewards = self._score(prompts[lo:hi], completions[lo:hi], cut)
+            if len(rewards) != hi - lo:
+                raise RemoteRewardError(
+                    f"reward service {self.url} answered {len(rewards)} rewards for a request "
+                    f"of {hi - lo} completions"
+                )
+            return rewards
+
+        with ThreadPoolExecutor(min(self.concurrency, len(spans))) as pool:
+            return Scores([r for rewards in pool.map(part, spans) for r in rewards])
+
+    def _score(self, prompts: list, completions: list, columns: dict) -> list:
+        """One request's rewards, with retries: a connection or server failure waits the
+        backoff (or the reply's Retry-After) and tries again; a refused reply does not."""
         body = json.dumps(
             {"prompts": prompts, "completions": completions, "columns": columns}, default=str
         ).encode()
-        last = "no attempt"
+        last, wait = "no attempt", 0.0
         for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+            time.sleep(wait)
+            wait = self.backoff * 2**attempt
             try:
                 reply = json.loads(self._post(body))
                 rewards = reply["rewards"] if isinstance(reply, dict) else reply
                 if not isinstance(rewards, list):
                     raise RemoteRewardError(f"reply has no list of rewards: {str(reply)[:100]}")
-                return Scores(rewards)
+                return rewards
             except _Final as exc:
                 last = str(exc)
                 break
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code} {exc.reason}"
-                exc.close()
+            except _Status as exc:
+                last = str(exc)
                 if 400 <= exc.code < 500 and exc.code != 429:
                     break  # the request is wrong: retrying will not help
-            except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+                if exc.wait is not None and exc.code in (429, 503):
+                    if exc.wait > RETRY_AFTER_MAX:
+                        last += f" (Retry-After {exc.wait:.0f} s, over {RETRY_AFTER_MAX:.0f} s)"
+                        break
+                    wait = exc.wait
+            except (httpx.TransportError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, RecursionError) as exc:
                 last = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})"
         raise RemoteRewardError(
@@ -191,6 +274,18 @@ SCHEMA = {
             "minimum": 1,
             "default": 64 * 1024 * 1024,
             "description": "largest reply read; a larger one is an error",
+        },
+        "batch_size": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "completions per request (null: the whole batch in one)",
+        },
+        "concurrency": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 4,
+            "description": "requests in flight at once, and connections kept open",
         },
     },
 }

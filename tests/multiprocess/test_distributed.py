@@ -405,3 +405,24 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(
     done = torchrun(write_config(tmp_path / "m.json", more), "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["step"] for r in rows(out)] == list(range(steps + 1))
+
+
+def test_mini_batches_take_a_share_of_each_rank(tiny_model, addition_data, tmp_path):
+    # 4 prompts on 2 ranks, 2 mini-batches: each update on one group of each rank; 2 updates
+    # a step under a warm-up over 8 updates: lr after the first step is LR x 2 / 8
+    out = str(tmp_path / "run")
+    cfg = cfg_for(tiny_model, addition_data, out, "ddp", steps=2)
+    cfg["train"]["mini_batches"] = 2
+    cfg["optimizer"]["warmup_steps"] = 8
+    p = torchrun(write_config(tmp_path / "c.json", cfg))
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
+    assert rows(out)[0]["lr"] == pytest.approx(LR * 2 / 8)
+    cfg["train"]["mini_batches"] = 4  # 2 prompts a rank cannot make 4 mini-batches
+    cfg["output"]["dir"] = str(tmp_path / "bad")
+    p = torchrun(write_config(tmp_path / "bad.json", cfg))
+    assert p.returncode != 0
+    assert "train.mini_batches: 4 does not divide the 2 prompts each of the 2 processes holds" in (
+        p.stderr
+    )

@@ -100,7 +100,9 @@ def test_install_list_train_uninstall(venv, tiny_model, addition_data, tmp_path)
     assert gone.returncode == 2 and "unknown baseline plugin 'grpo_median'" in gone.stderr
 
 
-@pytest.mark.parametrize("kind", ["reward", "baseline", "kl", "objective", "environment"])
+@pytest.mark.parametrize(
+    "kind", ["reward", "baseline", "kl", "objective", "environment", "callback"]
+)
 def test_new_skeleton_passes_check_as_written(venv, tmp_path, kind):
     name = f"my_{kind}_thing"
     made = run(

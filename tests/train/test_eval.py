@@ -44,6 +44,8 @@ def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_
         cwd=ROOT,
     )
     assert p.returncode == 0, p.stderr
+    # stderr is not a terminal here: no progress bar drawn into the log
+    assert "eval [" not in p.stderr and "problem/s" not in p.stderr and "%|" not in p.stderr
     report = json.load(open(out / "report.json"))
     assert report["problems"] == 6 and report["samples_per_problem"] == 4
     for key in ("accuracy", "pass@1", "pass@2", "pass@4", "reward", "completion_len"):

@@ -318,7 +318,16 @@ def test_update_metrics_average_every_inner_iteration():
     assert m["loss"] == pytest.approx(-0.19) and m["loss_last"] == pytest.approx(-0.28)
     alone = update_metrics([{k: v for k, v in first.items() if "kl" not in k}])
     assert "kl" not in alone and "kl_last" not in alone  # no reference: no KL, not a KL of 0
-    assert set(alone) == {"entropy", "loss", "loss/policy", "clip_low_frac", "clip_high_frac"}
+    assert set(alone) == {
+        "entropy",
+        "loss",
+        "loss/policy",
+        "clip_low_frac",
+        "clip_high_frac",
+        "clip_region_frac",
+    }
+    # TRL's clip_ratio/region_mean: either bound, (0 + 0) / 10 then (1 + 3) / 10
+    assert m["clip_region_frac"] == pytest.approx(0.2) and m["clip_region_frac_last"] == 0.4
 
 
 def test_suggest():

@@ -117,6 +117,13 @@ def test_student_t_tail_against_closed_forms(t):
     assert stats.t_two_sided(-t, 3) == stats.t_two_sided(t, 3)
 
 
+def test_student_t_far_tail_keeps_its_relative_precision():
+    # nu = 1: P(|T| >= t) = (2 / pi) atan(1 / t), ~6.4e-9 at t = 1e8 (1 - cdf would be 0)
+    for t in (1e4, 1e8):
+        assert stats.t_two_sided(t, 1) == pytest.approx(2 / math.pi * math.atan(1 / t), rel=1e-9)
+    assert stats.t_two_sided(math.inf, 5) == 0.0
+
+
 def test_student_t_tail_against_numerical_integration():
     for df in (3.0, 4.6, 9.5):
         grid = np.linspace(0, 2.2, 200_001)

@@ -94,6 +94,9 @@ def test_flat_trl_mapping_loads():
         "epsilon_high": 0.28,
         "max_steps": 3,
         "use_vllm": False,
+        "steps_per_generation": 2,
+        "optim": "adamw_torch_fused",
+        "attn_implementation": "sdpa",
         "reward": {"name": "math"},
     }
     cfg = config.validate(trl_names.from_trl(flat))
@@ -101,6 +104,31 @@ def test_flat_trl_mapping_loads():
     assert cfg["kl"]["name"] == "fixed" and cfg["kl"]["options"]["coef"] == 0.0
     assert cfg["objective"]["options"]["clip_high"] == 0.28 and cfg["train"]["steps"] == 3
     assert cfg["generator"]["name"] == "hf" and cfg["data"]["path"] == PROMPTS
+    assert cfg["train"]["mini_batches"] == 2 and cfg["optimizer"]["name"] == "adamw"
+    assert cfg["model"]["attn_implementation"] == "sdpa"
+
+
+def test_generation_kwargs_become_sampling_keys_checked_by_the_schema():
+    flat = {
+        "model_name_or_path": "m",
+        "dataset_name": PROMPTS,
+        "reward": {"name": "math"},
+        "generation_kwargs": {"top_p": 0.9, "top_k": 20, "min_p": 0.05, "stop_strings": ["\n"]},
+    }
+    cfg = config.validate(trl_names.from_trl(flat))
+    sampling = cfg["sampling"]
+    assert (sampling["top_p"], sampling["top_k"], sampling["min_p"]) == (0.9, 20, 0.05)
+    assert sampling["stop"] == ["\n"]
+    with pytest.raises(ConfigError) as info:
+        trl_names.from_trl({**flat, "generation_kwargs": {"no_repeat_ngram_size": 3}})
+    assert info.value.problems == [
+        "generation_kwargs.no_repeat_ngram_size: not a sampling setting here; the generator "
+        "takes ['max_new_tokens', 'min_p', 'repetition_penalty', 'stop', 'temperature', "
+        "'top_k', 'top_p']"
+    ]
+    with pytest.raises(ConfigError) as info:
+        config.validate(trl_names.from_trl({**flat, "generation_kwargs": {"top_p": 2}}))
+    assert info.value.problems[0].startswith("sampling.top_p: ")
 
 
 def test_flat_trl_mapping_refuses_names_that_need_a_decision():
@@ -130,11 +158,10 @@ def test_yaml_exponent_reading_leaves_pyyaml_itself_alone():
 
 def test_a_trl_setting_we_lack_says_what_to_do_instead():
     with pytest.raises(ConfigError) as info:
-        config.validate({**parse_yaml(BASE), "steps_per_generation": 4})
+        config.validate({**parse_yaml(BASE), "use_liger_loss": True})
     assert info.value.problems == [
-        "steps_per_generation: unknown key 'steps_per_generation': a TRL setting grpo-core does "
-        "not have: one optimizer update per rollout, or train.inner_iterations passes over it "
-        "(docs/trl.md)"
+        "use_liger_loss: unknown key 'use_liger_loss': a TRL setting grpo-core does not have: "
+        "the log-probs are computed in chunks (runtime.logprob_chunk) (docs/trl.md)"
     ]
 
 

@@ -1,0 +1,148 @@
+"""The http reward's client (httpx): connections reused between calls, a batch split into
+concurrent requests that come back in order, Retry-After honoured (seconds and HTTP dates,
+and refused past RETRY_AFTER_MAX), no cookie kept for another port. Real servers on
+127.0.0.1; the redirect and reply-size properties are in test_reward_hardening.py."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from grpo_core_plugins.rewards.http import RETRY_AFTER_MAX, retry_after
+
+from grpo_core import create
+
+
+class Service:
+    """An HTTP/1.1 reward server (keep-alive) that scores a completion by its length;
+    ``before(service, handler)`` may answer first (returning True); it records each
+    request's client port, its headers, and the most requests in flight at once."""
+
+    def __init__(self, before=None, delay: float = 0.0):
+        self.ports: list[int] = []
+        self.headers: list[dict] = []
+        self.times: list[float] = []
+        self.inflight = self.most = 0
+        lock, service = threading.Lock(), self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    service.ports.append(self.client_address[1])
+                    service.headers.append(dict(self.headers))
+                    service.times.append(time.monotonic())
+                    service.inflight += 1
+                    service.most = max(service.most, service.inflight)
+                try:
+                    if before is None or not before(service, self):
+                        time.sleep(delay)
+                        self.reply(200, {"rewards": [float(len(c)) for c in body["completions"]]})
+                finally:
+                    with lock:
+                        service.inflight -= 1
+
+            def reply(self, code, payload, **headers):
+                out = json.dumps(payload).encode()
+                self.send_response(code)
+                for k, v in {"Content-Length": str(len(out)), **headers}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def services():
+    made = []
+    yield lambda *a, **k: made.append(Service(*a, **k)) or made[-1]
+    for s in made:
+        s.close()
+
+
+def test_calls_reuse_one_connection(services):
+    svc = services()
+    r = create("reward", "http", {"url": svc.url, "timeout": 5})
+    for _ in range(3):
+        assert list(r(["p"], ["abc"])) == [3.0]
+    r.close()
+    assert len(svc.ports) == 3 and len(set(svc.ports)) == 1  # one TCP connection, kept
+
+
+def test_a_batch_goes_out_as_concurrent_requests_and_comes_back_in_order(services):
+    svc = services(delay=0.5)
+    r = create("reward", "http", {"url": svc.url, "timeout": 5, "batch_size": 2, "concurrency": 4})
+    completions = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff", "g"]
+    t0 = time.monotonic()
+    scores = r(["p"] * 7, completions, answer=[str(i) for i in range(7)])
+    took = time.monotonic() - t0
+    r.close()
+    assert list(scores) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0]
+    assert len(svc.ports) == 4 and svc.most == 4  # 2 + 2 + 2 + 1, all in flight together
+    assert took < 1.5, took  # one round of 0.5 s, not four
+
+
+def test_retry_after_seconds_sets_the_wait(services):
+    def busy_once(service, h):
+        if len(service.ports) == 1:
+            h.reply(503, {"error": "busy"}, **{"Retry-After": "1"})
+            return True
+        return False
+
+    svc = services(busy_once)
+    r = create("reward", "http", {"url": svc.url, "timeout": 5, "backoff": 0.01})
+    assert list(r(["p"], ["ab"])) == [2.0]
+    assert svc.times[1] - svc.times[0] >= 1.0  # the server's second, not the 0.01 s backoff
+
+
+def test_retry_after_longer_than_the_limit_fails_at_once(services):
+    svc = services(lambda s, h: h.reply(429, {}, **{"Retry-After": "3600"}) or True)
+    r = create("reward", "http", {"url": svc.url, "timeout": 5, "retries": 3})
+    with pytest.raises(RuntimeError) as info:
+        r(["p"], ["ab"])
+    message = str(info.value)
+    assert "after 1 attempt(s): HTTP 429" in message and "Retry-After 3600 s" in message
+    assert "\n" not in message and len(svc.ports) == 1
+
+
+def test_retry_after_reads_http_dates():
+    now = time.time()
+    assert retry_after(email.utils.formatdate(now + 30, usegmt=True), now) == pytest.approx(
+        30, abs=1
+    )
+    assert retry_after(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0
+    assert retry_after("7") == 7.0 and retry_after("soon") is None and retry_after(None) is None
+    assert RETRY_AFTER_MAX == 60.0
+
+
+def test_a_cookie_one_port_sets_never_reaches_another(services):
+    def set_cookie(service, h):
+        h.reply(200, {"rewards": [1.0]}, **{"Set-Cookie": "session=abc; Path=/"})
+        return True
+
+    first, second = services(set_cookie), services()
+    a = create("reward", "http", {"url": first.url, "timeout": 5})
+    a(["p"], ["c"])
+    assert len(a._client.cookies.jar) == 0  # the jar took none
+    a.url = second.url  # the same client, another port of the same host
+    a(["p"], ["c"])
+    a(["p"], ["c"])
+    a.close()
+    assert all("Cookie" not in h and "cookie" not in h for h in second.headers)
