@@ -16,11 +16,11 @@ Measured against real runs in docs/benchmarks.md (tests/memory_probe.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from grpo_core.config.file import read_file
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
+from grpo_core.observe.flops import Shape
 
 PRESETS = {
     "qwen2.5-0.5b": dict(
@@ -46,31 +46,6 @@ SHARDED = {
 GiB = 2**30
 #: a device's memory when neither given nor found (GiB): an 80 GB H100's
 DEFAULT_DEVICE_GIB = 79.6
-
-
-@dataclass
-class Shape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.hidden // self.heads
-
-    def params(self) -> int:
-        H, kv, inter = self.hidden, self.kv_dim, self.intermediate
-        layer = (H * H + H) + 2 * (H * kv + kv) + H * H + 3 * H * inter + 2 * H
-        return self.vocab * H * (1 if self.tied else 2) + self.layers * layer + H
-
-    def lora_params(self, rank: int) -> int:
-        """Adapters on q, k, v, o: r * (in + out) each, per layer."""
-        H, kv = self.hidden, self.kv_dim
-        return self.layers * rank * ((H + H) + 2 * (H + kv) + (H + H))
 
 
 def load_shape(spec: str) -> Shape:
@@ -150,7 +125,7 @@ def plan(
     completions = max(1, prompts // gpus) * group_size
     mb = min(micro_batch or completions, completions)
     seq = prompt_tokens + new_tokens
-    H, kv = shape.hidden, shape.kv_dim
+    H, kv = shape.hidden, shape.kv_width
     w_s, g_s, o_s, r_s = (gpus if x else 1 for x in SHARDED[strategy])
     layer = (P - shape.vocab * H * (1 if shape.tied else 2)) / shape.layers
     gathered = 2 * layer * wb if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
@@ -207,7 +182,7 @@ def activations(shape: Shape, tokens: int, checkpointing: bool, nbytes: int) -> 
     holds its tensors and their gradients at once (2 x ``per_layer``): the measured peak
     (docs/benchmarks.md) that one layer's worth alone underestimated by half."""
     H = shape.hidden
-    per_layer = 8 * H + 4 * shape.intermediate + 4 * shape.kv_dim
+    per_layer = 8 * H + 4 * shape.intermediate + 4 * shape.kv_width
     if checkpointing:
         return tokens * (shape.layers * H + 2 * per_layer) * nbytes
     return tokens * shape.layers * per_layer * nbytes

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Shape:
     """A decoder's sizes: hidden H, layers, query heads, key/value heads, MLP width I,
-    vocabulary V; ``bytes_per_param``: 4 for float32 weights."""
+    vocabulary V; ``tied``: the LM head shares the embedding; ``bytes_per_param``: 4 for
+    float32 weights. The roofline counts its work and ``grpo plan-memory`` its memory."""
 
     hidden: int
     layers: int
@@ -26,6 +27,7 @@ class Shape:
     kv_heads: int
     intermediate: int
     vocab: int
+    tied: bool = False
     bytes_per_param: int = 4
 
     @classmethod
@@ -38,6 +40,7 @@ class Shape:
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             config.intermediate_size,
             config.vocab_size,
+            bool(getattr(config, "tie_word_embeddings", False)),
         )
 
     @property
@@ -53,9 +56,22 @@ class Shape:
         return 2 * H * H + 2 * H * self.kv_width + 3 * H * self.intermediate
 
     @property
-    def params(self) -> int:
-        """Matrix weights of the decoder and the LM head (tied or not, read once)."""
+    def matrix_params(self) -> int:
+        """Matrix weights of the decoder and the LM head (tied or not, read once): what a
+        token's forward pass multiplies by."""
         return self.layers * self.layer_params + self.hidden * self.vocab
+
+    def params(self) -> int:
+        """Every parameter (Qwen2's layout: q, k, v biases, two norms a layer, the final
+        norm; the LM head counted again unless tied): what a model's memory holds."""
+        H, kv = self.hidden, self.kv_width
+        layer = self.layer_params + H + 2 * kv + 2 * H
+        return self.vocab * H * (1 if self.tied else 2) + self.layers * layer + H
+
+    def lora_params(self, rank: int) -> int:
+        """Adapters on q, k, v, o: r * (in + out) each, per layer."""
+        H, kv = self.hidden, self.kv_width
+        return self.layers * rank * ((H + H) + 2 * (H + kv) + (H + H))
 
 
 def causal_pairs(context: int, length: int) -> int:
@@ -127,4 +143,4 @@ def decode_bytes(shape: Shape, prompts: Sequence[int], completions: Sequence[Seq
     for lp, lengths in zip(prompts, completions):
         for n in lengths:
             kv += causal_pairs(lp, max(n - 1, 0)) - max(n - 1, 0)  # keys before each step
-    return steps * shape.params * shape.bytes_per_param + kv * kv_per_token
+    return steps * shape.matrix_params * shape.bytes_per_param + kv * kv_per_token

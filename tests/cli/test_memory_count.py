@@ -21,7 +21,8 @@ def test_plan_memory_on_a_tiny_model(tiny_model):
 
 
 def test_the_optimizer_state_follows_the_configured_optimizer():
-    from grpo_core.cli.memory import Shape, optimizer_moments, plan
+    from grpo_core.cli.memory import optimizer_moments, plan
+    from grpo_core.observe.flops import Shape
 
     shape = Shape(64, 2, 4, 4, 128, 100, True)
     P = shape.params()

@@ -10,7 +10,8 @@ import sys
 import pytest
 from helpers import ROOT, run_grpo
 
-from grpo_core.cli.memory import PRESETS, Shape, plan
+from grpo_core.cli.memory import PRESETS, plan
+from grpo_core.observe.flops import Shape
 
 
 def test_parameter_counts_match_the_published_sizes():

@@ -15,7 +15,7 @@ PROMPTS, COMPLETIONS = [3], [[3, 1]]
 def test_shape_counts():
     # q, o: 16 each; k, v: 4 x 2 each; gate, up, down: 4 x 8 each -> 32 + 16 + 96
     assert SHAPE.kv_width == 2 and SHAPE.layer_params == 144
-    assert SHAPE.params == 2 * 144 + 40
+    assert SHAPE.matrix_params == 2 * 144 + 40
     config = Qwen2Config(
         hidden_size=4,
         num_hidden_layers=2,
