@@ -19,6 +19,7 @@ from grpo_core.data.prompts import make_batch
 from grpo_core.env.episodes import EpisodeRunner, episode_metrics
 from grpo_core.env.observations import EnvironmentFailure, Renderer
 from grpo_core.hookspecs import Environment, Observation, hookimpl
+from grpo_core.loss.groups import micro_batches
 from grpo_core.loss.logprobs import completion_logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
 from grpo_core.registry import registry
@@ -427,7 +428,7 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
     assert torch.equal(
         torch.cat(masks),
         (ro.action_mask.float() * a.keep[:, None])[
-            torch.cat([mb for mb in phases.micro_batches(ro.group, run.prompts, 2)])
+            torch.cat(list(micro_batches(ro.group, run.prompts, 2)))
         ],
     )
     assert u.iterations[0]["tokens"] == float((ro.action_mask.float() * a.keep[:, None]).sum())
