@@ -23,10 +23,14 @@ from grpo_core.cli import word_problems
 from grpo_core.errors import UserError
 from grpo_core.tiny import write_jsonl
 
-SYSTEM_PROMPT = (
-    "Solve the math word problem. Think briefly, then give the final answer inside \\boxed{}."
+SYSTEM_PROMPT = (  # one worked example: answers become one line that ends in a box
+    "You solve math word problems. Reply in one line: the calculation, then the answer in "
+    "\\boxed{}.\n"
+    "Example question: A bag holds 6 pears. Ann buys 4 bags. How many pears does Ann buy?\n"
+    "Example reply: 6 * 4 = 24. \\boxed{24}"
 )
 N_TRAIN, N_HELDOUT, N_GSM8K = 2000, 100, 200
+STEPS = 30
 EVAL_EVERY = 10  # steps between held-out evaluations during training (the curve)
 #: GSM8K's test set where this project keeps shared data: ../shared/data beside the repository
 GSM8K_TEST = os.path.join(
@@ -63,9 +67,9 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
             "columns": ["answer"],
             "system_prompt": SYSTEM_PROMPT,
         },
-        "sampling": {"group_size": 8, "max_new_tokens": 64, "temperature": 1.0},
-        "train": {"steps": steps, "prompts_per_step": 4, "seed": 0},
-        "optimizer": {"lr": 1e-5, "max_grad_norm": 1.0},
+        "sampling": {"group_size": 16, "max_new_tokens": 40, "temperature": 1.0},
+        "train": {"steps": steps, "prompts_per_step": 2, "seed": 0},
+        "optimizer": {"lr": 3e-5, "max_grad_norm": 1.0},
         "runtime": {"device": "cpu", "threads": 2},
         "reward": {"name": "math"},
         "baseline": {"name": "grpo"},
@@ -149,14 +153,17 @@ def run(
     ``curve.png``. ``heldout_n``, ``gsm8k_n``: problems evaluated (fewer for a quick check)."""
     t0 = time.time()
     gguf = locate_model()
-    train_rows, heldout = word_problems.split(N_TRAIN, heldout_n)
+    # trained on one-step problems, judged on held-out one- and two-step ones (docs/recipes.md)
+    train_rows, heldout = word_problems.split(
+        N_TRAIN, heldout_n, train_templates=word_problems.ONE_STEP
+    )
     write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
     import yaml
 
     cfg_path = os.path.join(out, "config.yaml")
     with open(cfg_path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(demo_config(out, steps or 40, gguf), f, sort_keys=False)
+        yaml.safe_dump(demo_config(out, steps or STEPS, gguf), f, sort_keys=False)
     cfg = config_mod.load(cfg_path, overrides)
     gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if os.path.isfile(GSM8K_TEST) else None
     print(

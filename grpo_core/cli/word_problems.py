@@ -133,22 +133,40 @@ TWO_STEP: list[Callable[[random.Random, str, str], Problem]] = [
 ]
 
 
-def problems(n: int, seed: int = 0) -> list[dict]:
-    """``n`` distinct problems as rows ``{"prompt", "answer"}``, half one-step and half
-    two-step templates, in a seeded order."""
+def problems(
+    n: int,
+    seed: int = 0,
+    templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> list[dict]:
+    """``n`` distinct problems as rows ``{"prompt", "answer"}`` in a seeded order: from
+    ``templates`` when given, else half one-step and half two-step; none whose question is
+    in ``exclude``."""
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     rows = []
     while len(rows) < n:
-        template = rng.choice(ONE_STEP if len(rows) % 2 == 0 else TWO_STEP)
-        question, answer = template(rng, rng.choice(NAMES), rng.choice(ITEMS))
+        kinds = templates or (ONE_STEP if len(rows) % 2 == 0 else TWO_STEP)
+        question, answer = rng.choice(kinds)(rng, rng.choice(NAMES), rng.choice(ITEMS))
         if question not in seen:
             seen.add(question)
             rows.append({"prompt": question, "answer": str(answer)})
     return rows
 
 
-def split(n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows): distinct problems, none in both."""
+def split(
+    n_train: int,
+    n_heldout: int,
+    seed: int = 0,
+    train_templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): distinct problems, none in both. The held-out rows are
+    half one-step, half two-step; ``train_templates`` draws the training rows from those
+    templates only (the pretrained demo trains on :data:`ONE_STEP`, docs/recipes.md), with
+    the same held-out rows as the default split."""
     rows = problems(n_train + n_heldout, seed)
-    return rows[:n_train], rows[n_train:]
+    if train_templates is None:
+        return rows[:n_train], rows[n_train:]
+    held = rows[n_train:]
+    exclude = frozenset(r["prompt"] for r in held)
+    return problems(n_train, seed + 1, train_templates, exclude), held

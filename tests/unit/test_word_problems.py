@@ -40,3 +40,14 @@ def test_each_template_answers_its_own_story():
             question, answer = template(rng, "Tom", "apples")
             numbers = [int(n) for n in re.findall(r"\d+", question)]
             assert answer == FORMULAS[template.__name__](*numbers) > 0, question
+
+
+def test_one_step_training_rows_keep_the_mixed_heldout_apart():
+    train, held = word_problems.split(300, 50, seed=1, train_templates=word_problems.ONE_STEP)
+    assert held == word_problems.split(300, 50, seed=1)[1]  # the same held-out problems
+    assert len(train) == 300 and not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    one_step = ("buys", "gave", "A box holds", "shares")
+    two_step = ("then gives", "packs of", "trays of", "notebooks")
+    assert all(any(w in r["prompt"] for w in one_step) for r in train)
+    assert not any(any(w in r["prompt"] for w in two_step) for r in train)
+    assert any(any(w in r["prompt"] for w in two_step) for r in held)
