@@ -34,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from step_vs_trl import CASES, real_model, rows_for  # noqa: E402
+from step_vs_trl import CASES, ours_config, real_model, rows_for  # noqa: E402
 
 
 def best_seconds(fn, tries: int = 10) -> float:
@@ -133,29 +133,10 @@ def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: s
     from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
 
-    _, _, P, G, new_tokens, _ = CASES[case]
     out = tempfile.mkdtemp(prefix=f"roofline_{case}_")
-    write_jsonl(os.path.join(out, "data.jsonl"), rows)
-    cfg = config.validate(
-        {
-            "model": {"name_or_path": model_dir},
-            "data": {"path": os.path.join(out, "data.jsonl"), "columns": ["answer"]},
-            "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
-            "train": {"steps": 1 + steps, "prompts_per_step": P, "micro_batch_groups": P},
-            "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
-            "runtime": {"device": "cpu", "threads": 1, "packing": packing},
-            "reward": {"name": "math"},
-            "kl": {"name": "fixed", "options": {"coef": 0.04}},
-            "output": {
-                "dir": os.path.join(out, "run"),
-                "progress": False,
-                "save_model": False,
-                "samples_every": 0,
-                "tensorboard": "off",
-            },
-            "health": {"enabled": False},
-        }
-    )
+    data = os.path.join(out, "data.jsonl")
+    write_jsonl(data, rows)
+    cfg = config.validate(ours_config(model_dir, data, case, 1 + steps, out, packing))
     rec = Recorder()
     saved = rec.install(phases)
     try:

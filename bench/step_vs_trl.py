@@ -273,6 +273,32 @@ def trl_block(model_dir: str, rows: list[dict], case: str, steps: int, out: str)
     return timer.measured()
 
 
+def ours_config(
+    model_dir: str, data: str, case: str, steps: int, out: str, packing: str = "off"
+) -> dict:
+    """grpo-core's side of a case: the settings both sides share, ``steps`` in all, the run
+    in ``out``/run (bench/roofline.py times the same config)."""
+    _, _, P, G, new_tokens, _ = CASES[case]
+    return {
+        "model": {"name_or_path": model_dir},
+        "data": {"path": data, "columns": ["answer"]},
+        "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
+        "train": {"steps": steps, "prompts_per_step": P, "micro_batch_groups": P},
+        "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
+        "runtime": {"device": "cpu", "threads": 1, "packing": packing},
+        "reward": {"name": "math"},
+        "kl": {"name": "fixed", "options": {"coef": 0.04}},
+        "output": {
+            "dir": os.path.join(out, "run"),
+            "progress": False,
+            "save_model": False,
+            "samples_every": 0,
+            "tensorboard": "off",
+        },
+        "health": {"enabled": False},
+    }
+
+
 def ours_block(
     model_dir: str, rows: list[dict], case: str, steps: int, out: str, packing: str = "off"
 ) -> list[dict]:
@@ -280,29 +306,9 @@ def ours_block(
     from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
 
-    _, _, P, G, new_tokens, _ = CASES[case]
     data = os.path.join(out, "data.jsonl")
     write_jsonl(data, rows)
-    cfg = config.validate(
-        {
-            "model": {"name_or_path": model_dir},
-            "data": {"path": data, "columns": ["answer"]},
-            "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
-            "train": {"steps": WARMUP + steps, "prompts_per_step": P, "micro_batch_groups": P},
-            "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
-            "runtime": {"device": "cpu", "threads": 1, "packing": packing},
-            "reward": {"name": "math"},
-            "kl": {"name": "fixed", "options": {"coef": 0.04}},
-            "output": {
-                "dir": os.path.join(out, "run"),
-                "progress": False,
-                "save_model": False,
-                "samples_every": 0,
-                "tensorboard": "off",
-            },
-            "health": {"enabled": False},
-        }
-    )
+    cfg = config.validate(ours_config(model_dir, data, case, WARMUP + steps, out, packing))
     timer = Timer()
     saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update", "observe")}
 
