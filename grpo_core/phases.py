@@ -562,6 +562,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
                     run.cfg["data"],
                     run.reward,
                     n=ec.n,
+                    batch_prompts=ec.batch_prompts,
                     temperature=ec.temperature,
                     max_new_tokens=run.config.sampling.max_new_tokens,
                     pass_threshold=ec.pass_threshold,

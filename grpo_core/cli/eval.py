@@ -86,6 +86,7 @@ def evaluate_cli(args) -> int:
             cfg["data"],
             reward_fn,
             n=args.n,
+            batch_prompts=cfg["eval"]["batch_prompts"],
             temperature=args.temperature,
             max_new_tokens=cfg["sampling"]["max_new_tokens"],
             progress=True,

@@ -757,6 +757,12 @@ EVAL = _obj(
             "description": "steps between validations (0: none)",
         },
         "n": {**POS_INT, "default": 1, "description": "samples per problem"},
+        "batch_prompts": {
+            **POS_INT,
+            "default": 16,
+            "description": "problems generated as one batch (larger: fewer, fuller decode "
+            "steps, more memory)",
+        },
         "temperature": {"type": "number", "minimum": 0, "default": 0.0, "description": "0: greedy"},
         "max_problems": {
             "type": ["integer", "null"],

@@ -224,6 +224,7 @@ class EvalSection:
     split: str
     every_n_steps: int
     n: int
+    batch_prompts: int
     temperature: float
     max_problems: int | None
     pass_threshold: float

@@ -42,7 +42,7 @@ def _prepared_mask_key(model) -> str | None:
     if getattr(cfg, "_attn_implementation", None) != "sdpa":
         return None
     types = getattr(cfg, "layer_types", None)
-    if not types or any(t != "full_attention" for t in types):
+    if not types or not _full_attention(model):
         return None
     get = getattr(model, "get_decoder", None)
     try:
@@ -50,6 +50,16 @@ def _prepared_mask_key(model) -> str | None:
     except (OSError, TypeError):
         return None
     return "full_attention" if "causal_mask_mapping" in src else None
+
+
+def _full_attention(model) -> bool:
+    """Every layer attends to every earlier key (no sliding window, whose span counts cache
+    slots, padding included): then padding anywhere in the cache is only masked keys."""
+    cfg = getattr(model, "config", None)
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return getattr(cfg, "sliding_window", None) is None
 
 
 class _InPlace:
@@ -120,13 +130,29 @@ def _direct_parts(model):
     return (decoder, head) if same else (None, None)
 
 
+def _shared_head(ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """How many leading real tokens every left-padded prompt in ``ids`` [P, Lp] shares,
+    leaving each at least one token of its own."""
+    lengths = mask.sum(-1)
+    shortest = int(lengths.min())
+    if shortest < 2:
+        return 0
+    Lp = mask.shape[1]
+    firsts = Lp - lengths  # each row's first real column
+    cols = firsts[:, None] + torch.arange(shortest - 1, device=ids.device)[None]
+    heads = ids.gather(1, cols)  # [P, shortest - 1]: each prompt's opening tokens
+    differs = (heads != heads[:1]).any(0)
+    return int(differs.int().argmax()) if bool(differs.any()) else shortest - 1
+
+
 class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
 
     supports_episodes = True
 
-    def __init__(self, check_every: int = 8):
+    def __init__(self, check_every: int = 8, share_min: int = 16):
         self.check_every = check_every
+        self.share_min = share_min  # shared opening tokens worth a prefill of their own
         self.model = None
 
     def setup(self, model, tokenizer, device) -> None:
@@ -139,6 +165,7 @@ class HFGenerator(Generator):
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.mask_key = _prepared_mask_key(model)
+        self.shares_heads = _full_attention(model)
         self.decoder, self.head = _direct_parts(model)
 
     def sync_weights(self, model) -> None:
@@ -198,6 +225,39 @@ class HFGenerator(Generator):
         new = getattr(out, "cache", None)
         return logits, new if new is not None else out.past_key_values
 
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor):
+        """(logits at each prompt's last token [P, V], the KV cache, the mask over the cache's
+        positions [P, L]) of left-padded prompts ``ids``/``mask`` [P, Lp].
+
+        Prompts that open with the same tokens (a system prompt and a chat template's
+        header: often most of a short prompt) run that shared head once, and only their
+        own tails as a batch after it: the cache then holds the head, each row's padding,
+        its tail (padding in the middle is masked like padding on the left, and positions
+        count real tokens only). Below ``share_min`` shared tokens, for one prompt, or for a
+        model with sliding-window layers, the plain batched prefill."""
+        c = _shared_head(ids, mask) if self.shares_heads else 0
+        if ids.shape[0] < 2 or c < max(self.share_min, 1):
+            logits, cache = self._step(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+            return logits, cache, mask
+        P, Lp = mask.shape
+        start = int(Lp - mask[0].sum())
+        head = ids[:1, start : start + c]  # the first prompt's opening tokens
+        _, cache = self._step(head, torch.ones_like(head), torch.arange(c, device=ids.device)[None])
+        cache.batch_repeat_interleave(P)
+        # left-padded, so the tails are the last columns; each keeps at least one token
+        tail_len = int(mask.sum(-1).max()) - c
+        firsts = Lp - mask.sum(-1, keepdim=True)  # each prompt's first real column
+        cols = torch.arange(Lp, device=ids.device)[None]
+        tail_mask = (cols >= firsts + c).to(mask.dtype)[:, Lp - tail_len :]
+        full = torch.cat([tail_mask.new_ones((P, c)), tail_mask], 1)
+        logits, cache = self._step(
+            ids[:, Lp - tail_len :],
+            full,
+            c + (tail_mask.cumsum(-1) - 1).clamp(min=0),
+            cache,
+        )
+        return logits, cache, full
+
     def start_episodes(
         self,
         prompt_ids: list[list[int]],
@@ -237,13 +297,12 @@ class HFGenerator(Generator):
         self.model.eval()
         prompts = torch.unique(rows // n)  # each prompt in this chunk is prefilled once
         local = torch.searchsorted(prompts, rows // n)
-        mask = pmask[prompts]
-        logits, cache = self._step(pids[prompts], mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        logits, cache, cached = self._prefill(pids[prompts], pmask[prompts])
         cache.batch_select_indices(local)
         _make_room(cache, sp.max_new_tokens - 1)
         logits = logits[local]
-        R, T, Lp = rows.shape[0], sp.max_new_tokens, pmask.shape[1]
-        attn = torch.cat([pmask[rows // n], pmask.new_ones((R, T))], 1)  # sliced as it grows
+        R, T, Lp = rows.shape[0], sp.max_new_tokens, cached.shape[1]
+        attn = torch.cat([cached[local], cached.new_ones((R, T))], 1)  # sliced as it grows
         pos = attn[:, :Lp].sum(-1, keepdim=True)
         keep = None  # SDPA's additive mask (0 or -inf), built once: a bool one is converted
         if self.mask_key:  # to this in every layer of every step
@@ -339,7 +398,14 @@ def generator(register):
                     "minimum": 1,
                     "default": 8,
                     "description": "decode steps between all-finished checks",
-                }
+                },
+                "share_min": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 16,
+                    "description": "opening tokens all of a batch's prompts share (a system "
+                    "prompt) that are prefilled once for all of them",
+                },
             },
             "additionalProperties": False,
         },
