@@ -3,7 +3,7 @@ work from the model's shape and the step's token counts (grpo_core.observe.flops
 share of the limit each phase reaches.
 
     python bench/roofline.py [--case tiny,gsm8k,smollm2] [--steps 3] [--packing off|on|auto]
-                             [--data ../shared/data]
+                             [--profile] [--data ../shared/data]
 
 The machine: GEMM GFLOP/s at the model's own shapes (the training pass's tokens x hidden
 against hidden x hidden, hidden x MLP, MLP x hidden, and a 1,024-row LM-head chunk against
@@ -20,6 +20,10 @@ once, completions' real tokens, the head at completion tokens); training, 3x for
 inner iteration); padding, the layers' FLOPs on the padding positions the passes ran, apart.
 Decode is judged against memory bandwidth (time the bytes need / time taken), the log-prob
 passes against the GEMM peak at the model's shapes (achieved GFLOP/s / peak).
+
+``--profile``: where each phase's time goes, one more step under torch.profiler: operator
+self time in GEMMs, attention, softmax, the autograd engine and other operators, and the
+rest of the phase's wall time (Python and framework work between operators).
 """
 
 from __future__ import annotations
@@ -147,6 +151,72 @@ def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: s
     return rec.steps[1:]
 
 
+#: op categories of the profile, the first whose name test matches wins; the rest is "other ops"
+CATEGORIES = (
+    ("GEMM", lambda n: n in {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}),
+    ("attention", lambda n: "scaled_dot_product" in n or "flash_attention" in n),
+    ("softmax", lambda n: "softmax" in n or "logsumexp" in n),
+    ("autograd engine", lambda n: n.startswith("autograd::")),
+)
+
+
+class Profiler(Recorder):
+    """Each phase of the last step under torch.profiler: seconds of operator self time per
+    category (CATEGORIES), and the phase's wall time, whose part outside every operator is
+    Python and framework work between calls."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.last = steps
+
+    def wrap(self, name: str, fn):
+        from torch.profiler import ProfilerActivity, profile
+
+        def profiled(*args, **kw):
+            if len(self.steps) < self.last:
+                return fn(*args, **kw)
+            t = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                out = fn(*args, **kw)
+            wall = time.perf_counter() - t
+            shares = {c: 0.0 for c, _ in CATEGORIES} | {"other ops": 0.0}
+            for e in prof.key_averages():
+                cat = next((c for c, test in CATEGORIES if test(e.key)), "other ops")
+                shares[cat] += e.self_cpu_time_total / 1e6
+            shares["outside ops"] = wall - sum(shares.values())
+            self.steps[-1][name] = {"wall": wall, **shares}
+            return out
+
+        return profiled
+
+
+def profile_case(case: str, model_dir: str, rows: list[dict], packing: str) -> None:
+    """One warm-up step, one profiled: each phase's wall time split by operator category."""
+    from grpo_core import config, phases
+    from grpo_core.tiny import write_jsonl
+    from grpo_core.trainer import train
+
+    out = tempfile.mkdtemp(prefix=f"profile_{case}_")
+    data = os.path.join(out, "data.jsonl")
+    write_jsonl(data, rows)
+    cfg = config.validate(ours_config(model_dir, data, case, 2, out, packing))
+    prof = Profiler(steps=2)
+    saved = prof.install(phases)
+    try:
+        train(cfg)
+    finally:
+        for n, fn in saved.items():
+            setattr(phases, n, fn)
+    step = prof.steps[-1]
+    cats = [c for c, _ in CATEGORIES] + ["other ops", "outside ops"]
+    print(f"\n{case}: one step under torch.profiler (its overhead included), share of wall")
+    print("| phase | wall s | " + " | ".join(cats) + " |")
+    print("|---" * (len(cats) + 2) + "|")
+    for p in ("generate", "reference", "train"):
+        w = step[p]["wall"]
+        print(f"| {p} | {w:.3f} | " + " | ".join(f"{step[p][c] / w:.2f}" for c in cats) + " |")
+
+
 def lengths(ro) -> tuple[list[int], list[list[int]]]:
     """Each prompt's real tokens and its completions' real tokens."""
     plen = ro.prompt_mask.sum(-1).tolist()
@@ -235,6 +305,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--packing", default="auto", choices=["off", "on", "auto"])
     ap.add_argument(
+        "--profile", action="store_true", help="also one step under torch.profiler, per phase"
+    )
+    ap.add_argument(
         "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
     )
     args = ap.parse_args()
@@ -256,6 +329,8 @@ def main() -> int:
         print_limits(limits)
         steps = run_case(case, folder, rows_for(case, args.data), args.steps, packing)
         report(case, shape, limits, steps, packing)
+        if args.profile:
+            profile_case(case, folder, rows_for(case, args.data), packing)
     return 0
 
 

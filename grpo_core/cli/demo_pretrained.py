@@ -29,8 +29,11 @@ SYSTEM_PROMPT = (  # one worked example: answers become one line that ends in a 
     "Example question: A bag holds 6 pears. Ann buys 4 bags. How many pears does Ann buy?\n"
     "Example reply: 6 * 4 = 24. \\boxed{24}"
 )
+#: a small bonus for a reply that ends in a box: rewards the asked-for form from the first
+#: step, when nearly every group is still all wrong on the answer (docs/recipes.md)
+ENDS_IN_BOX = r"\\boxed\{[^{}]*\}\s*\.?\s*$"
 N_TRAIN, N_HELDOUT, N_GSM8K = 2000, 100, 200
-STEPS = 30
+STEPS = 20
 EVAL_EVERY = 10  # steps between held-out evaluations during training (the curve)
 #: GSM8K's test set where this project keeps shared data: ../shared/data beside the repository
 GSM8K_TEST = os.path.join(
@@ -59,7 +62,8 @@ def locate_model() -> tuple[str, str]:
 
 
 def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
-    """The recipe (docs/recipes.md): full fine-tuning, no KL, the math reward."""
+    """The recipe (docs/recipes.md): full fine-tuning, no KL, the math reward with a 0.2
+    bonus for ending in a box; accuracy is the math dimension alone."""
     return {
         "model": {"name_or_path": gguf[0], "gguf_file": gguf[1]},
         "data": {
@@ -69,9 +73,21 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
         },
         "sampling": {"group_size": 16, "max_new_tokens": 40, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": 2, "seed": 0},
-        "optimizer": {"lr": 3e-5, "max_grad_norm": 1.0},
+        "optimizer": {"lr": 3e-5, "lr_schedule": "cosine", "max_grad_norm": 1.0},
         "runtime": {"device": "cpu", "threads": 2},
-        "reward": {"name": "math"},
+        "reward": {
+            "name": "weighted",
+            "options": {
+                "components": [
+                    {"name": "math", "weight": 1.0},
+                    {
+                        "name": "format",
+                        "options": {"tags": [], "patterns": [ENDS_IN_BOX]},
+                        "weight": 0.2,
+                    },
+                ]
+            },
+        },
         "baseline": {"name": "grpo"},
         "kl": {"name": "fixed", "options": {"coef": 0.0}},
         "output": {"dir": os.path.join(out, "run"), "samples_every": 10, "checkpoint_every": 0},
@@ -80,6 +96,8 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
             "split": "test",
             "every_n_steps": EVAL_EVERY,
             "temperature": 0.0,
+            "correct_dimension": "math",
+            "batch_prompts": 100,  # fuller decode steps: 100 problems in 23 s, not 42 (16 a batch)
         },
     }
 
@@ -88,7 +106,8 @@ def accuracies(
     cfg: dict, model_path: str | None, *row_sets: list[dict] | None
 ) -> list[float | None]:
     """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
-    set of rows (None for a set that is None), judged by the config's reward; the model is
+    set of rows (None for a set that is None), judged by the config's reward (its
+    ``eval.correct_dimension``); the model is
     loaded once."""
     import grpo_core
     from grpo_core.observe.evaluate import evaluate
@@ -122,6 +141,8 @@ def accuracies(
                     cfg["data"],
                     reward,
                     temperature=0.0,
+                    correct_dimension=cfg["eval"]["correct_dimension"],
+                    batch_prompts=cfg["eval"]["batch_prompts"],
                     progress=True,
                     max_new_tokens=cfg["sampling"]["max_new_tokens"],
                 )
