@@ -180,11 +180,15 @@ class Profiler(Recorder):
                 out = fn(*args, **kw)
             wall = time.perf_counter() - t
             shares = {c: 0.0 for c, _ in CATEGORIES} | {"other ops": 0.0}
+            others = []
             for e in prof.key_averages():
                 cat = next((c for c, test in CATEGORIES if test(e.key)), "other ops")
                 shares[cat] += e.self_cpu_time_total / 1e6
+                if cat == "other ops":
+                    others.append((e.self_cpu_time_total / 1e6, e.key))
             shares["outside ops"] = wall - sum(shares.values())
-            self.steps[-1][name] = {"wall": wall, **shares}
+            top = ", ".join(f"{k} {s / wall:.2f}" for s, k in sorted(others)[::-1][:4])
+            self.steps[-1][name] = {"wall": wall, **shares, "top": top}
             return out
 
         return profiled
@@ -210,11 +214,11 @@ def profile_case(case: str, model_dir: str, rows: list[dict], packing: str) -> N
     step = prof.steps[-1]
     cats = [c for c, _ in CATEGORIES] + ["other ops", "outside ops"]
     print(f"\n{case}: one step under torch.profiler (its overhead included), share of wall")
-    print("| phase | wall s | " + " | ".join(cats) + " |")
-    print("|---" * (len(cats) + 2) + "|")
+    print("| phase | wall s | " + " | ".join(cats) + " | largest other ops |")
+    print("|---" * (len(cats) + 3) + "|")
     for p in ("generate", "reference", "train"):
-        w = step[p]["wall"]
-        print(f"| {p} | {w:.3f} | " + " | ".join(f"{step[p][c] / w:.2f}" for c in cats) + " |")
+        w, cells = step[p]["wall"], " | ".join(f"{step[p][c] / step[p]['wall']:.2f}" for c in cats)
+        print(f"| {p} | {w:.3f} | {cells} | {step[p]['top']} |")
 
 
 def lengths(ro) -> tuple[list[int], list[list[int]]]:

@@ -398,6 +398,7 @@ def run_case(
 
 
 def main() -> int:
+    global WARMUP, THREADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--case",
@@ -433,7 +434,6 @@ def main() -> int:
     cases = named.get(args.case, args.case).split(",")
     if args.blocks < 3 or args.steps < 1 or args.warmup < 1 or any(c not in CASES for c in cases):
         ap.error("need --blocks >= 3, --steps >= 1, --warmup >= 1 and known cases")
-    global WARMUP, THREADS
     WARMUP, THREADS = args.warmup, args.threads
     faulthandler.enable()  # a crash prints every thread's Python stack
     torch.set_num_threads(THREADS)
