@@ -131,8 +131,16 @@ class Recorder:
         return saved
 
 
-def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: str) -> list:
-    """The trainer on the case; the measured steps' records (times, rollout, run)."""
+def run_case(
+    case: str,
+    model_dir: str,
+    rows: list[dict],
+    steps: int,
+    packing: str,
+    rec: Recorder | None = None,
+) -> list:
+    """The trainer on the case, one warm-up step then ``steps``; the measured steps' records
+    (times, rollout, run) as ``rec`` (a Recorder by default) keeps them."""
     from grpo_core import config, phases
     from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
@@ -141,7 +149,7 @@ def run_case(case: str, model_dir: str, rows: list[dict], steps: int, packing: s
     data = os.path.join(out, "data.jsonl")
     write_jsonl(data, rows)
     cfg = config.validate(ours_config(model_dir, data, case, 1 + steps, out, packing))
-    rec = Recorder()
+    rec = rec or Recorder()
     saved = rec.install(phases)
     try:
         train(cfg)
@@ -196,22 +204,7 @@ class Profiler(Recorder):
 
 def profile_case(case: str, model_dir: str, rows: list[dict], packing: str) -> None:
     """One warm-up step, one profiled: each phase's wall time split by operator category."""
-    from grpo_core import config, phases
-    from grpo_core.tiny import write_jsonl
-    from grpo_core.trainer import train
-
-    out = tempfile.mkdtemp(prefix=f"profile_{case}_")
-    data = os.path.join(out, "data.jsonl")
-    write_jsonl(data, rows)
-    cfg = config.validate(ours_config(model_dir, data, case, 2, out, packing))
-    prof = Profiler(steps=2)
-    saved = prof.install(phases)
-    try:
-        train(cfg)
-    finally:
-        for n, fn in saved.items():
-            setattr(phases, n, fn)
-    step = prof.steps[-1]
+    step = run_case(case, model_dir, rows, 1, packing, Profiler(steps=2))[-1]
     cats = [c for c, _ in CATEGORIES] + ["other ops", "outside ops"]
     print(f"\n{case}: one step under torch.profiler (its overhead included), share of wall")
     print("| phase | wall s | " + " | ".join(cats) + " | largest other ops |")
