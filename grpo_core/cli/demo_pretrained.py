@@ -107,8 +107,7 @@ def accuracies(
 ) -> list[float | None]:
     """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
     set of rows (None for a set that is None), judged by the config's reward (its
-    ``eval.correct_dimension``); the model is
-    loaded once."""
+    ``eval.correct_dimension``); the model is loaded once."""
     import grpo_core
     from grpo_core.observe.evaluate import evaluate
     from grpo_core.reward.isolation import build_reward

@@ -240,13 +240,13 @@ class HFGenerator(Generator):
             logits, cache = self._step(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
             return logits, cache, mask
         P, Lp = mask.shape
-        start = int(Lp - mask[0].sum())
+        firsts = Lp - mask.sum(-1, keepdim=True)  # each prompt's first real column
+        start = int(firsts[0])
         head = ids[:1, start : start + c]  # the first prompt's opening tokens
         _, cache = self._step(head, torch.ones_like(head), torch.arange(c, device=ids.device)[None])
         cache.batch_repeat_interleave(P)
         # left-padded, so the tails are the last columns; each keeps at least one token
-        tail_len = int(mask.sum(-1).max()) - c
-        firsts = Lp - mask.sum(-1, keepdim=True)  # each prompt's first real column
+        tail_len = Lp - int(firsts.min()) - c
         cols = torch.arange(Lp, device=ids.device)[None]
         tail_mask = (cols >= firsts + c).to(mask.dtype)[:, Lp - tail_len :]
         full = torch.cat([tail_mask.new_ones((P, c)), tail_mask], 1)

@@ -304,7 +304,7 @@ def test_shared_head_counts_the_common_opening():
     own; a prompt that is another's opening caps it."""
     pad = 0
     rows = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 7, 8, 2, 3]]
-    ids, mask = (t for t in _left_pad(rows, pad))
+    ids, mask = _left_pad(rows, pad)
     assert hf_generator._shared_head(ids, mask) == 3
     ids, mask = _left_pad([[5, 6, 7], [5, 6, 7, 8, 9]], pad)
     assert hf_generator._shared_head(ids, mask) == 2  # [5, 6, 7] keeps its 7
