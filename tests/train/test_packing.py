@@ -45,10 +45,13 @@ def tolerance(dtype: torch.dtype) -> float:
     return LONGEST_SUM * DEPTH * torch.finfo(dtype).eps / 2
 
 
-def close(a: torch.Tensor, b: torch.Tensor, msg: str = "") -> None:
-    """a equals b up to ``tolerance`` of b's largest magnitude."""
+def close(a: torch.Tensor, b: torch.Tensor, msg: str = "", scale: float | None = None) -> None:
+    """a equals b up to ``tolerance`` of ``scale``: by default b's largest magnitude; for a
+    value that is a sum of larger terms cancelling (the loss: advantages of both signs), the
+    terms' largest magnitude, since rounding errors scale with the terms, not with the sum."""
     tol = tolerance(b.dtype)
-    scale = float(b.abs().max()) if b.numel() else 0.0
+    if scale is None:
+        scale = float(b.abs().max()) if b.numel() else 0.0
     torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(scale, 1e-30), msg=msg)
 
 
@@ -82,12 +85,14 @@ def loss_and_grads(model, ro, packed: bool, aggregation: str, kl_coef: float, se
     )
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logp.detach(), ent.detach(), loss.detach(), grads
+    terms = float((term.loss.detach().abs() * mask).max())  # the loss's summands: at most this
+    return logp.detach(), ent.detach(), loss.detach(), grads, terms
 
 
 def assert_same(a, b) -> None:
-    for x, y, what in zip(a[:3], b[:3], ("logp", "entropy", "loss")):
-        close(x, y, what)
+    close(a[0], b[0], "logp")
+    close(a[1], b[1], "entropy")
+    close(a[2], b[2], "loss", scale=max(b[4], float(b[2].abs())))
     assert a[3].keys() == b[3].keys() and a[3]
     for n in a[3]:
         close(a[3][n], b[3][n], n)
