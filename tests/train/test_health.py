@@ -344,3 +344,23 @@ def test_no_kl_verdict_without_a_policy_gradient():
         **{"loss/kl": lambda s: 0.001, "loss/policy": lambda s: 0.0},
     )
     assert fired(w, "every completion got the same reward") and not fired(w, "KL term")
+
+
+@pytest.mark.parametrize("rise", [0.0, 0.05])
+def test_a_kl_term_that_holds_the_policy_still(rise):
+    """KL term 30x the policy term: advice to lower the coefficient while the reward stays
+    flat (rising under 0.02 over the window), none once it rises."""
+    w = stream(
+        10,
+        **{
+            "loss/kl": lambda s: 0.3,
+            "loss/policy": lambda s: 0.01 * (-1) ** s,
+            "kl_coef": lambda s: 5.0,
+            "reward": lambda s: 0.12 + (rise if s >= 5 else 0.0),
+        },
+    )
+    advice = [x for x in w if "holds the policy at the reference" in x]
+    if rise:
+        assert advice == []
+    else:
+        assert len(advice) == 1 and "the KL term is 30x the policy term" in advice[0], w
