@@ -16,6 +16,8 @@ from helpers import make_config
 
 from grpo_core import config
 from grpo_core.hookspecs import Baseline, hookimpl
+from grpo_core.observe.health import DEFAULTS
+from grpo_core.observe.pitfalls import halves
 from grpo_core.registry import registry
 from grpo_core.trainer import train
 
@@ -262,12 +264,6 @@ def said(warnings: list, text: str) -> list[int]:
     return [s for s, w in warnings if text in w]
 
 
-def halves(values: list[float]) -> tuple[float, float]:
-    """Means of a window's first and second halves, as the monitor takes them."""
-    h = len(values) // 2
-    return statistics.fmean(values[:h]), statistics.fmean(values[h:])
-
-
 def test_the_demo_run_stays_quiet(demo, tmp_path):
     """No false alarm on the demo's own run. Which 30-step trajectory it takes depends on the
     machine's arithmetic (float32 sums in another order sample other tokens): on one machine
@@ -280,7 +276,8 @@ def test_the_demo_run_stays_quiet(demo, tmp_path):
         window = rows[step - 9 : step + 1]
         r0, r1 = halves([r["reward"] for r in window])
         flat = [r["zero_std_frac"] - r["solved_frac"] for r in window]
-        assert statistics.fmean(flat) > 0.5 and r1 - r0 <= 0.01, (step, flat)
+        assert statistics.fmean(flat) > DEFAULTS["zero_std_frac"], (step, flat)
+        assert r1 - r0 <= DEFAULTS["reward_flat"], (step, r0, r1)
     assert all(h.startswith("zero_std") for h in summary["health"])
     assert bool(summary["health"]) == bool(warnings)
 
@@ -311,7 +308,7 @@ def test_a_farmed_part_of_the_reward_at_correctness_expense(demo, tmp_path):
     for end in range(8, len(rows) + 1):
         r0, r1 = halves([r["reward"] for r in rows[end - 8 : end]])
         d0, d1 = halves([r["reward/math"] for r in rows[end - 8 : end]])
-        if r1 - r0 > 0.1 and d0 - d1 > 0.05 and d1 < 0.5 * d0:
+        if r1 - r0 > DEFAULTS["hack_rise"] and d0 - d1 > DEFAULTS["hack_fall"] and d1 < 0.5 * d0:
             shown.append(end - 1)
     fell = said(warnings, "while reward/math fell")
     assert fell == shown[:1], (fell, shown)
@@ -396,7 +393,7 @@ def test_a_kl_coefficient_that_holds_the_policy_still(demo, tmp_path):
     assert abs(r1 - r0) < 0.1
     assert said(
         warnings, "the KL penalty holds the policy at the reference; lower kl.options.coef from 5"
-    ) == ([9] if r1 - r0 < 0.02 else [])
+    ) == ([9] if r1 - r0 < DEFAULTS["reward_rise"] else [])
     assert not said(warnings, "raise kl.options.coef")
 
 
