@@ -18,8 +18,13 @@ tokens) and the bytes a batched decode must read (every weight per forward, each
 completion's keys and values); reference and old-log-prob passes, forward FLOPs (prompts
 once, completions' real tokens, the head at completion tokens); training, 3x forward (per
 inner iteration); padding, the layers' FLOPs on the padding positions the passes ran, apart.
-Decode is judged against memory bandwidth (time the bytes need / time taken), the log-prob
-passes against the GEMM peak at the model's shapes (achieved GFLOP/s / peak).
+Decode is judged against memory bandwidth (time the bytes need / time taken) and against its
+roofline bound: the larger of that memory time and its arithmetic time (the prefill at the
+GEMM peak, the decode steps at the GEMM rate of their own shapes: as many rows as
+completions), since with R rows a float32 weight read
+once serves 2R FLOPs, and past the machine's balance (GEMM GFLOP/s over GB/s) the arithmetic,
+not the reads, is the limit. The log-prob passes are judged against the GEMM peak at the
+model's shapes (achieved GFLOP/s / peak).
 
 ``--profile``: where each phase's time goes, one more step under torch.profiler: operator
 self time in GEMMs, attention, softmax, the autograd engine and other operators, and the
@@ -54,15 +59,16 @@ def best_seconds(fn, tries: int = 10) -> float:
 
 
 def gemm_gflops(m: int, k: int, n: int, threads: int) -> float:
-    """GFLOP/s of a float32 [m, k] x [k, n] product with ``threads`` threads."""
+    """GFLOP/s of a float32 [m, k] x [k, n] product with ``threads`` threads, laid out as an
+    ``nn.Linear`` computes it (the weight stored [n, k]): the layout decides the kernel, and
+    at the decode head's shape (32 x 576 x 49,152) the [k, n] layout ran 20% slower."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    out = torch.empty(m, n)
+    a, w = torch.randn(m, k), torch.randn(n, k)
     reps = max(1, int(1e9 // (2 * m * k * n)))  # ~10 ms or more per timing
 
     def run():
         for _ in range(reps):
-            torch.matmul(a, b, out=out)
+            torch.nn.functional.linear(a, w)
 
     return 2.0 * m * k * n * reps / best_seconds(run) / 1e9
 
@@ -74,17 +80,23 @@ def bandwidth_gbs(threads: int, megabytes: int = 256) -> float:
     return x.numel() * 4 / best_seconds(lambda: x.sum()) / 1e9
 
 
-def machine(shape, tokens: int) -> dict:
-    """The limits: GEMM GFLOP/s at the model's shapes (best over them) and at 1,024 cubed,
-    memory bandwidth; each for 1 and 2 threads."""
+def machine(shape, tokens: int, rows: int) -> dict:
+    """The limits: GEMM GFLOP/s at the model's shapes (best over them) and at 1,024 cubed;
+    the GEMM rate of one decode step's products with ``rows`` completions, each product at
+    its own shape's measured rate; memory bandwidth; each for 1 and 2 threads."""
+    from grpo_core.observe.flops import decode_products, products_rate
+
     H, mlp, V = shape.hidden, shape.intermediate, shape.vocab
     shapes = [(tokens, H, H), (tokens, H, mlp), (tokens, mlp, H), (1024, H, V)]
+    decode = decode_products(shape, rows)
     out = {}
     for threads in (1, 2):
         at_model = {s: gemm_gflops(*s, threads) for s in shapes}
+        at_decode = {s: gemm_gflops(*s, threads) for s in decode}
         out[threads] = {
             "model": max(at_model.values()),
-            "shapes": at_model,
+            "shapes": at_model | at_decode,
+            "decode": products_rate(decode, at_decode),
             "square": gemm_gflops(1024, 1024, 1024, threads),
             "bandwidth": bandwidth_gbs(threads),
         }
@@ -236,6 +248,7 @@ def step_work(shape, step: dict, packing: str) -> dict:
     passes = int(run.reference is not None) + int(recompute)
     return {
         "generate": flops.generation_flops(shape, prompts, comps),
+        "prefill": flops.generation_flops(shape, prompts, [[] for _ in prompts]),
         "decode_bytes": flops.decode_bytes(shape, prompts, comps),
         "reference": forward * passes,
         "train": 3 * forward * iterations,
@@ -250,25 +263,35 @@ def report(case: str, shape, limits: dict, steps: list, packing: str) -> None:
     work = [step_work(shape, s, packing) for s in steps]
     total = {k: sum(w[k] for w in work) for k in work[0]}
     secs = {p: sum(s[p] for s in steps) for p in ("generate", "reference", "train")}
-    peak, bw = limits[1]["model"], limits[1]["bandwidth"]
+    peak, bw, decode_peak = (limits[1][k] for k in ("model", "bandwidth", "decode"))
     frac = statistics.mean(w["padding_frac"] for w in work)
+    decode = total["generate"] - total["prefill"]
+    memory = total["decode_bytes"] / bw / 1e9
+    arithmetic = (total["prefill"] / peak + decode / decode_peak) / 1e9
     print(
         f"\n{case}, packing {packing}; padding {frac:.2f} of the policy "
         f"pass's positions; limits (1 thread): GEMM {peak:.1f} GFLOP/s at the model's "
         f"shapes, bandwidth {bw:.1f} GB/s"
     )
     print(
-        "| phase | s | useful GFLOP | padding GFLOP | GFLOP/s | of GEMM peak | of bandwidth bound |"
+        "| phase | s | useful GFLOP | padding GFLOP | GFLOP/s | of GEMM peak "
+        "| of bandwidth bound | of roofline bound |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for p in ("generate", "reference", "train"):
         rate = total[p] / secs[p] / 1e9
-        bound = f"{total['decode_bytes'] / bw / 1e9 / secs[p]:.2f}" if p == "generate" else "-"
+        bounds = "- | -"
+        if p == "generate":  # the slower of its two limits is the roof it can reach
+            bounds = f"{memory / secs[p]:.2f} | {max(memory, arithmetic) / secs[p]:.2f}"
         pad = total.get(f"padding/{p}", 0.0) / 1e9
         print(
             f"| {p} | {secs[p]:.3f} | {total[p] / 1e9:.3f} | {pad:.3f} | {rate:.2f} | "
-            f"{rate / peak:.2f} | {bound} |"
+            f"{rate / peak:.2f} | {bounds} |"
         )
+    print(
+        f"generate: memory time {memory:.3f} s; arithmetic time {arithmetic:.3f} s (the "
+        f"prefill at the GEMM peak, decode steps at their shapes' {decode_peak:.1f} GFLOP/s)"
+    )
 
 
 def model_for(case: str, work: str) -> str:
@@ -321,7 +344,7 @@ def main() -> int:
         shape = Shape.of(AutoConfig.from_pretrained(folder))
         _, _, P, G, new_tokens, length = CASES[case]
         tokens = P * (length if isinstance(length, int) else 32) + P * G * new_tokens
-        limits = machine(shape, tokens)
+        limits = machine(shape, tokens, P * G)
         print(f"\n{case}: machine, measured at this model's shapes")
         print_limits(limits)
         steps = run_case(case, folder, rows_for(case, args.data), args.steps, packing)

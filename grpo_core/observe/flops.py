@@ -144,3 +144,29 @@ def decode_bytes(shape: Shape, prompts: Sequence[int], completions: Sequence[Seq
         for n in lengths:
             kv += causal_pairs(lp, max(n - 1, 0)) - max(n - 1, 0)  # keys before each step
     return steps * shape.matrix_params * shape.bytes_per_param + kv * kv_per_token
+
+
+def decode_products(shape: Shape, rows: int) -> dict[tuple[int, int, int], int]:
+    """One decode step's matrix products, ``(m, k, n)`` -> how many of that shape: each
+    layer's query and output projections ([rows, H] x [H, H]), key and value ones
+    ([rows, H] x [H, kv width]), the MLP's gate and up ([rows, H] x [H, M]) and down
+    ([rows, M] x [M, H]); the head once ([rows, H] x [H, V])."""
+    H, kv, M, L = shape.hidden, shape.kv_width, shape.intermediate, shape.layers
+    out: dict[tuple[int, int, int], int] = {}
+    for mkn, count in (
+        ((rows, H, H), 2 * L),
+        ((rows, H, kv), 2 * L),
+        ((rows, H, M), 2 * L),
+        ((rows, M, H), L),
+        ((rows, H, shape.vocab), 1),
+    ):
+        out[mkn] = out.get(mkn, 0) + count  # kv width H (no GQA): one shape with q and o
+    return out
+
+
+def products_rate(products: dict[tuple[int, int, int], int], gflops: dict) -> float:
+    """GFLOP/s of a set of matrix products if each ran at the rate measured for its shape
+    (``gflops`` maps ``(m, k, n)`` to GFLOP/s): their FLOPs over the sum of their times, a
+    FLOP-weighted harmonic mean of the rates."""
+    work = {mkn: 2 * mkn[0] * mkn[1] * mkn[2] * count for mkn, count in products.items()}
+    return sum(work.values()) / sum(w / gflops[mkn] for mkn, w in work.items())

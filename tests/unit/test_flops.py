@@ -51,3 +51,27 @@ def test_decode_bytes():
     # weights (328 x 4 bytes) read by the prefill and 2 decode steps; the 3-token completion
     # reads 3 then 4 cached keys and values, 2 x 2 wide x 2 layers x 4 bytes = 32 bytes each
     assert flops.decode_bytes(SHAPE, PROMPTS, COMPLETIONS) == 3 * 328 * 4 + 7 * 32
+
+
+def test_decode_products():
+    # 3 rows: q and o 4 x 4 and k and v 4 x 2 per layer, gate and up 4 x 8, down 8 x 4, head
+    assert flops.decode_products(SHAPE, 3) == {
+        (3, 4, 4): 4,
+        (3, 4, 2): 4,
+        (3, 4, 8): 4,
+        (3, 8, 4): 2,
+        (3, 4, 10): 1,
+    }
+    # their multiply-adds per row are every matrix weight once
+    per_row = sum(m * k * n * c for (m, k, n), c in flops.decode_products(SHAPE, 1).items())
+    assert per_row == SHAPE.matrix_params
+    # no GQA: the key and value projections join the query and output ones
+    full = flops.Shape(hidden=4, layers=1, heads=2, kv_heads=2, intermediate=8, vocab=10)
+    assert flops.decode_products(full, 1)[(1, 4, 4)] == 4
+
+
+def test_products_rate_is_the_flop_weighted_harmonic_mean():
+    products = {(1, 2, 3): 1, (1, 3, 2): 3}  # 12 and 36 FLOPs
+    assert flops.products_rate(products, {(1, 2, 3): 5.0, (1, 3, 2): 5.0}) == 5.0
+    # 48 FLOPs in 12 / 4 + 36 / 12 = 6 time units
+    assert flops.products_rate(products, {(1, 2, 3): 4.0, (1, 3, 2): 12.0}) == 8.0
