@@ -15,6 +15,8 @@ import inspect
 import weakref
 
 import torch
+from grpo_core_plugins.generators.cascade import CascadeDecode
+from grpo_core_plugins.generators.cascade import supports as cascade_supports
 
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
@@ -145,14 +147,62 @@ def _shared_head(ids: torch.Tensor, mask: torch.Tensor) -> int:
     return int(differs.int().argmax()) if bool(differs.any()) else shortest - 1
 
 
+class _ModelSteps:
+    """Decode steps through the model's own forward, on transformers' cache: the prompts'
+    keys and values repeated for each row, the cache grown in place, SDPA models handed
+    each step's attention mask ready-made (the padding mask, as an additive one)."""
+
+    def __init__(self, gen: HFGenerator, cache, cached, local, T: int, dtype: torch.dtype):
+        cache.batch_select_indices(local)
+        _make_room(cache, T - 1)
+        self.gen, self.cache, self.Lp, self.t = gen, cache, cached.shape[1], 0
+        self.attn = torch.cat([cached[local], cached.new_ones((local.shape[0], T))], 1)
+        self.keep = None  # a bool mask would be converted in every layer of every step
+        if gen.mask_key:
+            keep = torch.zeros(self.attn.shape, dtype=dtype, device=self.attn.device)
+            self.keep = keep.masked_fill_(self.attn == 0, float("-inf"))[:, None, None, :]
+
+    def select(self, kept: torch.Tensor) -> None:
+        """Keep only rows ``kept``."""
+        self.cache.batch_select_indices(kept)
+        self.attn = self.attn[kept]
+        self.keep = None if self.keep is None else self.keep[kept]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits [R, V] after feeding ``tok`` [R] at positions ``pos`` [R, 1]."""
+        seen = self.Lp + self.t + 1
+        gen, self.t = self.gen, self.t + 1
+        mask = self.attn[:, :seen] if self.keep is None else {gen.mask_key: self.keep[..., :seen]}
+        logits, self.cache = gen._step(tok[:, None], mask, pos, self.cache)
+        return logits
+
+
+def _same_logits(steps: list, local, pos, V: int, tol: float) -> bool:
+    """Whether two decode-step objects give the same logits (relative ``tol``) over four
+    steps of fixed tokens, the third row leaving after the second step."""
+    tok = torch.arange(local.shape[0], device=local.device)
+    for t in range(4):
+        if t == 2:
+            kept = torch.tensor([0, 1, 3], device=local.device)
+            for s in steps:
+                s.select(kept)
+            tok, pos = tok[kept], pos[kept]
+        mine, own = (s.step((tok + 7 * t) % V, pos).float() for s in steps)
+        if not bool((mine - own).abs().max() <= tol * own.abs().max().clamp(min=1e-6)):
+            return False
+        pos = pos + 1
+    return True
+
+
 class HFGenerator(Generator):
     """Generates with the training model; nothing to sync after an optimizer step."""
 
     supports_episodes = True
 
-    def __init__(self, check_every: int = 8, share_min: int = 16):
+    def __init__(self, check_every: int = 8, share_min: int = 16, cascade: bool = True):
         self.check_every = check_every
         self.share_min = share_min  # shared opening tokens worth a prefill of their own
+        self.cascade = cascade  # asked for; set up only where it applies and agrees
         self.model = None
 
     def setup(self, model, tokenizer, device) -> None:
@@ -167,6 +217,42 @@ class HFGenerator(Generator):
         self.mask_key = _prepared_mask_key(model)
         self.shares_heads = _full_attention(model)
         self.decoder, self.head = _direct_parts(model)
+        self.cascade = (
+            self.cascade
+            and cascade_supports(model, self.decoder, self.head, device)
+            and self._cascade_agrees()
+        )
+
+    def _cascade_agrees(self) -> bool:
+        """Whether cascade decoding gives the model's own logits (to float32 rounding, or a
+        few ulps of a half type) on two prompts of unequal length, two rows each, over four
+        decode steps with a row leaving after the second: checked once, on this model."""
+        V, was_training = self.head.weight.shape[0], self.model.training
+        ids, mask = pad_left([[1, 2, 3, 4, 5], [3, 4]], self.pad)
+        ids, mask = ids.to(self.device) % V, mask.to(self.device)
+        local = torch.tensor([0, 0, 1, 1], device=self.device)
+        tol = max(1e-4, 4 * torch.finfo(self.head.weight.dtype).eps)
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                runs = [self._prefill(ids, mask) for _ in range(2)]
+                steps = [
+                    CascadeDecode(
+                        self.decoder,
+                        self.head,
+                        [layer.keys for layer in runs[0][1].layers],
+                        [layer.values for layer in runs[0][1].layers],
+                        runs[0][2],
+                        local,
+                        4,
+                    ),
+                    _ModelSteps(self, runs[1][1], runs[1][2], local, 5, runs[1][0].dtype),
+                ]
+                return _same_logits(steps, local, mask.sum(-1, keepdim=True)[local], V, tol)
+        except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+            return False
+        finally:
+            self.model.train(was_training)
 
     def sync_weights(self, model) -> None:
         """Nothing to do: this backend samples from the training model itself."""
@@ -298,16 +384,9 @@ class HFGenerator(Generator):
         prompts = torch.unique(rows // n)  # each prompt in this chunk is prefilled once
         local = torch.searchsorted(prompts, rows // n)
         logits, cache, cached = self._prefill(pids[prompts], pmask[prompts])
-        cache.batch_select_indices(local)
-        _make_room(cache, sp.max_new_tokens - 1)
-        logits = logits[local]
-        R, T, Lp = rows.shape[0], sp.max_new_tokens, cached.shape[1]
-        attn = torch.cat([cached[local], cached.new_ones((R, T))], 1)  # sliced as it grows
-        pos = attn[:, :Lp].sum(-1, keepdim=True)
-        keep = None  # SDPA's additive mask (0 or -inf), built once: a bool one is converted
-        if self.mask_key:  # to this in every layer of every step
-            keep = torch.zeros(attn.shape, dtype=logits.dtype, device=attn.device)
-            keep = keep.masked_fill_(attn == 0, float("-inf"))[:, None, None, :]
+        R, T = rows.shape[0], sp.max_new_tokens
+        steps = self._steps(cache, cached, local, T, logits.dtype)
+        logits, pos = logits[local], cached[local].sum(-1, keepdim=True)
         noise = (
             None
             if sp.greedy
@@ -359,19 +438,26 @@ class HFGenerator(Generator):
                 if (len(done) - left) * (T - t - 1) >= len(done):
                     kept = torch.nonzero(~done).squeeze(1)
                     at = kept if isinstance(at, slice) else at[kept]
-                    cache.batch_select_indices(kept)
-                    tok, done, pos, attn = tok[kept], done[kept], pos[kept], attn[kept]
-                    keep = None if keep is None else keep[kept]
+                    steps.select(kept)
+                    tok, done, pos = tok[kept], done[kept], pos[kept]
                     noise = None if noise is None else noise[:, kept]
                     used = None if used is None else used[kept]
-            seen = Lp + t + 1
-            mask = attn[:, :seen] if keep is None else {self.mask_key: keep[..., :seen]}
-            logits, cache = self._step(tok[:, None], mask, pos, cache)
+            logits = steps.step(tok, pos)
             pos = pos + 1
         self.model.train(was_training)
         truncated = torch.zeros(R, dtype=torch.bool, device=pids.device)
         truncated[at] = ~done  # rows that left the batch had finished
         return out_tok[:, : t + 1], out_live[:, : t + 1].long(), out_lp[:, : t + 1], truncated
+
+    def _steps(self, cache, cached, local, T: int, dtype: torch.dtype):
+        """The decode steps after a prefill (``cache`` over positions ``cached`` [P, L] of
+        the chunk's prompts; ``local`` [R]: each row's prompt): cascade decoding where set
+        up, else the model's own forward on transformers' cache."""
+        if self.cascade:
+            keys = [layer.keys for layer in cache.layers]
+            values = [layer.values for layer in cache.layers]
+            return CascadeDecode(self.decoder, self.head, keys, values, cached, local, T - 1)
+        return _ModelSteps(self, cache, cached, local, T, dtype)
 
     def _stopped(
         self, tail: torch.Tensor, done: torch.Tensor, stop: tuple[str, ...]
@@ -398,6 +484,13 @@ def generator(register):
                     "minimum": 1,
                     "default": 8,
                     "description": "decode steps between all-finished checks",
+                },
+                "cascade": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "decode Llama-family models on the CPU with each prompt's "
+                    "keys and values read once for all its completions (used where its logits "
+                    "equal the model's own, checked at set-up)",
                 },
                 "share_min": {
                     "type": "integer",

@@ -158,7 +158,8 @@ def test_finished_rows_leaving_the_batch_change_nothing(tiny, monkeypatch):
     sp = SamplingParams(24, temperature=1.3, repetition_penalty=1.2)
     gens, rows = {}, []
     for every in (2, 100):
-        gen = HFGenerator(check_every=every)
+        gen = HFGenerator(check_every=every, cascade=False)  # the model's path (cascade's:
+        # tests/train/test_cascade.py)
         gen.setup(model, tok, CPU)
         gen.eos = torch.arange(40)
         gens[every] = gen
