@@ -236,19 +236,10 @@ class HFGenerator(Generator):
         self.model.eval()
         try:
             with torch.inference_mode():
-                runs = [self._prefill(ids, mask) for _ in range(2)]
-                steps = [
-                    CascadeDecode(
-                        self.decoder,
-                        self.head,
-                        [layer.keys for layer in runs[0][1].layers],
-                        [layer.values for layer in runs[0][1].layers],
-                        runs[0][2],
-                        local,
-                        4,
-                    ),
-                    _ModelSteps(self, runs[1][1], runs[1][2], local, 5, runs[1][0].dtype),
-                ]
+                steps = []
+                for cascade in (True, False):
+                    logits, cache, cached = self._prefill(ids, mask)
+                    steps.append(self._steps(cache, cached, local, 5, logits.dtype, cascade))
                 return _same_logits(steps, local, mask.sum(-1, keepdim=True)[local], V, tol)
         except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
             return False
@@ -386,7 +377,7 @@ class HFGenerator(Generator):
         local = torch.searchsorted(prompts, rows // n)
         logits, cache, cached = self._prefill(pids[prompts], pmask[prompts])
         R, T = rows.shape[0], sp.max_new_tokens
-        steps = self._steps(cache, cached, local, T, logits.dtype)
+        steps = self._steps(cache, cached, local, T, logits.dtype, self.cascade)
         logits, pos = logits[local], cached[local].sum(-1, keepdim=True)
         noise = (
             None
@@ -450,11 +441,11 @@ class HFGenerator(Generator):
         truncated[at] = ~done  # rows that left the batch had finished
         return out_tok[:, : t + 1], out_live[:, : t + 1].long(), out_lp[:, : t + 1], truncated
 
-    def _steps(self, cache, cached, local, T: int, dtype: torch.dtype):
+    def _steps(self, cache, cached, local, T: int, dtype: torch.dtype, cascade: bool):
         """The decode steps after a prefill (``cache`` over positions ``cached`` [P, L] of
-        the chunk's prompts; ``local`` [R]: each row's prompt): cascade decoding where set
-        up, else the model's own forward on transformers' cache."""
-        if self.cascade:
+        the chunk's prompts; ``local`` [R]: each row's prompt): cascade decoding, or the
+        model's own forward on transformers' cache."""
+        if cascade:
             keys = [layer.keys for layer in cache.layers]
             values = [layer.values for layer in cache.layers]
             return CascadeDecode(self.decoder, self.head, keys, values, cached, local, T - 1)
