@@ -27,9 +27,10 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 import torch
 from grpo_core.loss.logprobs import token_logprobs
+from grpo_core.observe.metrics import peak_rss_bytes, reset_peak_rss
 variant, out = sys.argv[1], sys.argv[6]
 n, h, v, chunk = map(int, sys.argv[2:6])
 reps, frozen = int(sys.argv[7]), sys.argv[8] == "1"
@@ -52,7 +53,7 @@ def step():
     loss = -(torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)).mean()
     loss.backward()
 
-base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+base = reset_peak_rss()
 step()  # warm-up
 times, cpu = [], []
 for _ in range(reps):
@@ -60,7 +61,7 @@ for _ in range(reps):
     step()
     times.append(time.perf_counter() - t)
     cpu.append(time.process_time() - c)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = peak_rss_bytes()
 torch.save({"h": hidden.grad, "w": weight.grad}, out)
 print(json.dumps({"peak": peak - base, "times": times, "cpu": cpu}))
 """

@@ -29,16 +29,17 @@ SWITCHES = {
 }
 
 CHILD = r"""
-import json, os, resource, sys
+import json, sys
 import torch
 from grpo_core import config
 from grpo_core.cli.memory import load_shape, plan
+from grpo_core.observe.metrics import peak_rss_bytes, reset_peak_rss
 from grpo_core.trainer import train
 torch.set_num_threads(1)
 cfg = config.validate(json.loads(sys.argv[1]))
-base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+base = reset_peak_rss()
 train(cfg)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = peak_rss_bytes()
 m, s, t = cfg["model"], cfg["sampling"], cfg["train"]
 est = plan(load_shape(m["name_or_path"]), s["group_size"], t["prompts_per_step"], 6,
            s["max_new_tokens"], dtype="float32", lora_rank=(m["lora"] or {}).get("r", 0),

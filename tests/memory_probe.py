@@ -8,13 +8,14 @@ estimate, for the same settings.
 Without ``--model`` a randomly initialised Qwen2-shaped model (6 layers, 512 wide) is built.
 On the CPU the measure is the process's peak resident size over what it held before training
 (the interpreter, torch and the libraries are not the run's); on a GPU, the allocator's peak.
+The CPU peak is the high-water mark of this address space (``peak_rss_bytes``), reset just
+before training, so neither the model build before it nor the test worker that started this
+process counts.
 Prints one JSON object: measured and estimated bytes, and the plan's components.
 """
 
 import argparse
 import json
-import os
-import resource
 import sys
 import tempfile
 
@@ -23,6 +24,7 @@ import torch
 from grpo_core import config
 from grpo_core.cli.memory import load_shape, plan
 from grpo_core.data.prompts import render_prompt
+from grpo_core.observe.metrics import peak_rss_bytes, reset_peak_rss
 from grpo_core.tiny import addition_rows, build_tokenizer, write_jsonl
 from grpo_core.trainer import train
 
@@ -104,17 +106,9 @@ def main() -> None:
     model = args.model or tiny_model(d)
     cfg = settings(d, model, args)
     cuda = args.device == "cuda"
-    base = (
-        torch.cuda.memory_allocated()
-        if cuda
-        else int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    )
+    base = torch.cuda.memory_allocated() if cuda else reset_peak_rss()
     train(cfg)
-    peak = (
-        torch.cuda.max_memory_allocated()
-        if cuda
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    )
+    peak = torch.cuda.max_memory_allocated() if cuda else peak_rss_bytes()
     est = plan(
         load_shape(model),
         G,

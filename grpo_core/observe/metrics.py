@@ -372,6 +372,31 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak accelerator memory allocated (CUDA) or the process's peak resident size (CPU)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
+    return peak_rss_bytes() / 2**20
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def peak_rss_bytes() -> int:
+    """The peak resident size of this process's address space: Linux's ``VmHWM``.
+
+    Not ``getrusage``'s ``ru_maxrss``: that also keeps the peak of the address space the
+    process was exec'd from, and a child that Python's ``subprocess`` starts (by ``vfork``)
+    execs out of its parent's, so a run started by a process that once held gigabytes (a
+    ``grpo compare``, a test worker) would report those gigabytes as its own.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+
+        unit = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit
+
+
+def reset_peak_rss() -> int:
+    """Set the peak resident size to the resident size now and return it, in bytes, so a
+    later :func:`peak_rss_bytes` measures only what follows (Linux 4.0+: ``5`` written to
+    ``/proc/self/clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return peak_rss_bytes()

@@ -452,16 +452,17 @@ def test_http_announced_oversize_reply_is_refused_unread(servers):
 
 
 CLIENT = """
-import resource, sys
+import sys
 import grpo_core
+from grpo_core.observe.metrics import peak_rss_bytes, reset_peak_rss
 r = grpo_core.create("reward", "http", {"url": sys.argv[1], "timeout": 5, "retries": 0,
                                         "max_response_bytes": CAP})
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = reset_peak_rss()
 try:
     r(["p"], ["c"])
 except RuntimeError as exc:
     print("error:", exc, file=sys.stderr)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+print((peak_rss_bytes() - before) // 2**20)
 """.replace("CAP", str(CAP))
 
 

@@ -102,6 +102,23 @@ def test_shared_prompts_run_once():
     assert plan(s, 8, 1, 16, 10, dtype="float32")["activations"] == 8 * 26 * 2 * 72 * 4
 
 
+PARENT = """
+import subprocess, sys
+held = bytearray(600 * 2**20)
+held[::4096] = b"x" * len(held[::4096])  # resident, not only reserved
+child = "from grpo_core.observe.metrics import peak_rss_bytes; print(peak_rss_bytes())"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout)
+"""
+
+
+def test_a_child_does_not_report_its_parents_peak_as_its_own():
+    # ru_maxrss would: the child execs out of the parent's address space (vfork) and keeps
+    # its high-water mark, 600 MB here, which once made the probe below report 391 MB for 221
+    p = subprocess.run([sys.executable, "-c", PARENT], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert 10 * 2**20 < int(p.stdout) < 400 * 2**20, p.stdout
+
+
 @pytest.mark.parametrize(
     "switches",
     [
