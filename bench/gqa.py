@@ -8,15 +8,17 @@ in bench/step_vs_trl.py, temperature 1), then rounds of: the training pass (log-
 gradients and their backward) and the reference pass (inference mode), each with the switch on
 (``grouped``: grpo_core.loss.logprobs as it runs) and off (``copied``: the model's own path),
 ``runtime.packing: auto``, one thread, the side that goes first alternating by round. The first
-round warms up; per side the median wall seconds, and the median over rounds of each round's
-ratio (grouped over copied), which a machine whose speed drifts between rounds moves less than
-the medians.
+round warms up; per side the median wall seconds, and the ratio: each round's grouped over
+copied, the median over the rounds of each order, the geometric mean of the two (a drifting
+machine moves a round's two sides alike; the order within a round moved the ratio by a few
+points in one run).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -79,7 +81,9 @@ def run_case(case: str, rounds: int, data_root: str) -> None:
     logprobs._grouped_query_sdpa = grouped
     for name in calls:
         on, off = times["grouped", name], times["copied", name]
-        ratio = statistics.median(a / b for a, b in zip(on, off))
+        ratios = [a / b for a, b in zip(on, off)]
+        # the two orders' medians, geometric mean: neither order's share of rounds tips it
+        ratio = math.sqrt(statistics.median(ratios[0::2]) * statistics.median(ratios[1::2]))
         print(
             f"| {case} ({P} x {G}, {new_tokens} new) | {name} | {statistics.median(on):.3f} | "
             f"{statistics.median(off):.3f} | {ratio:.2f} |",
@@ -93,10 +97,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--data", default=os.path.join("..", "shared", "data"))
     args = ap.parse_args()
+    if args.rounds < 2 or args.rounds % 2:
+        ap.error("--rounds: an even number, at least 2 (each side first in half of them)")
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}; 1 thread; {args.rounds} rounds after one warm-up, sides "
-        "in alternation; median wall seconds; ratio: median of each round's grouped/copied"
+        "in alternation; median wall seconds; ratio: each order's median of grouped/copied, "
+        "their geometric mean"
     )
     print("| case | pass | grouped s | copied s | grouped/copied |")
     print("|---|---|---|---|---|")

