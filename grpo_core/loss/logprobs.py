@@ -286,8 +286,9 @@ def _grouped_query_sdpa(decoder, device: torch.device) -> Iterator[None]:
     forward. Given a mask, transformers otherwise repeats each key and value head for its
     query heads before SDPA (``repeat_kv``): a copy of the keys and values forward and a sum
     over the copies backward, at prompt sharing's [B, heads, Lp + T, d] keys. Measured on the
-    GSM8K-shaped case (bench/gqa.py): the training pass 0.93x, the reference 0.91x of the
-    copying path's time, the same log-probs and gradients to float32 rounding. Not on GPUs,
+    GSM8K-shaped case (bench/gqa.py, two runs): the training pass 0.89-0.93x, the reference
+    0.91-0.97x of the copying path's time, the same log-probs and gradients to float32
+    rounding; on SmolLM2 no measurable change. Not on GPUs,
     where a mask with grouped-query SDPA falls back to the math kernel.
 
     transformers reads its switch, ``TRANSFORMERS_SDPA_FORCE_GQA``, from the process's
