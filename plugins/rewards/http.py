@@ -15,16 +15,22 @@ cookies, API keys) is dropped from that hop on. Only http(s) targets are followe
 can travel to another port of the same host. The reply is read in chunks, decompressed, and
 refused past ``max_response_bytes`` (at once when its Content-Length announces more), so a
 runaway server cannot exhaust memory.
+
+The transport (:class:`Client`) and the retry loop (:func:`with_retries`) are shared with the
+``judge`` reward.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
+import random
 import time
 import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
 
 import httpx
 
@@ -48,11 +54,21 @@ class _Final(RemoteRewardError):
 
 
 class _Status(RemoteRewardError):
-    """A reply with an error status; ``wait``: what its Retry-After asks, in seconds."""
+    """A reply with an error status; ``wait``: what its Retry-After asks, in seconds;
+    ``detail``: the start of its body (what the server said was wrong), credentials removed."""
 
-    def __init__(self, code: int, reason: str, wait: float | None):
+    def __init__(self, code: int, reason: str, wait: float | None, detail: str = ""):
         super().__init__(f"HTTP {code} {reason}")
-        self.code, self.wait = code, wait
+        self.code, self.wait, self.detail = code, wait, detail
+
+
+class Exhausted(RemoteRewardError):
+    """Every attempt :func:`with_retries` allowed failed: ``last`` says how the last one did,
+    ``attempts`` counts the requests made."""
+
+    def __init__(self, last: str, attempts: int):
+        super().__init__(last)
+        self.last, self.attempts = last, attempts
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -78,28 +94,69 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-class HTTPReward(Reward):
-    def __init__(
-        self,
-        url: str,
-        timeout: float = 30.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        headers: dict | None = None,
-        max_redirects: int = 5,
-        allow_cross_origin_redirects: bool = False,
-        max_response_bytes: int = 64 * 1024 * 1024,
-        batch_size: int | None = None,
-        concurrency: int = 4,
-    ):
-        self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
-        self.configured = dict(headers or {})
-        self.headers = {"Content-Type": "application/json", **self.configured}
-        self.max_redirects = max_redirects
-        self.allow_cross_origin = allow_cross_origin_redirects
-        self.max_bytes = max_response_bytes
-        self.batch_size, self.concurrency = batch_size, concurrency
-        self._client: httpx.Client | None = None
+def with_retries(
+    send: Callable[[float | None], Any],
+    retries: int,
+    backoff: float,
+    deadline: float | None = None,
+    jitter: bool = False,
+) -> tuple[Any, int]:
+    """``send(time_left)`` tried up to ``retries + 1`` times; returns its value and the number
+    of attempts. A connection failure, a 5xx or 429 reply, or a reply that is not the JSON
+    expected waits ``backoff * 2**k`` seconds (with ``jitter``, a random 50-100% of it, so
+    clients that failed together do not return together) or the reply's Retry-After, then
+    tries again; a refusal (``_Final``, another 4xx) does not. With ``deadline`` (a
+    ``time.monotonic()`` value) no attempt starts that could not begin before it, and
+    ``send`` gets the seconds left. Raises :class:`Exhausted` when no attempt succeeded."""
+    last, wait, made = "no attempt", 0.0, 0
+    for attempt in range(retries + 1):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and wait >= left:
+            last = (
+                f"{last}; the step's deadline came before another attempt"
+                if made
+                else "the step's deadline passed before the first attempt"
+            )
+            break
+        time.sleep(wait)
+        wait = backoff * 2**attempt * (random.uniform(0.5, 1.0) if jitter else 1.0)
+        made += 1
+        try:
+            return send(None if left is None else deadline - time.monotonic()), made
+        except _Final as exc:
+            last = str(exc)
+            break
+        except _Status as exc:
+            last = str(exc)
+            if 400 <= exc.code < 500 and exc.code != 429:
+                break  # the request is wrong: retrying will not help
+            if exc.wait is not None and exc.code in (429, 503):
+                if exc.wait > RETRY_AFTER_MAX:
+                    last += f" (Retry-After {exc.wait:.0f} s, over {RETRY_AFTER_MAX:.0f} s)"
+                    break
+                wait = exc.wait
+        except (httpx.TransportError, OSError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, RecursionError) as exc:
+            last = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})"
+    raise Exhausted(last, made)
+
+
+class Client:
+    """One endpoint reached with POST through a pooled httpx client (made on first use, not
+    pickled): redirects followed as the module doc says, replies read within a size cap.
+    Subclasses set ``url``, ``timeout``, ``configured`` (the user's headers), ``headers``
+    (all sent), ``max_redirects``, ``allow_cross_origin``, ``max_bytes``, ``concurrency``."""
+
+    url: str
+    timeout: float
+    configured: dict
+    headers: dict
+    max_redirects: int
+    allow_cross_origin: bool
+    max_bytes: int
+    concurrency: int
+    _client: httpx.Client | None = None
 
     def __getstate__(self) -> dict:
         """Pickled for a worker process without the client: the worker opens its own."""
@@ -129,6 +186,14 @@ class HTTPReward(Reward):
         drop = {k.lower() for k in self.configured} | SENSITIVE
         return {k: v for k, v in headers.items() if k.lower() not in drop}
 
+    def _scrub(self, text: str) -> str:
+        """``text`` with every configured header value (a key, a token) replaced by ``***``."""
+        for value in self.configured.values():
+            for secret in {value, value.partition(" ")[2]}:  # "Bearer <token>": the token too
+                if len(secret) >= 4:
+                    text = text.replace(secret, "***")
+        return text
+
     def _read(self, resp: httpx.Response) -> bytes:
         """The reply body, refused past ``max_bytes`` without reading much beyond it."""
         length = resp.headers.get("Content-Length")
@@ -146,16 +211,29 @@ class HTTPReward(Reward):
                 )
         return bytes(body)
 
-    def _post(self, body: bytes) -> bytes:
-        """One attempt: send, follow the redirects the options allow, return the reply."""
+    def _failed(self, resp: httpx.Response) -> _Status:
+        """The error an error reply stands for, with the start of its body."""
+        head = b""
+        for chunk in resp.iter_bytes(CHUNK):
+            head = chunk[:300]
+            break
+        detail = self._scrub(" ".join(head.decode("utf-8", "replace").split()))
+        wait = retry_after(resp.headers.get("Retry-After"))
+        return _Status(resp.status_code, resp.reason_phrase, wait, detail)
+
+    def _post(self, body: bytes, timeout: float | None = None) -> bytes:
+        """One attempt (``timeout``: seconds for each of its network operations, None: the
+        client's): send, follow the redirects the options allow, return the reply."""
         url, method, data, headers = self.url, "POST", body, dict(self.headers)
+        limit = httpx.USE_CLIENT_DEFAULT if timeout is None else max(timeout, 0.001)
         for _ in range(self.max_redirects + 1):
-            with self._pool().stream(method, url, content=data, headers=headers) as resp:
+            with self._pool().stream(
+                method, url, content=data, headers=headers, timeout=limit
+            ) as resp:
                 code = resp.status_code
                 if code not in REDIRECTS:
                     if code >= 400:
-                        wait = retry_after(resp.headers.get("Retry-After"))
-                        raise _Status(code, resp.reason_phrase, wait)
+                        raise self._failed(resp)
                     return self._read(resp)
                 location = resp.headers.get("Location")
             if not location:
@@ -186,6 +264,30 @@ class HTTPReward(Reward):
             headers = self._without_credentials(headers)
         return target, headers
 
+
+class HTTPReward(Client, Reward):
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        headers: dict | None = None,
+        max_redirects: int = 5,
+        allow_cross_origin_redirects: bool = False,
+        max_response_bytes: int = 64 * 1024 * 1024,
+        batch_size: int | None = None,
+        concurrency: int = 4,
+    ):
+        self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
+        self.configured = dict(headers or {})
+        self.headers = {"Content-Type": "application/json", **self.configured}
+        self.max_redirects = max_redirects
+        self.allow_cross_origin = allow_cross_origin_redirects
+        self.max_bytes = max_response_bytes
+        self.batch_size, self.concurrency = batch_size, concurrency
+        self._client = None
+
     def __call__(self, prompts, completions, **columns) -> Scores:
         n = len(completions)
         size = self.batch_size or n
@@ -211,40 +313,28 @@ class HTTPReward(Reward):
             return Scores([r for rewards in pool.map(part, spans) for r in rewards])
 
     def _score(self, prompts: list, completions: list, columns: dict) -> list:
-        """One request's rewards, with retries: a connection or server failure waits the
-        backoff (or the reply's Retry-After) and tries again; a refused reply does not."""
+        """One request's rewards, with retries (:func:`with_retries`)."""
         body = json.dumps(
             {"prompts": prompts, "completions": completions, "columns": columns}, default=str
         ).encode()
-        last, wait = "no attempt", 0.0
-        for attempt in range(self.retries + 1):
-            time.sleep(wait)
-            wait = self.backoff * 2**attempt
-            try:
-                reply = json.loads(self._post(body))
-                rewards = reply["rewards"] if isinstance(reply, dict) else reply
-                if not isinstance(rewards, list):
-                    raise RemoteRewardError(f"reply has no list of rewards: {str(reply)[:100]}")
-                return rewards
-            except _Final as exc:
-                last = str(exc)
-                break
-            except _Status as exc:
-                last = str(exc)
-                if 400 <= exc.code < 500 and exc.code != 429:
-                    break  # the request is wrong: retrying will not help
-                if exc.wait is not None and exc.code in (429, 503):
-                    if exc.wait > RETRY_AFTER_MAX:
-                        last += f" (Retry-After {exc.wait:.0f} s, over {RETRY_AFTER_MAX:.0f} s)"
-                        break
-                    wait = exc.wait
-            except (httpx.TransportError, OSError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, RecursionError) as exc:
-                last = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})"
-        raise RemoteRewardError(
-            f"reward service {self.url} failed after {attempt + 1} attempt(s): {last}"
-        )
+        try:
+            rewards, _ = with_retries(
+                lambda _: self._rewards(self._post(body)), self.retries, self.backoff
+            )
+        except Exhausted as exc:
+            raise RemoteRewardError(
+                f"reward service {self.url} failed after {exc.attempts} attempt(s): {exc.last}"
+            ) from None
+        return rewards
+
+    @staticmethod
+    def _rewards(body: bytes) -> list:
+        """The list of rewards in a reply: {"rewards": [...]} or a bare list."""
+        reply = json.loads(body)
+        rewards = reply["rewards"] if isinstance(reply, dict) else reply
+        if not isinstance(rewards, list):
+            raise RemoteRewardError(f"reply has no list of rewards: {str(reply)[:100]}")
+        return rewards
 
 
 SCHEMA = {
