@@ -4,7 +4,7 @@ weighted."""
 from __future__ import annotations
 
 from grpo_core_plugins.rewards import format as fmt
-from grpo_core_plugins.rewards import http, json_schema, reward_model, weighted
+from grpo_core_plugins.rewards import http, json_schema, judge, reward_model, weighted
 
 from grpo_core.hookspecs import hookimpl
 
@@ -43,6 +43,7 @@ def reward(register):
         schema=http.SCHEMA,
         description="remote reward service over HTTP (JSON), with retries",
     )
+    register("judge", judge.JudgeReward, schema=judge.SCHEMA, description=judge.ABOUT)
     register(
         "weighted",
         weighted.WeightedReward,

@@ -64,11 +64,12 @@ class _Status(RemoteRewardError):
 
 class Exhausted(RemoteRewardError):
     """Every attempt :func:`with_retries` allowed failed: ``last`` says how the last one did,
-    ``attempts`` counts the requests made."""
+    ``attempts`` counts the requests made, ``detail`` is the last error reply's
+    :attr:`_Status.detail`."""
 
-    def __init__(self, last: str, attempts: int):
+    def __init__(self, last: str, attempts: int, detail: str = ""):
         super().__init__(last)
-        self.last, self.attempts = last, attempts
+        self.last, self.attempts, self.detail = last, attempts, detail
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -108,7 +109,7 @@ def with_retries(
     tries again; a refusal (``_Final``, another 4xx) does not. With ``deadline`` (a
     ``time.monotonic()`` value) no attempt starts that could not begin before it, and
     ``send`` gets the seconds left. Raises :class:`Exhausted` when no attempt succeeded."""
-    last, wait, made = "no attempt", 0.0, 0
+    last, detail, wait, made = "no attempt", "", 0.0, 0
     for attempt in range(retries + 1):
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and wait >= left:
@@ -127,7 +128,7 @@ def with_retries(
             last = str(exc)
             break
         except _Status as exc:
-            last = str(exc)
+            last, detail = str(exc), exc.detail
             if 400 <= exc.code < 500 and exc.code != 429:
                 break  # the request is wrong: retrying will not help
             if exc.wait is not None and exc.code in (429, 503):
@@ -136,10 +137,16 @@ def with_retries(
                     break
                 wait = exc.wait
         except (httpx.TransportError, OSError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, RecursionError) as exc:
-            last = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})"
-    raise Exhausted(last, made)
+            last, detail = f"{type(exc).__name__}: {exc}", ""
+        except (
+            json.JSONDecodeError,
+            UnicodeDecodeError,
+            KeyError,
+            RecursionError,
+            httpx.DecodingError,
+        ) as exc:
+            last, detail = f"bad reply ({type(exc).__name__}: {str(exc)[:200]})", ""
+    raise Exhausted(last, made, detail)
 
 
 class Client:
