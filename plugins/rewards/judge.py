@@ -282,8 +282,10 @@ class JudgeReward(Client, Reward):
             )
         except Exhausted as exc:
             self._count(exc.attempts)
-            why = f"{exc.last}: {exc.detail}" if exc.detail else exc.last
-            return Outcome(math.nan, f"failed after {exc.attempts} attempt(s): {self._scrub(why)}")
+            why = self._scrub(f"{exc.last}: {exc.detail}" if exc.detail else exc.last)
+            if deadline is not None and time.monotonic() >= deadline:
+                why = f"not graded within the step's deadline ({self.deadline:g} s); {why}"
+            return Outcome(math.nan, f"failed after {exc.attempts} attempt(s): {why}")
         except Exception as exc:  # an error no retry is for (a bug): this completion fails
             return Outcome(math.nan, f"failed: {type(exc).__name__}: {self._scrub(str(exc))}")
         self._count(attempts)
