@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from grpo_core_plugins.rewards.judge import render
-from helpers import make_config
+from helpers import ROOT, gsm8k_or_stand_in, make_config, run_grpo
 
 import grpo_core
 from grpo_core import config
@@ -404,14 +404,14 @@ def test_validate_a_weighted_config_with_a_gated_judge(judges, monkeypatch, tmp_
 
 
 def test_training_with_a_gated_judge(judges, monkeypatch, tiny_model, addition_data, tmp_path):
-    """A short run on the tiny model: the judge (in the reward's worker process) grades by
-    the number in the completion's first digits; the key reaches the server only."""
+    """A short run on the tiny model: the judge (in the reward's worker process) grades a
+    completion by its first digit (0 without one); the key reaches the server only."""
     from grpo_core.trainer import train
 
     def grade(judge, h, n, request):
         text = request["messages"][-1]["content"].split("\n", 1)[1]
         digits = [c for c in text if c.isdigit()]
-        h.reply(200, chat(f"Score: {digits[0] if digits else 'none'}"))
+        h.reply(200, chat(f"Score: {digits[0] if digits else 0}"))
         return True
 
     monkeypatch.setenv("JUDGE_T_KEY", KEY)
@@ -433,7 +433,8 @@ def test_training_with_a_gated_judge(judges, monkeypatch, tiny_model, addition_d
     )
     assert "Reference answer: " in server.requests[0][1]["messages"][-1]["content"]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert all("reward/judge" in row for row in rows)
+    assert all(0 <= row["reward/judge"] <= 1 for row in rows)  # graded (NaN fails this)
+    assert all(row["dropped_rewards"] == 0 for row in rows)
     samples = [json.loads(line) for line in open(out / "samples.jsonl")]
     assert "judge" in samples[0]["extras"] and set(samples[0]["dimensions"]) == {"digit", "judge"}
     written = json.load(open(out / "config.json"))
@@ -442,3 +443,15 @@ def test_training_with_a_gated_judge(judges, monkeypatch, tiny_model, addition_d
     )
     files = [os.path.join(d, f) for d, _, names in os.walk(out) for f in names]
     assert not [f for f in files if KEY.encode() in open(f, "rb").read()]
+
+
+def test_the_example_config_validates(tmp_path, monkeypatch):
+    monkeypatch.delenv("JUDGE_API_KEY", raising=False)
+    example = os.path.join(ROOT, "examples", "judge_reward.yaml")
+    shown = run_grpo(
+        "validate", example, *gsm8k_or_stand_in(tmp_path), env={"JUDGE_API_KEY": KEY}, cwd=ROOT
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "${env:JUDGE_API_KEY}" in shown.stdout and KEY not in shown.stdout + shown.stderr
+    unset = run_grpo("validate", example, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
+    assert unset.returncode != 0 and "JUDGE_API_KEY is not set" in unset.stderr
