@@ -316,6 +316,7 @@ class HTTPReward(Client, Reward):
                 )
             return rewards
 
+        self._pool()  # made here, not raced for by the threads
         with ThreadPoolExecutor(min(self.concurrency, len(spans))) as pool:
             return Scores([r for rewards in pool.map(part, spans) for r in rewards])
 

@@ -106,10 +106,11 @@ class Outcome:
 
     score: float
     note: str
-    attempts: int = 0
 
 
 class JudgeReward(Client, Reward):
+    """Each completion's grade from an LLM judge, in [0, 1]; NaN where none was had."""
+
     max_value = 1.0  # the top of the scale
 
     def __init__(
@@ -145,12 +146,8 @@ class JudgeReward(Client, Reward):
         self.fields = [n for n in placeholders(self.template) if n not in OWN]
         self.pattern = compile_linear(score_pattern, dotall=True)
         self.temperature, self.max_tokens = temperature, max_tokens
-        self.timeout, self.retries, self.backoff, self.deadline = (
-            timeout,
-            retries,
-            backoff,
-            deadline,
-        )
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.deadline = deadline
         self.configured = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.headers = {"Content-Type": "application/json", **self.configured}
         self.max_redirects, self.allow_cross_origin = 5, False
@@ -259,6 +256,7 @@ class JudgeReward(Client, Reward):
         if not todo:
             return out
         deadline = None if self.deadline is None else time.monotonic() + self.deadline
+        self._pool()  # one client for all threads (their connections are the bound)
         pool = ThreadPoolExecutor(min(self.concurrency, len(todo)), "judge")
         futures = {pool.submit(self._grade, k, m, deadline): k for k, m in todo.items()}
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -271,7 +269,7 @@ class JudgeReward(Client, Reward):
 
     def _grade(self, key: bytes, messages: list, deadline: float | None) -> Outcome:
         """Ask the judge about one request; never raises."""
-        body = json.dumps(self._request(messages), ensure_ascii=False).encode()
+        body = json.dumps(self._request(messages)).encode()  # ASCII: any text goes
 
         def send(left: float | None) -> dict:
             return _choice(self._post(body, None if left is None else min(self.timeout, left)))
@@ -292,13 +290,13 @@ class JudgeReward(Client, Reward):
         try:
             value = self._score(choice)
         except ValueError as exc:
-            return Outcome(math.nan, f"failed: {exc}", attempts)
+            return Outcome(math.nan, f"failed: {exc}")
         with self._lock:
             self._cache[key] = value
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         raw = value * (self.hi - self.lo) + self.lo
-        return Outcome(value, f"{raw:g} of [{self.lo:g}, {self.hi:g}]", attempts)
+        return Outcome(value, f"{raw:g} of [{self.lo:g}, {self.hi:g}]")
 
     def _count(self, attempts: int) -> None:
         with self._lock:
