@@ -1,6 +1,6 @@
 """What tests share besides fixtures: the repo's paths, a small complete config, the real
-``grpo`` entry point in a subprocess, and the shared real data (skipped with a reason where a
-clone lacks ../shared). Imported as ``helpers`` (pytest's ``pythonpath`` holds tests/)."""
+``grpo`` entry point in a subprocess, the shared real data (skipped with a reason where a
+clone lacks ../shared), and a recording HTTP server on 127.0.0.1. Imported as ``helpers`` (pytest's ``pythonpath`` holds tests/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -75,3 +79,63 @@ def needs_shared(sub: str) -> str:
     if not os.path.exists(path):
         pytest.skip(f"{path} not present (real data lives in ../shared/data beside the repo)")
     return path
+
+
+class RecordingServer:
+    """An HTTP/1.1 server on 127.0.0.1 (keep-alive) for the HTTP clients under test. Each
+    POST's JSON body is read and recorded with its client port, headers and arrival time, and
+    the most requests in flight at once is kept; then ``answer(server, handler)`` replies,
+    the handler carrying ``body`` (the parsed request), ``number`` (its count, from 1) and
+    ``reply(code, payload, **headers)``. ``changed`` is notified at each arrival; ``release``
+    is set on close, ending any answer that waits on it (a hang)."""
+
+    def __init__(self, answer: Callable):
+        self.ports: list[int] = []
+        self.headers: list[dict] = []
+        self.bodies: list = []
+        self.times: list[float] = []
+        self.inflight = self.most = 0
+        self.changed = threading.Condition()
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.changed:
+                    server.ports.append(self.client_address[1])
+                    server.headers.append(dict(self.headers))
+                    server.bodies.append(self.body)
+                    server.times.append(time.monotonic())
+                    self.number = len(server.ports)
+                    server.inflight += 1
+                    server.most = max(server.most, server.inflight)
+                    server.changed.notify_all()
+                try:
+                    answer(server, self)
+                finally:
+                    with server.changed:
+                        server.inflight -= 1
+
+            def reply(self, code, payload, **headers):
+                out = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(code)
+                for k, v in {"Content-Length": str(len(out)), **headers}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -6,73 +6,34 @@ and refused past RETRY_AFTER_MAX), no cookie kept for another port. Real servers
 from __future__ import annotations
 
 import email.utils
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from grpo_core_plugins.rewards.http import RETRY_AFTER_MAX, retry_after
+from helpers import RecordingServer
 
 from grpo_core import create
 
 
-class Service:
-    """An HTTP/1.1 reward server (keep-alive) that scores a completion by its length;
-    ``before(service, handler)`` may answer first (returning True); it records each
-    request's client port, its headers, and the most requests in flight at once."""
+def reward_server(before=None, delay: float = 0.0) -> RecordingServer:
+    """A reward server that scores a completion by its length; ``before(service, handler)``
+    may answer first (returning True). It records each request's client port, its headers,
+    and the most requests in flight at once."""
 
-    def __init__(self, before=None, delay: float = 0.0):
-        self.ports: list[int] = []
-        self.headers: list[dict] = []
-        self.times: list[float] = []
-        self.inflight = self.most = 0
-        lock, service = threading.Lock(), self
+    def answer(service, h):
+        if before is None or not before(service, h):
+            time.sleep(delay)
+            h.reply(200, {"rewards": [float(len(c)) for c in h.body["completions"]]})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    service.ports.append(self.client_address[1])
-                    service.headers.append(dict(self.headers))
-                    service.times.append(time.monotonic())
-                    service.inflight += 1
-                    service.most = max(service.most, service.inflight)
-                try:
-                    if before is None or not before(service, self):
-                        time.sleep(delay)
-                        self.reply(200, {"rewards": [float(len(c)) for c in body["completions"]]})
-                finally:
-                    with lock:
-                        service.inflight -= 1
-
-            def reply(self, code, payload, **headers):
-                out = json.dumps(payload).encode()
-                self.send_response(code)
-                for k, v in {"Content-Length": str(len(out)), **headers}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    service = RecordingServer(answer)
+    service.url = service.base + "/score"
+    return service
 
 
 @pytest.fixture
 def services():
     made = []
-    yield lambda *a, **k: made.append(Service(*a, **k)) or made[-1]
+    yield lambda *a, **k: made.append(reward_server(*a, **k)) or made[-1]
     for s in made:
         s.close()
 

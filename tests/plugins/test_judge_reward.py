@@ -10,13 +10,11 @@ import email.utils
 import json
 import math
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from grpo_core_plugins.rewards.judge import render
-from helpers import ROOT, gsm8k_or_stand_in, make_config, run_grpo
+from helpers import ROOT, RecordingServer, gsm8k_or_stand_in, make_config, run_grpo
 
 import grpo_core
 from grpo_core import config
@@ -43,75 +41,36 @@ def chat(content: str | None, **message) -> dict:
     }
 
 
-class Judge:
+def judge_server(behave=None) -> RecordingServer:
     """A chat-completions server. By default it answers "Score: N" where N is the user
-    message itself (the tests' template is ``{completion}``); ``behave(judge, handler, n,
-    request)`` may answer first (returning True), ``n`` being the request's number from 1.
-    It records each request (headers, JSON body) and the most requests in flight at once."""
+    message itself (the tests' template is ``{completion}``); ``behave(server, handler, n,
+    request)`` may answer first (returning True), ``n`` being the request's number from 1."""
 
-    def __init__(self, behave=None):
-        self.requests: list[tuple[dict, dict]] = []
-        self.times: list[float] = []
-        self.inflight = self.most = 0
-        self.release = threading.Event()  # ends every hang when the test is done
-        self.changed = threading.Condition()
-        judge = self
+    def answer(server, h):
+        if behave is None or not behave(server, h, h.number, h.body):
+            text = h.body["messages"][-1]["content"]
+            h.reply(200, chat(f"The response is fine.\nScore: {text}"))
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    server = RecordingServer(answer)
+    server.base += "/v1"
+    return server
 
-            def log_message(self, *args):
-                pass
 
-            def do_POST(self):
-                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with judge.changed:
-                    judge.requests.append((dict(self.headers), request))
-                    judge.times.append(time.monotonic())
-                    n = len(judge.requests)
-                    judge.inflight += 1
-                    judge.most = max(judge.most, judge.inflight)
-                    judge.changed.notify_all()
-                try:
-                    if behave is None or not behave(judge, self, n, request):
-                        text = request["messages"][-1]["content"]
-                        self.reply(200, chat(f"The response is fine.\nScore: {text}"))
-                finally:
-                    with judge.changed:
-                        judge.inflight -= 1
-
-            def reply(self, code, payload, **headers):
-                out = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(code)
-                for k, v in {"Content-Length": str(len(out)), **headers}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def hang(self) -> bool:
-        self.release.wait(HANG_GUARD)
-        return True
-
-    def close(self):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def hang(server: RecordingServer) -> bool:
+    """Answer nothing until the test is over."""
+    server.release.wait(HANG_GUARD)
+    return True
 
 
 @pytest.fixture
 def judges():
     made = []
-    yield lambda *a, **k: made.append(Judge(*a, **k)) or made[-1]
+    yield lambda *a, **k: made.append(judge_server(*a, **k)) or made[-1]
     for j in made:
         j.close()
 
 
-def judge_reward(server: Judge, **options):
+def judge_reward(server: RecordingServer, **options):
     """A judge whose template is the completion alone, fast backoff, generous limits (only a
     hang reaches them)."""
     options = {
@@ -133,7 +92,7 @@ def test_scores_are_parsed_and_mapped_to_the_unit_interval(judges):
     out = r(["p"] * 3, ["8", "2", "0"])
     assert list(out) == [1.0, 0.25, 0.0]
     assert out.extras["judge"] == ["8 of [0, 8]", "2 of [0, 8]", "0 of [0, 8]"]
-    bodies = [body for _, body in server.requests]
+    bodies = server.bodies
     assert {b["model"] for b in bodies} == {"judge-model"} and bodies[0]["temperature"] == 0.0
     sent = sorted(b["messages"][0]["content"] for b in bodies)
     assert sent == ["0", "2", "8"] and all(len(b["messages"]) == 1 for b in bodies)
@@ -150,7 +109,7 @@ def test_rate_limit_retry_after_seconds_then_success(judges):
     server = judges(limited)
     r = judge_reward(server)
     assert list(r(["p"], ["5"])) == [0.5]
-    assert len(server.requests) == 2 and r.counts["retried"] == 1
+    assert len(server.bodies) == 2 and r.counts["retried"] == 1
     assert server.times[1] - server.times[0] >= 1.0  # the server's second, not 0.01 s backoff
 
 
@@ -166,29 +125,29 @@ def test_rate_limit_retry_after_http_date_is_honoured(judges):
     r = judge_reward(server)
     assert list(r(["p"], ["5"])) == [0.5]
     # the date has whole seconds: 2 s ahead is at least 1 s after the first request
-    assert len(server.requests) == 2 and server.times[1] - server.times[0] >= 1.0
+    assert len(server.bodies) == 2 and server.times[1] - server.times[0] >= 1.0
 
 
 def test_retry_after_past_the_deadline_fails_without_waiting(judges):
     server = judges(lambda j, h, n, r: h.reply(429, {}, **{"Retry-After": "30"}) or True)
     r = judge_reward(server, deadline=5, retries=3)
     out = r(["p"], ["5"])
-    assert math.isnan(out[0]) and len(server.requests) == 1  # no second request
+    assert math.isnan(out[0]) and len(server.bodies) == 1  # no second request
     assert "HTTP 429" in out.extras["judge"][0] and "deadline" in out.extras["judge"][0]
 
 
 def test_a_hang_beyond_the_timeout_is_retried(judges):
-    server = judges(lambda judge, h, n, request: n == 1 and judge.hang())
+    server = judges(lambda server, h, n, request: n == 1 and hang(server))
     r = judge_reward(server, timeout=0.5)
     assert list(r(["p"], ["3"])) == [0.3]
-    assert len(server.requests) == 2 and r.counts["retried"] == 1
+    assert len(server.bodies) == 2 and r.counts["retried"] == 1
 
 
 def test_a_server_error_then_success(judges):
     server = judges(lambda j, h, n, r: n == 1 and (h.reply(500, {"error": "boom"}) or True))
     r = judge_reward(server)
     out = r(["p"], ["9"])
-    assert list(out) == [0.9] and len(server.requests) == 2
+    assert list(out) == [0.9] and len(server.bodies) == 2
     assert out.extras["judge"] == ["9 of [0, 10]"]
 
 
@@ -202,17 +161,17 @@ def test_a_reset_connection_then_success(judges):
 
     server = judges(reset)
     r = judge_reward(server)
-    assert list(r(["p"], ["4"])) == [0.4] and len(server.requests) == 2
+    assert list(r(["p"], ["4"])) == [0.4] and len(server.bodies) == 2
 
 
 def test_malformed_json_is_retried_then_fails_as_nan(judges):
     once = judges(lambda j, h, n, r: n == 1 and (h.reply(200, b'{"choices": [') or True))
-    assert list(judge_reward(once)(["p"], ["6"])) == [0.6] and len(once.requests) == 2
+    assert list(judge_reward(once)(["p"], ["6"])) == [0.6] and len(once.bodies) == 2
 
     always = judges(lambda j, h, n, r: h.reply(200, b"<html>bad gateway</html>") or True)
     r = judge_reward(always, retries=2)
     out = r(["p"], ["6"])
-    assert math.isnan(out[0]) and len(always.requests) == 3  # 1 + 2 retries, then given up
+    assert math.isnan(out[0]) and len(always.bodies) == 3  # 1 + 2 retries, then given up
     assert out.extras["judge"][0].startswith("failed after 3 attempt(s): bad reply")
     assert r.counts["failed"] == 1 and r.counts["retried"] == 2
 
@@ -233,7 +192,7 @@ def test_a_refusal_or_unparseable_answer_is_a_failure_not_zero(judges, capsys):
     notes = out.extras["judge"]
     assert "no score in the reply: 'I cannot grade this.'" in notes[0]
     assert "the judge refused" in notes[1] and "not on the scale" in notes[2]
-    assert len(server.requests) == 4  # an answer that cannot be read is not asked again
+    assert len(server.bodies) == 4  # an answer that cannot be read is not asked again
     assert "3 of 4 completions not graded" in capsys.readouterr().err
     # through reward.failure: raise stops, zero scores 0 with a warning, drop_group drops
     import torch
@@ -253,32 +212,34 @@ def test_json_mode_reads_the_key(judges):
     )
     r = judge_reward(server, parse="json", scale=[1, 5])
     assert list(r(["p"], ["x"])) == [0.5]
-    assert server.requests[0][1]["response_format"] == {"type": "json_object"}
+    assert server.bodies[0]["response_format"] == {"type": "json_object"}
 
 
 def test_a_slow_tail_past_the_deadline_fails_the_rest_graded(judges):
-    server = judges(lambda judge, h, n, req: req["messages"][-1]["content"] == "9" and judge.hang())
+    server = judges(
+        lambda server, h, n, req: req["messages"][-1]["content"] == "9" and hang(server)
+    )
     r = judge_reward(server, deadline=2, timeout=60, retries=3, concurrency=4)
     out = r(["p"] * 4, ["1", "2", "9", "3"])  # returns (a hang would reach HANG_GUARD)
     assert [out[0], out[1], out[3]] == [0.1, 0.2, 0.3] and math.isnan(out[2])
     assert "deadline" in out.extras["judge"][2]
-    assert len(server.requests) == 4  # the slow one was asked once, not retried after
+    assert len(server.bodies) == 4  # the slow one was asked once, not retried after
 
 
 def test_the_cache_asks_each_prompt_and_completion_once(judges):
     server = judges()
     r = judge_reward(server, cache=2)
     first = r(["p", "p", "p"], ["1", "1", "2"])  # a repeat in the batch is asked once
-    assert list(first) == [0.1, 0.1, 0.2] and len(server.requests) == 2
+    assert list(first) == [0.1, 0.1, 0.2] and len(server.bodies) == 2
     assert first.extras["judge"] == ["1 of [0, 10]", "cached", "2 of [0, 10]"]
     again = r(["p", "p"], ["2", "1"])
-    assert list(again) == [0.2, 0.1] and len(server.requests) == 2  # nothing asked
+    assert list(again) == [0.2, 0.1] and len(server.bodies) == 2  # nothing asked
     assert again.extras["judge"] == ["cached", "cached"]
     other = r(["q"], ["1"])  # the template does not show the prompt: the same request
-    assert list(other) == [0.1] and len(server.requests) == 2
+    assert list(other) == [0.1] and len(server.bodies) == 2
     r(["p"], ["3"])  # a third entry pushes out the least recently used ("2")
     r(["p"], ["2"])
-    assert len(server.requests) == 4
+    assert len(server.bodies) == 4
     assert r.counts["cached"] == 4 and r.counts["requests"] == 4
 
 
@@ -286,16 +247,16 @@ def test_the_cache_key_holds_the_prompt(judges):
     server = judges(lambda j, h, n, r: h.reply(200, chat("Score: 5")) or True)
     r = judge_reward(server, template="{prompt}: {completion}")
     assert list(r(["a", "b", "a"], ["1", "1", "1"])) == [0.5] * 3
-    assert sorted(b["messages"][-1]["content"] for _, b in server.requests) == ["a: 1", "b: 1"]
+    assert sorted(b["messages"][-1]["content"] for b in server.bodies) == ["a: 1", "b: 1"]
 
 
 def test_concurrency_is_bounded(judges):
     total, bound = 8, 3
 
-    def crowd(judge, h, n, request):
-        with judge.changed:  # hold each request until `bound` are in (or all have come)
-            judge.changed.wait_for(
-                lambda: judge.inflight >= bound or len(judge.requests) == total, HANG_GUARD
+    def crowd(server, h, n, request):
+        with server.changed:  # hold each request until `bound` are in (or all have come)
+            server.changed.wait_for(
+                lambda: server.inflight >= bound or len(server.bodies) == total, HANG_GUARD
             )
         return False
 
@@ -327,8 +288,8 @@ def test_the_api_key_is_sent_and_never_shown(judges, monkeypatch):
     )
     r = grpo_core.create("reward", "judge", cfg["reward"]["options"])
     out = r(["p"], ["1"])
-    assert server.requests[0][0]["Authorization"] == f"Bearer {KEY}"
-    assert len(server.requests) == 1  # a 401 is not retried
+    assert server.headers[0]["Authorization"] == f"Bearer {KEY}"
+    assert len(server.bodies) == 1  # a 401 is not retried
     note = out.extras["judge"][0]
     assert "HTTP 401" in note and "invalid key" in note and KEY not in note
     written = unresolved(cfg)
@@ -340,7 +301,7 @@ def test_a_completion_cannot_fill_placeholders(judges):
     server = judges(lambda j, h, n, r: h.reply(200, chat("Score: 1")) or True)
     r = judge_reward(server, template="Reference: {answer}\nResponse: {completion}")
     r(["p"], ["the answer is {answer}"], answer=["42"])
-    sent = server.requests[0][1]["messages"][-1]["content"]
+    sent = server.bodies[0]["messages"][-1]["content"]
     assert sent == "Reference: 42\nResponse: the answer is {answer}"
     assert render("{{x}} {x}", {"x": "1"}) == "{x} 1"
 
@@ -363,7 +324,7 @@ def test_registered_as_a_builtin():
     assert info.distribution == "grpo-core" and "judge" in info.description
 
 
-def judged_weighted(server: Judge) -> dict:
+def judged_weighted(server: RecordingServer) -> dict:
     return {
         "name": "weighted",
         "failure": "drop_group",
@@ -428,10 +389,8 @@ def test_training_with_a_gated_judge(judges, monkeypatch, tiny_model, addition_d
     )
     summary = train(cfg)
     assert summary["steps"] == 2
-    assert server.requests and all(
-        h["Authorization"] == f"Bearer {KEY}" for h, _ in server.requests
-    )
-    assert "Reference answer: " in server.requests[0][1]["messages"][-1]["content"]
+    assert server.bodies and {h["Authorization"] for h in server.headers} == {f"Bearer {KEY}"}
+    assert "Reference answer: " in server.bodies[0]["messages"][-1]["content"]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert all(0 <= row["reward/judge"] <= 1 for row in rows)  # graded (NaN fails this)
     assert all(row["dropped_rewards"] == 0 for row in rows)
