@@ -123,7 +123,7 @@ def with_retries(
         wait = backoff * 2**attempt * (random.uniform(0.5, 1.0) if jitter else 1.0)
         made += 1
         try:
-            return send(None if left is None else deadline - time.monotonic()), made
+            return send(None if deadline is None else deadline - time.monotonic()), made
         except _Final as exc:
             last = str(exc)
             break

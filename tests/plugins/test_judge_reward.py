@@ -226,6 +226,18 @@ def test_a_slow_tail_past_the_deadline_fails_the_rest_graded(judges):
     assert len(server.bodies) == 4  # the slow one was asked once, not retried after
 
 
+def test_completions_still_queued_at_the_deadline_fail_unasked(judges):
+    server = judges(
+        lambda server, h, n, req: req["messages"][-1]["content"] == "9" and hang(server)
+    )
+    r = judge_reward(server, deadline=2, timeout=60, concurrency=1)
+    out = r(["p"] * 3, ["9", "1", "2"])  # one at a time: the hang holds the only slot
+    assert all(math.isnan(v) for v in out)
+    assert all("deadline" in note for note in out.extras["judge"])
+    assert len(server.bodies) == 1  # the two behind it were never sent
+    assert r.counts["failed"] == 3
+
+
 def test_the_cache_asks_each_prompt_and_completion_once(judges):
     server = judges()
     r = judge_reward(server, cache=2)
