@@ -206,6 +206,24 @@ def test_a_refusal_or_unparseable_answer_is_a_failure_not_zero(judges, capsys):
     assert torch.isnan(dropped).all()  # both groups hold a failure
 
 
+def test_the_default_pattern_reads_common_forms_and_the_last_score(judges):
+    replies = [
+        "Score: 7",
+        "**Score:** 7",
+        "score = 7.5",
+        "Final score: 7/10",
+        "A score of 2 would be harsh. Score: 3",
+        "Scores vary; no verdict.",
+    ]
+    server = judges(
+        lambda j, h, n, req: (
+            h.reply(200, chat(replies[int(req["messages"][-1]["content"])])) or True
+        )
+    )
+    out = judge_reward(server)(["p"] * 6, [str(i) for i in range(6)])
+    assert list(out)[:5] == [0.7, 0.7, 0.75, 0.7, 0.3] and math.isnan(out[5])
+
+
 def test_json_mode_reads_the_key(judges):
     server = judges(
         lambda j, h, n, req: h.reply(200, chat('```json\n{"score": 3, "why": "ok"}\n```')) or True
