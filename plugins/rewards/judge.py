@@ -52,7 +52,7 @@ from grpo_core.hookspecs import Reward
 from grpo_core.scores import Scores
 
 ABOUT = "an LLM judge behind an OpenAI-compatible endpoint grades with a rubric"
-DEFAULT_SYSTEM = "You are a strict, fair grader. Follow the rubric; do not solve the task."
+DEFAULT_SYSTEM = "You are a strict, fair grader. Judge the response by the rubric alone."
 DEFAULT_RUBRIC = "Grade how correct, complete and clear the response is."
 DEFAULT_TEMPLATE = """{rubric}
 
