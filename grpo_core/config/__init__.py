@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from grpo_core.config import trl_names
-from grpo_core.config.file import Resolved, apply_overrides, read_file, resolve_env
+from grpo_core.config.file import Resolved, apply_overrides, read_file, resolve_env, yaml_words
 from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.hookspecs import Component
@@ -220,7 +220,7 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
         options = value.get("options")
         if not isinstance(options, dict):
             return value
-        options = fill_defaults(info.schema, options)
+        options = yaml_words(info.schema, fill_defaults(info.schema, options))
         opt_prefix = _path(prefix, ["options"])
         before = len(problems)
         _validate_node(info.schema, options, opt_prefix, problems)
@@ -249,7 +249,8 @@ def _walk_plugins(schema: dict, value: Any, prefix: str, problems: list[str]) ->
 def validate(config: dict) -> dict:
     """Return the effective config (defaults filled) or raise ConfigError listing every problem."""
     problems: list[str] = []
-    config = resolve_env(fill_defaults(CORE_SCHEMA, migrate(config)), "", problems)
+    config = yaml_words(CORE_SCHEMA, fill_defaults(CORE_SCHEMA, migrate(config)))
+    config = resolve_env(config, "", problems)
     _validate_node(CORE_SCHEMA, config, "", problems)
     config = _walk_plugins(CORE_SCHEMA, config, "", problems)
     if problems:

@@ -63,6 +63,27 @@ _Loader.add_implicit_resolver(
 )
 
 
+#: the words YAML 1.1 reads as booleans, by the boolean they become
+_BOOL_WORDS = {True: ("on", "yes", "true", "y"), False: ("off", "no", "false", "n")}
+
+
+def yaml_words(schema: dict, value: Any) -> Any:
+    """``value`` with each boolean that the schema wants as one of its strings put back as
+    that string: YAML 1.1 reads an unquoted ``on`` or ``off`` (``yes``, ``no``) as a boolean,
+    so ``runtime.packing: on`` would be refused as "found True". Only where the schema's enum
+    holds such a word and no boolean."""
+    enum = schema.get("enum")
+    if isinstance(value, bool) and enum and not any(isinstance(e, bool) for e in enum):
+        word = next((w for w in _BOOL_WORDS[value] if w in enum), None)
+        return value if word is None else word
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        props = schema["properties"]
+        return {k: yaml_words(props[k], v) if k in props else v for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [yaml_words(schema["items"], v) for v in value]
+    return value
+
+
 def _expanded_size(root: yaml.Node) -> int:
     """Number of values the document holds once aliases are expanded (refuses cycles and
     nesting past MAX_DEPTH), without expanding them."""

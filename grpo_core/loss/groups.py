@@ -58,18 +58,29 @@ def first_group_size(cfg: dict) -> int:
     return cfg["groups"]["adaptive_first"] or cfg["sampling"]["group_size"]
 
 
-def allocate(std: torch.Tensor, budget: int) -> torch.Tensor:
-    """Std-driven group sizes: ``budget`` more completions shared among P prompts in
-    proportion to the std of their first samples (the prompts whose samples disagree most
-    get the most; equally when none disagree), rounded by largest remainder (ties: the
-    earlier prompt). std [P] -> [P] long, summing to ``budget``."""
-    w = std.double().clamp(min=0)
-    w = w if w.sum() > 0 else torch.ones_like(w)
-    quota = budget * w / w.sum()
+def allocate(std: torch.Tensor, budget: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Std-driven group sizes, as the article has them: more samples where the in-group std
+    is small, so that a prompt whose first samples all agree (0 of 4 right on a hard prompt)
+    gets the chance to find one that differs. Each prompt's share of the budget weighs
+    ``1 / (std + mean std)``: a flat group twice a group at the mean std; equal shares when
+    none differ. The budget is ``budget`` more completions' worth of tokens: with ``lengths``
+    (each prompt's mean first-sample length, in tokens) a prompt's extra completions cost its
+    own length, so long answers get fewer of them. Rounded down, then the tokens left go to
+    the largest remainders that still fit (ties: the earlier prompt).
+    std [P], lengths [P] -> [P] long, costing at most ``budget x mean(lengths)`` tokens."""
+    std = std.double().clamp(min=0)
+    cost = torch.ones_like(std) if lengths is None else lengths.double().clamp(min=1)
+    tau = float(std.mean())
+    w = 1 / (std + tau) if tau > 0 else torch.ones_like(std)
+    tokens = budget * float(cost.mean())
+    quota = tokens * (w / w.sum()) / cost
     n = quota.floor().long()
-    left = budget - int(n.sum())
-    order = sorted(range(len(w)), key=lambda p: (-float(quota[p] - n[p]), p))
-    n[order[:left]] += 1
+    left = tokens - float((n * cost).sum())
+    order = sorted(range(len(w)), key=lambda p: (-round(float(quota[p] - n[p]), 9), p))
+    for p in order:
+        if cost[p] <= left + 1e-9:
+            n[p] += 1
+            left -= float(cost[p])
     return n
 
 

@@ -38,9 +38,11 @@ DEFAULTS = {
     "memory_frac": 0.9,  # peak memory over this share of what the device has
     "hack_rise": 0.1,  # the total reward rising this much (second half of a window over first)
     "hack_fall": 0.05,  # ... while a part of it falls this much, to under half
+    "hack_steps": 8,  # hacking is judged on the window, at most this many steps
     "saturated": 0.95,  # a part at this share of its best all window, another at 0
     "length_rise": 1.3,  # length multiplied by this with the reward rising
     "entropy_jump": 2.0,  # one update changing the entropy this many times (up or down) ...
+    "update_large": 0.01,  # ... or an update this long (lr x clipped grad norm) ...
     "collapse": 0.5,  # ... then the reward below this share of what it was ...
     "collapse_steps": 2,  # ... for this many steps at least
     "temperature_low": 0.5,  # flat groups at a sampling temperature below this: its fault
@@ -81,6 +83,8 @@ ADVICE = {
     "entropy": "entropy fell to {value:.3g}: the policy is collapsing to deterministic outputs; "
     "raise sampling.temperature or objective.entropy_coef, lower optimizer.lr, or "
     "raise objective.options.clip_high (DAPO clip-higher)",
+    "entropy_lr": "entropy fell to {value:.3g} after an update that overshot (lr_high): lower "
+    "optimizer.lr; a higher sampling.temperature or entropy bonus will not undo it",
     "grad_spike": "grad norm {value:.3g} is over {factor:g}x the recent median: lower "
     "optimizer.lr or optimizer.max_grad_norm",
     "reward_flat": "reward has not moved (range {value:.3g}) for {window} steps: check that "
@@ -113,6 +117,12 @@ HACKING = ("reward_hacking", "saturated", "length_hacking", "format_hacking")
 #: what follows a collapse of the policy, whose advice (the data, the token budget) would
 #: mislead once lr_high has named the cause
 AFTER_COLLAPSE = ("no_signal", "zero_std", "reward_flat", "truncated", "length")
+#: findings that stay the finding once made (they name the cause of what follows) until their
+#: evidence reverses, long after the steps that showed them have left the window
+LATCHING = (*HACKING, "lr_high")
+#: what follows a gamed reward (flat, all-alike groups; lengths at the budget), whose advice
+#: (a higher lr or temperature, a larger budget) would mislead once a hacking finding stands
+AFTER_HACKING = ("no_signal", "zero_std", "reward_flat", "length")
 
 
 @dataclass
@@ -131,6 +141,8 @@ class HealthMonitor:
         self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.messages: dict[str, str] = {}
+        self.latched: dict[str, tuple[str, float, pitfalls.Release]] = {}
+        self.released: dict[str, int] = {}
 
     def observe(self, record: dict) -> list[str]:
         """Add one step's metrics; returns the warnings shown now: those firing for the first
@@ -154,12 +166,20 @@ class HealthMonitor:
 
     def summary(self) -> list[str]:
         """One line per signature seen, in the order they started: first step, how many
-        steps it fired, the latest advice."""
+        steps it fired (a latching finding: whether it was still in force at the end, or the
+        step its evidence reversed), the latest advice."""
         order = sorted(self.counts, key=lambda k: (self.first[k], k))
         return [
-            f"{k} from step {self.first[k]} ({self.counts[k]} steps): {self.messages[k]}"
-            for k in order
+            f"{k} from step {self.first[k]} ({self._span(k)}): {self.messages[k]}" for k in order
         ]
+
+    def _span(self, key: str) -> str:
+        steps = f"{self.counts[key]} steps"
+        if key in self.latched:
+            return f"{steps}, in force at the end"
+        if key in self.released:
+            return f"{steps}, until step {self.released[key]}"
+        return steps
 
     def series(self, key: str, n: int | None = None) -> list[float]:
         """The last ``n`` (default: a window of) finite values of ``key``."""
@@ -173,14 +193,43 @@ class HealthMonitor:
         ]
 
     def _checks(self, r: dict):
-        found = list(self._all_checks(r))
-        if any(k == "lr_high" for k, _, _ in found) or "lr_high" in self.first:
+        found = self._latch(list(self._all_checks(r)), r.get("step", len(self.records)))
+        if "lr_high" in self.latched:
             found = [f for f in found if f[0] not in AFTER_COLLAPSE]
         hacking = [k for k, _, _ in found if k in HACKING]
         for key, message, figure in found:
+            if key in AFTER_HACKING and hacking:
+                continue
             if key == "truncated" and hacking:
                 message = ADVICE["truncated_hacking"].format(value=figure, hack=hacking[0])
+            if (
+                key == "entropy"
+                and "lr_high" in self.latched
+                and message.startswith("entropy fell")
+            ):
+                message = ADVICE["entropy_lr"].format(value=figure)
             yield key, message, figure
+
+    def _latch(self, found: list[tuple], step: int) -> list[tuple[str, str, float]]:
+        """Findings as ``(key, message, figure)``: a latching finding keeps its first message
+        and figure while in force, and stays in force (yielded every step) after its own
+        check stops firing, until the recent mean of the series it names is back at its
+        level (pitfalls.Release)."""
+        keys = {f[0] for f in found}
+        for key, message, figure, *release in found:
+            if key in LATCHING and release and key not in self.latched:
+                self.latched[key] = (message, figure, release[0])
+        for key, (_, _, release) in list(self.latched.items()):
+            recent = self.series(release.series, max(2, pitfalls.span(self) // 2))
+            level = statistics.fmean(recent) if recent else math.nan
+            back = level >= release.level if release.above else level <= release.level
+            if key not in keys and back:
+                del self.latched[key]
+                self.released[key] = step
+        out = [
+            (k, *self.latched[k][:2]) if k in self.latched else (k, m, f) for k, m, f, *_ in found
+        ]
+        return out + [(k, m, f) for k, (m, f, _) in self.latched.items() if k not in keys]
 
     def _all_checks(self, r: dict):
         t, w = self.t, self.window
@@ -266,8 +315,9 @@ class HealthMonitor:
                 ADVICE["reward_flat"].format(value=max(rw) - min(rw), window=w),
                 statistics.fmean(rw),
             )
-        dims = {k[7:]: self.series(k) for k in r if k.startswith("reward/")}
-        dims = {k: v for k, v in dims.items() if len(v) >= w}
+        n = pitfalls.span(self)
+        dims = {k[7:]: self.series(k, n) for k in r if k.startswith("reward/")}
+        dims = {k: v for k, v in dims.items() if len(v) >= n}
         for up, a in dims.items():
             rise = statistics.fmean(a[len(a) // 2 :]) - statistics.fmean(a[: len(a) // 2])
             for flat, b in dims.items():
@@ -275,9 +325,10 @@ class HealthMonitor:
                     yield (
                         "format_hacking",
                         ADVICE["format_hacking"].format(
-                            up=up, flat=flat, rise=rise, window=w, value=b[-1]
+                            up=up, flat=flat, rise=rise, window=n, value=b[-1]
                         ),
                         rise,
+                        pitfalls.Release(f"reward/{flat}", b[-1] + t["reward_flat"]),
                     )
                     return
 

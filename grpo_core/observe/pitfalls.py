@@ -14,11 +14,23 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from grpo_core.registry import registry
 
-Finding = tuple[str, str, float]
+
+class Release(NamedTuple):
+    """When a latched finding's evidence has reversed: the recent mean of ``series`` back at
+    or above ``level`` (``above``), or at or below it."""
+
+    series: str
+    level: float
+    above: bool = True
+
+
+#: (key, message, figure) or (key, message, figure, release): a finding that latches says what
+#: reverses it (grpo_core.observe.health)
+Finding = tuple
 
 
 class HealthMonitor(Protocol):
@@ -33,10 +45,18 @@ class HealthMonitor(Protocol):
     def series(self, key: str, n: int | None = None) -> list[float]: ...
 
 
+def span(m: HealthMonitor) -> int:
+    """The steps the hacking signatures judge on: the window, at most ``hack_steps``, so that
+    a longer window does not hide a part that fell before it filled (the verdict is the same at
+    any window from ``hack_steps`` up)."""
+    return min(m.window, int(m.t["hack_steps"]))
+
+
 def run_settings(cfg: dict) -> dict:
     """What the advice needs from a validated config (sampling settings already resolved):
-    lr, sampling temperature and token budget, the KL coefficient's option name, and a
-    weighted reward's components (weight, ``requires``, the best score its class declares)."""
+    lr and gradient clipping, sampling temperature and token budget, the KL coefficient's
+    option name, and a weighted reward's components (weight, ``requires``, the best score
+    its class declares)."""
     coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(
         cfg["kl"]["name"]
     )
@@ -50,6 +70,7 @@ def run_settings(cfg: dict) -> dict:
             }
     return {
         "lr": cfg["optimizer"]["lr"],
+        "max_grad_norm": cfg["optimizer"]["max_grad_norm"],
         "temperature": cfg["sampling"]["temperature"],
         "max_new_tokens": cfg["sampling"]["max_new_tokens"],
         "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
@@ -77,8 +98,8 @@ def suggest(value: float, factor: float) -> str:
 
 def reward_hacking(m: HealthMonitor, r: dict) -> Iterator[Finding]:
     """The total reward rises while one of its parts falls; one part at its best while
-    another stays at 0; the length rising with the reward."""
-    if len(m.records) < m.window:
+    another stays at 0; the length rising with the reward; each judged on :func:`span`."""
+    if len(m.records) < span(m):
         return
     yield from _part_falls(m, r)
     yield from _saturated(m, r)
@@ -86,13 +107,15 @@ def reward_hacking(m: HealthMonitor, r: dict) -> Iterator[Finding]:
 
 
 def _dims(m: HealthMonitor, r: dict) -> dict[str, list[float]]:
-    dims = {k[7:]: m.series(k) for k in r if k.startswith("reward/")}
-    return {k: v for k, v in dims.items() if len(v) >= m.window}
+    n = span(m)
+    dims = {k[7:]: m.series(k, n) for k in r if k.startswith("reward/")}
+    return {k: v for k, v in dims.items() if len(v) >= n}
 
 
 def _part_falls(m: HealthMonitor, r: dict) -> Iterator[Finding]:
-    t, rw = m.t, m.series("reward")
-    if len(rw) < m.window:
+    t, n = m.t, span(m)
+    rw = m.series("reward", n)
+    if len(rw) < n:
         return
     r0, r1 = halves(rw)
     for dim, v in _dims(m, r).items():
@@ -101,11 +124,12 @@ def _part_falls(m: HealthMonitor, r: dict) -> Iterator[Finding]:
             yield (
                 "reward_hacking",
                 (
-                    f"the reward rose {r0:.3g} -> {r1:.3g} in {m.window} steps while reward/{dim} "
+                    f"the reward rose {r0:.3g} -> {r1:.3g} in {n} steps while reward/{dim} "
                     f"fell {d0:.3g} -> {d1:.3g}: the policy earns the other parts of the reward at "
                     f"{dim}'s expense (reward hacking); {_protect(m.settings, dim)}"
                 ),
                 d0 - d1,
+                Release(f"reward/{dim}", d0),
             )
             return
 
@@ -139,7 +163,7 @@ def _saturated(m: HealthMonitor, r: dict) -> Iterator[Finding]:
                 yield (
                     "saturated",
                     (
-                        f"reward/{full} is at its best ({v[-1]:.3g} of {best:g}) for {m.window} "
+                        f"reward/{full} is at its best ({v[-1]:.3g} of {best:g}) for {len(v)} "
                         f"steps while reward/{zero}"
                         f"{' (gated on ' + ', '.join(gated) + ')' if gated else ''}"
                         f" stayed at 0: the policy has learned {full} alone (reward hacking), and "
@@ -149,25 +173,28 @@ def _saturated(m: HealthMonitor, r: dict) -> Iterator[Finding]:
                         f"help"
                     ),
                     v[-1],
+                    Release(f"reward/{zero}", math.ulp(0.0)),
                 )
                 return
 
 
 def _length_paid(m: HealthMonitor) -> Iterator[Finding]:
-    ln, rw = m.series("completion_len"), m.series("reward")
-    if len(ln) < m.window or len(rw) < m.window:
+    n = span(m)
+    ln, rw = m.series("completion_len", n), m.series("reward", n)
+    if len(ln) < n or len(rw) < n:
         return
     (l0, l1), (r0, r1) = halves(ln), halves(rw)
     if l0 > 0 and l1 > m.t["length_rise"] * l0 and r1 - r0 > m.t["hack_rise"]:
         yield (
             "length_hacking",
             (
-                f"completion length rose {l0:.3g} -> {l1:.3g} tokens in {m.window} steps with the "
+                f"completion length rose {l0:.3g} -> {l1:.3g} tokens in {n} steps with the "
                 f"reward ({r0:.3g} -> {r1:.3g}): the reward may be paying for length (reward "
                 f"hacking); read samples.txt, and add a length penalty (reward `length`) or use "
                 f"objective.aggregation: seq_mean_token_sum_norm"
             ),
             l1 / l0,
+            Release("completion_len", m.t["length_rise"] * l0, above=False),
         )
 
 
@@ -214,39 +241,84 @@ def kl_runaway_advice(m: HealthMonitor, r: dict) -> str:
 
 
 def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
-    """One update that changed the policy's entropy by ``entropy_jump`` times or more (up or
-    down), after which the reward fell below ``collapse`` of what it was, or the entropy
-    stayed collapsed: the learning rate is too high. Adam moves every weight by about the
-    learning rate whatever the gradient's size, so a clipped grad norm does not prevent it."""
+    """An update that happened (grad norm > 0, not skipped) and was large, after which the
+    reward fell below ``collapse`` of what it was, or the entropy stayed collapsed, for
+    ``collapse_steps``: the learning rate is too high. Large means either a step of
+    ``update_large`` or more (the learning rate times the grad norm as clipped: Adam moves
+    every weight by about the learning rate whatever the gradient's size) or an entropy change
+    of ``entropy_jump`` times the largest change between the steps before it (a slide is not
+    a jump) and larger than any the run showed across steps with no update (at a low
+    temperature the entropy estimate alone jumps that much)."""
     n, recent = m.t["collapse_steps"], m.records[-m.window :]
-    pairs = [(x.get("reward"), x.get("entropy"), x.get("grad_norm")) for x in recent]
-    if converged or any(not _finite(a) or not _finite(b) for a, b, _ in pairs):
+    rw, ent = [x.get("reward") for x in recent], [x.get("entropy") for x in recent]
+    if converged or not all(_finite(a) and _finite(b) for a, b in zip(rw, ent)):
         return
-    rw, ent = [a for a, _, _ in pairs], [b for _, b, _ in pairs]
-    for k in range(1, len(pairs) - n + 1):
-        jump = _ratio(ent[k - 1], ent[k])
-        if jump < m.t["entropy_jump"]:
+    noise = _entropy_noise(m.records)
+    for k in range(1, len(recent) - n + 1):
+        step, lr = _update(m, recent[k - 1])
+        if step is None:
             continue
-        before, after = statistics.fmean(rw[:k]), max(rw[k:])
-        if before > 0 and after < m.t["collapse"] * before:
+        jump, trend = _ratio(ent[k - 1], ent[k]), _largest_change(ent[:k])
+        moved = jump >= m.t["entropy_jump"] * trend and jump > noise
+        if not (moved or step >= m.t["update_large"]):
+            continue
+        before, cut = statistics.fmean(rw[:k]), m.t["collapse"]
+        if rw[k - 1] < cut * before:  # fallen already: not this update's doing
+            continue
+        if before > 0 and max(rw[k:]) < cut * before:
             what = f"the reward fell {before:.3g} -> {statistics.fmean(rw[k:]):.3g}"
-        elif ent[k] < ent[k - 1] and max(ent[k:]) < ent[k - 1] / m.t["entropy_jump"]:
+            release = Release("reward", before)
+        elif moved and ent[k] < ent[k - 1] and max(ent[k:]) < ent[k - 1] / m.t["entropy_jump"]:
             what = f"the entropy collapsed {ent[k - 1]:.3g} -> {ent[k]:.3g}"
+            release = Release("entropy", ent[k - 1] / m.t["entropy_jump"])
         else:
             continue
-        lr, norm = m.settings.get("lr"), pairs[k - 1][2]
+        norm = recent[k - 1]["grad_norm"]
         yield (
             "lr_high",
             (
                 f"{what} right after one update (step {recent[k - 1].get('step', k - 1)}, "
-                f"grad norm "
-                f"{norm:.3g}) that changed the entropy {ent[k - 1]:.3g} -> {ent[k]:.3g}: the "
-                f"learning rate is too high and the update overshot; lower optimizer.lr"
+                f"grad norm {norm:.3g}, a step of {step:.3g}) that changed the entropy "
+                f"{ent[k - 1]:.3g} -> {ent[k]:.3g}: the learning rate is too high and the "
+                f"update overshot; lower optimizer.lr"
                 + (f" from {lr:g} (e.g. to {suggest(lr, 0.1)})" if lr else "")
             ),
             jump,
+            release,
         )
         return
+
+
+def _update(m: HealthMonitor, r: dict) -> tuple[float | None, float | None]:
+    """The length of the update a record's step made (its learning rate times its grad norm,
+    clipped at ``optimizer.max_grad_norm``) and that learning rate; None when no update was
+    made (grad norm 0: every group flat; or the update skipped)."""
+    norm, lr = r.get("grad_norm"), r.get("lr", m.settings.get("lr"))
+    if not _finite(norm) or norm <= 0 or r.get("skipped_updates"):
+        return None, lr
+    clip = m.settings.get("max_grad_norm")
+    return (lr or 0.0) * (min(norm, clip) if clip else norm), lr
+
+
+def _largest_change(values: list[float]) -> float:
+    """The largest step-to-step ratio in ``values`` (1 for fewer than two)."""
+    return max((_ratio(a, b) for a, b in zip(values, values[1:])), default=1.0)
+
+
+def _entropy_noise(records: list[dict]) -> float:
+    """The largest step-to-step change of the entropy (as a ratio) across steps that made no
+    update, in the records the monitor keeps: what sampling alone moves it by in this run (1
+    when every step updated)."""
+    return max(
+        (
+            _ratio(a["entropy"], b["entropy"])
+            for a, b in zip(records, records[1:])
+            if _finite(a.get("entropy"))
+            and _finite(b.get("entropy"))
+            and not (_finite(a.get("grad_norm")) and a["grad_norm"] > 0)
+        ),
+        default=1.0,
+    )
 
 
 def _finite(x: object) -> bool:

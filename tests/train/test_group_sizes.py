@@ -18,13 +18,25 @@ from grpo_core.trainer import train
 
 
 def test_allocation_by_hand():
-    # shares 0, 1/2, 1/4, 1/4 of 8
-    assert allocate(torch.tensor([0.0, 0.5, 0.25, 0.25]), 8).tolist() == [0, 4, 2, 2]
-    # quotas 5/6, 5/3, 5/2: floors 0, 1, 2, the two left go to the largest remainders
-    # (5/6 and 2/3), so 1, 2, 2
-    assert allocate(torch.tensor([0.1, 0.2, 0.3]), 5).tolist() == [1, 2, 2]
+    # weights 1 / (std + mean std 0.25): 4, 4/3, 2, 2 (sum 28/3) -> quotas of 8: 24/7, 8/7,
+    # 12/7, 12/7; floors 3, 1, 1, 1, the two left to the largest remainders (5/7, 5/7): the
+    # flat group gets the most
+    assert allocate(torch.tensor([0.0, 0.5, 0.25, 0.25]), 8).tolist() == [3, 1, 2, 2]
+    # weights 1/0.3, 1/0.4, 1/0.5 = 10/3, 5/2, 2 (sum 47/6) -> quotas of 5: 100/47, 75/47,
+    # 60/47 = 2.13, 1.60, 1.28; floors 2, 1, 1, the one left to the largest remainder (0.60)
+    assert allocate(torch.tensor([0.1, 0.2, 0.3]), 5).tolist() == [2, 2, 1]
     # no group disagrees: shared equally, the remainder to the earlier prompts
     assert allocate(torch.zeros(3), 4).tolist() == [2, 1, 1]
+
+
+def test_allocation_within_a_token_budget():
+    # 6 completions' worth of tokens at the mean length 20: 120 tokens. Weights 6, 6, 3/2
+    # (std 0, 0, 0.5; mean std 1/6) -> 160/3, 160/3, 40/3 tokens -> 5.33, 1.33, 1.33
+    # completions of 10, 40, 10 tokens; floors 5, 1, 1 cost 100; the 20 left: prompt 0's
+    # remainder first (10), prompt 1's does not fit (40), prompt 2's (10)
+    n = allocate(torch.tensor([0.0, 0.0, 0.5]), 6, torch.tensor([10.0, 40.0, 10.0]))
+    assert n.tolist() == [6, 1, 2]
+    assert float((n * torch.tensor([10.0, 40.0, 10.0])).sum()) <= 120
 
 
 def run_cfg(model, data, out, **groups):

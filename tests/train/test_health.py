@@ -228,10 +228,11 @@ def test_length_rising_with_the_reward():
         reward=lambda s: 0.1 + 0.05 * s,
         truncated_frac=lambda s: 0.0,
     )
-    # steps 0-4 against 5-9: 100 * mean(1.1^0..4) = 122 -> 197 tokens, reward 0.2 -> 0.45
+    # judged on 8 steps at the window of 10 (health.hack_steps), as soon as there are 8:
+    # steps 0-3 against 4-7: 100 * mean(1.1^0..3) = 116 -> 170 tokens, reward 0.175 -> 0.375
     assert w[0] == (
-        "completion length rose 122 -> 197 tokens in 10 steps with the reward (0.2 "
-        "-> 0.45): the reward may be paying for length (reward hacking); read "
+        "completion length rose 116 -> 170 tokens in 8 steps with the reward (0.175 "
+        "-> 0.375): the reward may be paying for length (reward hacking); read "
         "samples.txt, and add a length penalty (reward `length`) or use "
         "objective.aggregation: seq_mean_token_sum_norm"
     )
@@ -249,7 +250,8 @@ def test_one_update_that_collapses_the_reward():
         }
         out += mon.observe(r)
     assert out == [
-        "the reward fell 0.3 -> 0 right after one update (step 2, grad norm 1.1) "
+        # a step of lr x grad norm: 0.05 x 1.1 (no clipping configured)
+        "the reward fell 0.3 -> 0 right after one update (step 2, grad norm 1.1, a step of 0.055) "
         "that changed the entropy 1 -> 4: the learning rate is too high and the "
         "update overshot; lower optimizer.lr from 0.05 (e.g. to 0.005)"
     ]
@@ -364,3 +366,106 @@ def test_a_kl_term_that_holds_the_policy_still(rise):
         assert advice == []
     else:
         assert len(advice) == 1 and "the KL term is 30x the policy term" in advice[0], w
+
+
+def collapse_stream(grad_norm, entropy, reward, settings, window=6, n=8):
+    """Steps 0-2 healthy at reward 0.3, then ``reward``; each key a function of the step."""
+    mon, out = HealthMonitor(window=window, settings=settings), []
+    for s in range(n):
+        r = {**healthy(s), "grad_norm": grad_norm(s), "entropy": entropy(s)}
+        r["reward"] = 0.3 if s < 3 else reward(s)
+        out += mon.observe(r)
+    return mon, out
+
+
+def test_a_collapse_is_never_blamed_on_an_update_that_did_not_happen():
+    # grad norm 0 at step 2 (every group flat: no update), entropy and reward both collapse
+    mon, out = collapse_stream(
+        lambda s: 0.0 if s == 2 else 1.0,
+        lambda s: 1.0 if s < 3 else 0.1,
+        lambda s: 0.0,
+        {"lr": 0.05},
+    )
+    assert "lr_high" not in mon.counts, out
+
+
+def test_a_large_update_that_collapses_the_reward_without_moving_the_entropy_much():
+    # lr 0.1, grad norm 2 clipped at 1: a step of 0.1 (>= update_large); the entropy moves
+    # 1.4x only (under entropy_jump), as at lr 0.1 on the demo's model
+    mon, out = collapse_stream(
+        lambda s: 2.0,
+        lambda s: 1.0 if s < 3 else 1.4,
+        lambda s: 0.0,
+        {"lr": 0.1, "max_grad_norm": 1.0},
+    )
+    assert fired(
+        out, "the reward fell 0.3 -> 0 right after one update (step 2, grad norm 2, a step of 0.1)"
+    )
+    # the same collapse after a small update (lr 1e-3: a step of 0.001) is not the lr's doing
+    mon, out = collapse_stream(
+        lambda s: 2.0,
+        lambda s: 1.0 if s < 3 else 1.4,
+        lambda s: 0.0,
+        {"lr": 1e-3, "max_grad_norm": 1.0},
+    )
+    assert "lr_high" not in mon.counts, out
+
+
+def test_an_entropy_jump_no_larger_than_the_runs_own_noise_is_not_evidence():
+    # small steps (lr 1e-3); the entropy jumps 10x at step 2->3 after an update, but also 20x
+    # between steps 0 and 1 with no update in between (a low temperature's noisy estimate)
+    ent = {0: 0.02, 1: 0.001, 2: 0.05}
+    mon, out = collapse_stream(
+        lambda s: 0.0 if s == 0 else 1.0, lambda s: ent.get(s, 0.005), lambda s: 0.0, {"lr": 1e-3}
+    )
+    assert "lr_high" not in mon.counts, out
+
+
+def test_a_collapse_stays_the_finding_until_the_reward_recovers():
+    # the collapse at step 3 leaves the window of 4 by step 8; the finding stays in force,
+    # shown once, and what follows (flat groups, truncation) is still not blamed on the data
+    mon, out = HealthMonitor(window=4, settings={"lr": 0.05}), []
+    for s in range(14):
+        r = {**healthy(s), "reward": 0.3 if s < 3 else 0.0, "entropy": 1.0 if s < 3 else 4.0}
+        if s >= 3:
+            r.update(zero_std_frac=1.0, truncated_frac=1.0)
+        out += mon.observe(r)
+    assert sum("learning rate is too high" in w for w in out) == 1
+    assert set(mon.counts) == {"lr_high"} and mon.counts["lr_high"] == 14 - 4
+    assert mon.summary()[0].startswith("lr_high from step 4 (10 steps, in force at the end)")
+    # the evidence reverses: the reward back at its level before the collapse, judged on the
+    # mean of the last 2 steps (half the span of 4): at step 15
+    for s in range(14, 18):
+        mon.observe({**healthy(s), "reward": 0.3, "entropy": 4.0})
+    assert "lr_high" not in mon.latched
+    assert mon.summary()[0].startswith("lr_high from step 4 (11 steps, until step 15)")
+
+
+def hacked(window: int, n: int = 30) -> tuple[HealthMonitor, list[str]]:
+    """A length-paying part rising from step 2 while math falls to 0 by step 4, then both
+    flat for the rest of the run, most completions cut at the budget."""
+    settings = {
+        "components": {k: {"weight": 1.0, "requires": [], "max": 1.0} for k in ("len", "math")}
+    }
+    mon, out = HealthMonitor(window=window, settings=settings), []
+    for s in range(n):
+        paid, right = min(1.0, 0.1 + 0.3 * max(0, s - 1)), max(0.0, 0.4 - 0.15 * s)
+        r = {**healthy(s), "reward/len": paid, "reward/math": right, "reward": paid + right}
+        r.update(truncated_frac=0.9, reward=paid + right)
+        out += [(s, w) for w in mon.observe(r)]
+    return mon, out
+
+
+def test_hacking_is_found_at_any_window_and_stays_the_finding():
+    verdicts = {}
+    for window in (10, 20):
+        mon, out = hacked(window)
+        verdicts[window] = [(s, w) for s, w in out if "reward hacking" in w]
+        assert verdicts[window], window
+        # once found, truncation is never advised as a budget problem, nor a higher lr
+        assert not [w for _, w in out if "raise max_new_tokens" in w or "raise optimizer.lr" in w]
+        assert any(
+            line.startswith("reward_hacking") and "in force at the end" in line
+            for line in mon.summary()
+        ), mon.summary()
+    assert verdicts[10] == verdicts[20]

@@ -16,7 +16,7 @@ from helpers import make_config
 
 from grpo_core import config
 from grpo_core.hookspecs import Baseline, hookimpl
-from grpo_core.observe.health import DEFAULTS
+from grpo_core.observe.health import DEFAULTS, HACKING
 from grpo_core.observe.pitfalls import halves
 from grpo_core.registry import registry
 from grpo_core.trainer import train
@@ -380,6 +380,39 @@ def test_length_rising_with_a_reward_that_pays_for_it(demo, tmp_path):
     assert not said(warnings, "raise max_new_tokens")
 
 
+def test_a_reward_that_pays_length_is_found_at_any_window_and_stays_the_finding(demo, tmp_path):
+    """Length paid (a pull towards 8 tokens) beside math: the policy lengthens its answers
+    to the budget of 10 and math falls to 0 within the first 8 steps. At the default window
+    and at twice it, the same hacking findings from the same step, in force at the end, and
+    never the budget, the learning rate or the temperature blamed for what follows."""
+    paid = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {"name": "length", "options": {"target": 8}, "weight": 1.0},
+                {"name": "math", "options": {"strict": True}, "weight": 1.0},
+            ]
+        },
+    }
+    found = {}
+    for window in (10, 20):
+        summary, rows, warnings = demo_run(
+            demo,
+            tmp_path / str(window),
+            steps=20,
+            window=window,
+            reward=paid,
+            sampling={"max_new_tokens": 10},
+        )
+        assert rows[-1]["completion_len"] > 2 * rows[0]["completion_len"]
+        hacking = [h for h in summary["health"] if h.split()[0] in HACKING]
+        assert hacking and all("in force at the end" in h for h in hacking), summary["health"]
+        found[window] = sorted(h.split(" (")[0] for h in hacking)  # "<key> from step <n>"
+        for wrong in ("raise max_new_tokens", "raise optimizer.lr", "raise sampling.temperature"):
+            assert not said(warnings, wrong), (window, wrong)
+    assert found[10] == found[20]
+
+
 def test_a_kl_coefficient_that_holds_the_policy_still(demo, tmp_path):
     _, rows, warnings = demo_run(
         demo, tmp_path, steps=10, window=10, kl={"name": "fixed", "options": {"coef": 5.0}}
@@ -397,24 +430,42 @@ def test_a_kl_coefficient_that_holds_the_policy_still(demo, tmp_path):
     assert not said(warnings, "raise kl.options.coef")
 
 
-def test_a_learning_rate_that_collapses_the_policy_in_one_update(demo, tmp_path):
-    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4, optimizer={"lr": 0.05})
+#: advice that would be wrong for a run whose policy an update collapsed, or whose groups a
+#: low temperature keeps flat: consequences named as causes
+WRONG_AFTER_COLLAPSE = (
+    "check that the reward can be earned",
+    "raise max_new_tokens",
+    "identical, unsolved",
+    "raise sampling.temperature",
+)
+
+
+@pytest.mark.parametrize("lr", [0.05, 0.1, 0.5])
+def test_a_learning_rate_that_collapses_the_policy_in_one_update(demo, tmp_path, lr):
+    summary, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4, optimizer={"lr": lr})
     # collapsed: after the overshoot the reward stays near 0 (a lucky completion or two in
     # 448 is left to the machine's arithmetic)
-    assert rows[0]["reward"] > 0
+    assert rows[0]["reward"] > 0 and rows[0]["grad_norm"] > 0
     assert statistics.fmean(r["reward"] for r in rows[1:]) < rows[0]["reward"] / 4
-    assert said(warnings, "right after one update (step 0") == [2]
-    assert said(warnings, "lower optimizer.lr from 0.05 (e.g. to 0.005)") == [2]
-    for wrong in (
-        "check that the reward can be earned",
-        "raise max_new_tokens",
-        "identical, unsolved",
-    ):  # consequences, not causes
-        assert not said(warnings, wrong)
+    # at lr 0.1 the entropy moves less than 2x: the update's length (lr x grad norm clipped
+    # at the demo's max_grad_norm 1) is the evidence
+    assert said(
+        warnings, f"right after one update (step 0, grad norm {rows[0]['grad_norm']:.3g}"
+    ) == [2]
+    assert said(warnings, f"lower optimizer.lr from {lr:g} (e.g. to {lr / 10:g})") == [2]
+    for wrong in WRONG_AFTER_COLLAPSE:
+        assert not said(warnings, wrong), wrong
+    assert (
+        [h for h in summary["health"] if h.startswith("lr_high")]
+        == [h for h in summary["health"] if "in force at the end" in h]
+        != []
+    )
 
 
 def test_flat_groups_from_a_low_temperature(demo, tmp_path):
-    _, rows, warnings = demo_run(demo, tmp_path, steps=8, window=4, sampling={"temperature": 0.01})
+    summary, rows, warnings = demo_run(
+        demo, tmp_path, steps=8, window=4, sampling={"temperature": 0.01}
+    )
     assert sum(r["zero_std_frac"] for r in rows) / len(rows) > 0.8
     assert said(
         warnings,
@@ -423,6 +474,10 @@ def test_flat_groups_from_a_low_temperature(demo, tmp_path):
         "sampling.temperature (e.g. to 1.0)",
     )
     assert not said(warnings, "check that the reward can be earned")
+    # steps with grad norm 0 made no update, and the entropy at temperature 0.01 jumps by
+    # itself: nothing is blamed on the learning rate
+    assert not said(warnings, "lower optimizer.lr")
+    assert not [h for h in summary["health"] if h.startswith("lr_high")]
     assert len(warnings) <= 4  # each said once
 
 

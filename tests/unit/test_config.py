@@ -11,6 +11,7 @@ from helpers import ROOT, run_grpo, write_config
 
 from grpo_core import config
 from grpo_core.cli.main import main
+from grpo_core.errors import ConfigError
 
 PROMPTS = os.path.join(ROOT, "tests", "data", "prompts.jsonl")
 GOOD = {
@@ -321,3 +322,23 @@ def test_config_reference_is_generated_from_the_schema():
 
     with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
         assert f.read() == config_reference(), "run: grpo schema --markdown > docs/config.md"
+
+
+def test_yaml_11_booleans_are_read_as_the_words_the_schema_expects(tmp_path):
+    """`packing: on` unquoted is a boolean to YAML 1.1; where the schema wants one of its
+    strings (and no boolean) it is read back as the word; where a boolean is wanted it stays."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model: {name_or_path: m}\n"
+        "data: {path: d.jsonl}\n"
+        "reward: {name: format}\n"
+        "runtime: {packing: on}\n"
+        "output: {progress: off}\n"
+    )
+    cfg = config.load(str(path))
+    assert cfg["runtime"]["packing"] == "on"
+    assert cfg["output"]["progress"] is False  # a boolean setting stays a boolean
+    off = config.load(str(path), ["runtime.packing=off"])
+    assert off["runtime"]["packing"] == "off"
+    with pytest.raises(ConfigError, match="runtime.packing"):
+        config.validate({**cfg, "runtime": {**cfg["runtime"], "packing": 3}})
