@@ -1,0 +1,309 @@
+"""The ``code`` reward: extraction, stdin/stdout and assert tests, partial credit, data
+errors, its config inside ``weighted`` with a gate, a short training run; and the sandbox
+against hostile programs, each of which must score 0 while the reward goes on scoring.
+
+Every hostile program is written so that the attack succeeding would make it pass its test
+(it prints what it stole, or "ok" after the forbidden act): a 0 means the attack failed, not
+merely that the output differed. Work is bounded (CPU seconds per run, a 1 MiB output cap,
+a 5-step bounded fork loop); the wall-clock limits given are generous and only end hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+
+import pytest
+from grpo_core_plugins.rewards import sandbox
+from grpo_core_plugins.rewards.code import extract_program, last_block, same_output
+from helpers import make_config
+
+import grpo_core
+from grpo_core import config
+
+ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+ADD_TESTS = [{"input": "1 2\n", "output": "3\n"}, {"input": "-4 4\n", "output": "0\n"}]
+
+# CPU limit 2 s per run; 60 s of wall clock is only reached by a program that hangs without
+# using CPU (none below but the sleep test, which has its own reward).
+HOSTILE = {"timeout": 2, "wall_timeout": 60, "parallel": 2}
+
+
+def code(body: str) -> str:
+    return f"Here is my solution.\n```python\n{body}\n```\n"
+
+
+def score(options: dict, completions: list[str], tests) -> tuple[list[float], list[str]]:
+    reward = grpo_core.create("reward", "code", options)
+    out = reward(["p"] * len(completions), completions, tests=[tests] * len(completions))
+    return list(out), out.extras["code_result"]
+
+
+def hostile(body: str, want: str) -> tuple[float, str]:
+    """(score, what happened) of a hostile program whose test expects ``want`` on stdout,
+    run in one batch with a program that just prints ``want``, which must still pass: the
+    reward goes on after whatever the hostile one did."""
+    honest = code(f"print({want!r}, end='')")
+    scores, why = score(HOSTILE, [code(body), honest], [{"input": "1 2\n", "output": want}])
+    assert scores[1] == 1.0, why
+    return scores[0], why[0]
+
+
+# --- extraction and comparison ------------------------------------------------------------
+
+
+def test_last_python_block_is_the_program():
+    text = "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```\n```cpp\nint main(){}\n```"
+    assert last_block(text) == "print(2)\n"  # the cpp block is skipped whole
+    assert last_block("```\nx = 1\n```") == "x = 1\n"  # an untagged block counts
+    assert last_block("```python\nprint(1)\n") is None  # cut off: never closed
+    assert extract_program("print(3)", "block") is None
+    assert extract_program("print(3)", "block_or_whole") == "print(3)"
+    assert extract_program("```python\nprint(4)\n```", "whole").startswith("```")
+    assert extract_program("x" * 300_000, "whole") is None  # over MAX_CHARS
+
+
+def test_output_comparison_modes():
+    assert same_output(b"3  \n\n", "3\n", "lines") and not same_output(b"3 4", "3\n4", "lines")
+    assert same_output(b"3 4\n", "3\n4", "tokens") and not same_output(b"3\n", "3", "exact")
+
+
+# --- scoring -----------------------------------------------------------------------------
+
+
+def test_stdio_tests_all_or_nothing_and_partial():
+    wrong_second = code("a, b = map(int, input().split())\nprint(a + b if a > 0 else 7)")
+    completions = [ADD, wrong_second, "no code here", code("import os\nos._exit(0)")]
+    scores, why = score({}, completions, ADD_TESTS)
+    assert scores == [1.0, 0.0, 0.0, 0.0]
+    assert why[0] == "passed 2/2" and why[1] == "test 2: wrong output"
+    assert why[2] == "no program found"
+    scores, why = score({"partial": True}, completions, ADD_TESTS)
+    assert scores == [1.0, 0.5, 0.0, 0.0]
+
+
+def test_stdio_tests_from_json_text_and_from_two_columns():
+    as_text = json.dumps({"inputs": ["1 2\n", "5 6\n"], "outputs": ["3\n", "11\n"]})
+    assert score({}, [ADD, code("print(3)")], as_text)[0] == [1.0, 0.0]
+    reward = grpo_core.create("reward", "code", {"input_column": "i", "output_column": "o"})
+    out = reward(["p", "p"], [ADD, ADD], i=["1 2", ["2 2", "3 3"]], o=["3", ["4", "5"]])
+    assert list(out) == [1.0, 0.0]  # 3 3 -> 6, not 5
+    assert type(reward).columns_for({"input_column": "i", "output_column": "o"}) == ("i", "o")
+
+
+def test_assert_tests_and_early_exit_is_no_pass():
+    tests = ["assert f(1) == 2", "assert f(10) == 11"]
+    completions = [
+        code("def f(x):\n    return x + 1"),
+        code("def f(x):\n    return 2"),
+        code("import sys\nsys.exit(0)\ndef f(x):\n    return x"),  # leaves before the tests
+        code("import os\nos._exit(0)"),
+    ]
+    scores, why = score({"mode": "assert", "partial": True}, completions, tests)
+    assert scores == [1.0, 0.5, 0.0, 0.0], why
+    assert "exited before the tests' end" in why[3]
+
+
+def test_malformed_tests_name_the_column_and_item():
+    reward = grpo_core.create("reward", "code", {})
+    with pytest.raises(ValueError, match=r"column 'tests', item 1: expected a list"):
+        reward(["p", "p"], [ADD, ADD], tests=[ADD_TESTS, 5])
+    with pytest.raises(ValueError, match="no column 'tests'"):
+        reward(["p"], [ADD], answer=["3"])
+
+
+def test_options_that_do_not_fit_are_config_errors(tmp_path):
+    cfg = make_config(
+        "m",
+        "d.jsonl",
+        str(tmp_path / "run"),
+        reward={"name": "code", "options": {"input_column": "i", "mode": "assert"}},
+    )
+    with pytest.raises(grpo_core.errors.ConfigError, match="output_column: give both"):
+        config.validate(cfg)
+
+
+# --- hostile programs: each scores 0, and the correct one beside it 1 ------------------------
+
+
+def test_fork_bomb_scores_zero():
+    body = "import os\nfirst = os.getpid()\nfor _ in range(5):  # 32 processes at most\n"
+    body += "    os.fork()\nif os.getpid() != first:\n    os._exit(0)\nprint(3)"
+    got, why = hostile(body, "3\n")
+    assert got == 0.0 and "os.fork refused" in why
+
+
+def test_infinite_loop_is_stopped_by_the_cpu_limit():
+    got, why = hostile("while True:\n    pass", "3\n")
+    assert got == 0.0 and "exit status" in why
+
+
+def test_sleeping_forever_is_stopped_by_the_wall_clock():
+    # wall_timeout 5 s: the program sleeps 10**6 s, so only the kill can end it
+    scores, why = score(
+        {"timeout": 1, "wall_timeout": 5}, [code("import time\ntime.sleep(10**6)")], ADD_TESTS
+    )
+    assert scores == [0.0] and why == ["test 1: wall-clock timeout"]
+
+
+def test_ten_gigabyte_allocation_scores_zero():
+    got, why = hostile("x = bytearray(10 * 1024**3)\nprint(3)", "3\n")
+    assert got == 0.0 and "MemoryError" in why
+
+
+def test_printing_a_gigabyte_is_cut_at_the_cap():
+    body = "import sys\nchunk = 'x' * 2**20\nfor _ in range(1024):\n    sys.stdout.write(chunk)"
+    got, why = hostile(body, "3\n")
+    assert got == 0.0 and "output over max_output_bytes" in why
+    result = sandbox.run(body, b"", sandbox.Limits(cpu=2, wall=60, max_output_bytes=1 << 16))
+    assert result.overflow and len(result.stdout) == 1 << 16  # read no further than the cap
+
+
+def test_writing_outside_the_directory_fails_and_its_own_directory_is_removed(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runs' directories go
+    target = tmp_path / "escaped.txt"
+    got, why = hostile(f"open({str(target)!r}, 'w').write('x')\nprint(3)", "3\n")
+    assert got == 0.0 and "open refused" in why and not target.exists()
+    got, _ = hostile("open('../escaped.txt', 'w').write('x')\nprint(3)", "3\n")
+    assert got == 0.0 and not target.exists()
+    inside = "open('notes.txt', 'w').write('3')\nprint(open('notes.txt').read())"
+    assert hostile(inside, "3\n")[0] == 1.0  # its own directory is writable
+    assert os.listdir(tmp_path) == []  # every run's directory was removed
+
+
+def test_reading_ssh_keys_fails(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("FAKE-PRIVATE-KEY-4242\n")
+    monkeypatch.setenv("HOME", str(home))  # the trainer's HOME
+    want = "FAKE-PRIVATE-KEY-4242\n"
+    by_home = "import os\nprint(open(os.path.expanduser('~/.ssh/id_rsa')).read(), end='')"
+    got, why = hostile(by_home, want)
+    assert got == 0.0 and "No such file" in why  # HOME is the run's own empty directory
+    by_path = f"print(open({str(home / '.ssh' / 'id_rsa')!r}).read(), end='')"
+    got, why = hostile(by_path, want)
+    assert got == 0.0 and "open refused" in why
+    listing = f"import os\nprint(os.listdir({str(home / '.ssh')!r}))"
+    assert hostile(listing, "['id_rsa']\n")[0] == 0.0
+
+
+def test_the_trainers_environment_is_not_visible(monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_API_TOKEN", "tok-5ecret-value")
+    got, _ = hostile(
+        "import os\nprint(os.environ.get('GRPO_TEST_API_TOKEN'))", "tok-5ecret-value\n"
+    )
+    assert got == 0.0
+    proc_environ = "print(open('/proc/self/environ').read())"
+    assert hostile(proc_environ, "tok-5ecret-value\n")[0] == 0.0
+    names = "import os\nprint(' '.join(sorted(os.environ)))"
+    assert hostile(names, "HOME LANG LC_ALL PATH TMPDIR\n")[0] == 1.0  # all it gets
+
+
+@pytest.fixture
+def pong_server():
+    """A TCP server on 127.0.0.1 that answers every connection with "pong"; yields (port,
+    list of accepted connections)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.sendall(b"pong\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1], accepted
+    server.close()
+
+
+def test_network_connect_to_a_local_server_fails(pong_server):
+    port, accepted = pong_server
+    body = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=10)\n"
+    body += "print(s.recv(100).decode(), end='')"
+    got, why = hostile(body, "pong\n")
+    assert got == 0.0 and "refused" in why and accepted == []
+    if not sandbox.isolation().network:
+        pytest.skip("no network namespace here: only the audit hook stops sockets (safety.md)")
+    # the namespace alone, without the audit hook: the loopback is down
+    result = sandbox.run(body, b"", sandbox.Limits(cpu=2, wall=60), guard=False)
+    assert not result.ok and b"unreachable" in result.stderr and accepted == []
+
+
+def test_memory_limit_holds_without_the_audit_hook():
+    result = sandbox.run(
+        "x = bytearray(10 * 1024**3)", b"", sandbox.Limits(cpu=2, wall=60), guard=False
+    )
+    assert result.returncode != 0 and b"MemoryError" in result.stderr
+
+
+# --- in a config, inside weighted with a gate, and in a short training run -----------------
+
+
+def test_gated_inside_weighted():
+    reward = grpo_core.create(
+        "reward",
+        "weighted",
+        {
+            "components": [
+                {
+                    "name": "format",
+                    "options": {"tags": [], "patterns": ["```python"]},
+                    "as": "fenced",
+                },
+                {"name": "code", "requires": ["fenced"]},
+            ]
+        },
+    )
+    out = reward(
+        ["p"] * 3, [ADD, "print(1)", code("print(1)")], tests=[ADD_TESTS] * 3, group_ids=[0, 0, 0]
+    )
+    assert list(out) == [2.0, 0.0, 1.0] and out.dimensions["code"] == [1.0, 0.0, 0.0]
+    assert reward.max_value == 2.0
+
+
+def test_short_training_run_with_the_code_reward(tiny_model, tmp_path):
+    from grpo_core.trainer import train
+
+    data = tmp_path / "problems.jsonl"
+    rows = [
+        {"prompt": f"{i}+1=", "tests": [{"input": "", "output": f"{i + 1}\n"}]} for i in range(4)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward = {
+        "name": "weighted",
+        "options": {
+            "components": [
+                {"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}, "as": "digit"},
+                # whole completion as the program, so every completion really runs
+                {
+                    "name": "code",
+                    "options": {"extract": "whole", "timeout": 2},
+                    "requires": ["digit"],
+                },
+            ]
+        },
+    }
+    cfg = make_config(
+        tiny_model,
+        str(data),
+        str(tmp_path / "run"),
+        data={"path": str(data), "columns": ["tests"]},
+        reward=reward,
+        train={"steps": 2, "prompts_per_step": 2},
+    )
+    summary = train(config.validate(cfg))
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert len(rows) == 2 and all(0 <= r["reward/code"] <= 1 for r in rows)
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
+    assert all(s["extras"]["code_result"] for s in samples)
