@@ -116,7 +116,8 @@ class CodeReward(Reward):
             max_output_bytes=max_output_bytes,
         )
         self.parallel = parallel or os.cpu_count() or 1
-        if network_isolation == "required" and not sandbox.isolation().network:
+        isolated = sandbox.isolation()  # probed here, once, before threads start runs
+        if network_isolation == "required" and not isolated.network:
             raise PluginError(
                 "reward code: network_isolation is 'required' but no network namespace can be "
                 "made here (unshare --user --net failed); see docs/safety.md"

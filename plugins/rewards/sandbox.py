@@ -54,8 +54,10 @@ def limit(cfg):
                         ("RLIMIT_CPU", cfg["cpu"]), ("RLIMIT_NPROC", 0)):
         res = getattr(r, name)
         hard = r.getrlimit(res)[1]
-        value = value if hard == r.RLIM_INFINITY else min(value, hard)
-        r.setrlimit(res, (value, value + 1 if name == "RLIMIT_CPU" and value < hard else value))
+        cap = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, SIGKILL a second on
+        if hard != r.RLIM_INFINITY:
+            value, cap = min(value, hard), min(cap, hard)
+        r.setrlimit(res, (value, cap))
 
 def guard(home, roots):
     real, sep, isdir = os.path.realpath, os.sep, os.path.isdir
@@ -131,7 +133,8 @@ main()
 
 @dataclass(frozen=True)
 class Limits:
-    """What one run may use: ``cpu`` seconds (``RLIMIT_CPU``; the kernel kills at one more),
+    """What one run may use: ``cpu`` seconds (``RLIMIT_CPU``, rounded up: SIGXCPU then, SIGKILL
+    a second later),
     ``wall`` seconds of real time, ``memory_mb`` of address space, ``max_output_bytes`` on
     stdout and on stderr each, ``max_file_bytes`` per file written, ``max_files`` open at once
     (the interpreter's own included)."""
@@ -175,8 +178,7 @@ class Isolation:
     pids: bool
 
     def describe(self) -> str:
-        parts = ["rlimits", "fresh interpreter", "cleared environment", "temporary cwd"]
-        parts += ["audit hook"]
+        parts = ["rlimits, fresh interpreter, cleared environment, temporary cwd, audit hook"]
         parts += ["no network (namespace)"] if self.network else ["network NOT isolated"]
         parts += ["PID namespace"] if self.pids else []
         return ", ".join(parts)
@@ -185,17 +187,16 @@ class Isolation:
 _CANDIDATES = (
     (("unshare", "--user", "--net", "--pid", "--fork", "--kill-child", "--"), True, True),
     (("unshare", "--user", "--net", "--"), True, False),
-    ((), False, False),
 )
 
 
 @functools.cache
 def isolation() -> Isolation:
-    """The strongest namespace set-up that works here as the current user, probed once per
-    process by running ``print('ok')`` under it (30 s allowed: an interpreter start on a
-    loaded machine)."""
+    """The strongest namespace set-up that works here as the current user (none at all when
+    neither does), probed once per process by running ``print('ok')`` under it (30 s allowed:
+    an interpreter start on a loaded machine)."""
     for prefix, network, pids in _CANDIDATES:
-        if prefix and shutil.which(prefix[0]) is None:
+        if shutil.which(prefix[0]) is None:
             continue
         try:
             done = subprocess.run(
@@ -306,11 +307,23 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits) -> Result:
             buf += chunk[:room]
             overflow = overflow or len(chunk) > room
     sel.close()
+    if not (timed_out or overflow):  # both pipes closed: give it until the deadline to exit
+        timed_out = not _exited(proc.pid, deadline)
     _kill_group(proc)
     returncode = proc.wait()
     for f in (proc.stdin, proc.stdout, proc.stderr):
         f.close()
     return Result(returncode, bytes(outs[out]), bytes(outs[err]), timed_out, overflow)
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Wait until ``pid`` exits (True) or ``deadline`` passes (False), without reaping it: an
+    unreaped process keeps its process group's number from being reused before the kill."""
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def _feed(fd: int, data: bytes, sent: int) -> int:

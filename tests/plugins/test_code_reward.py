@@ -85,6 +85,26 @@ def test_stdio_tests_all_or_nothing_and_partial():
     assert scores == [1.0, 0.5, 0.0, 0.0]
 
 
+def test_large_input_and_output_closed_before_exit():
+    big = "7 " * 500_000  # 1 MB on stdin, written while the program runs
+    count = code("import sys\nprint(len(sys.stdin.read().split()))\nsys.stdout.close()")
+    scores, why = score({}, [count], [{"input": big, "output": "500000\n"}])
+    assert scores == [1.0], why
+
+
+def test_without_namespaces_the_hook_still_refuses_and_required_refuses_to_build(
+    monkeypatch, pong_server
+):
+    # stands in for a machine where unshare cannot make namespaces (this one can)
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation((), False, False))
+    with pytest.raises(grpo_core.errors.PluginError, match="network_isolation is 'required'"):
+        grpo_core.create("reward", "code", {"network_isolation": "required"})
+    port, accepted = pong_server
+    body = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=10)\n"
+    got, why = hostile(body + "print(s.recv(100).decode(), end='')", "pong\n")
+    assert got == 0.0 and "socket" in why and accepted == []
+
+
 def test_stdio_tests_from_json_text_and_from_two_columns():
     as_text = json.dumps({"inputs": ["1 2\n", "5 6\n"], "outputs": ["3\n", "11\n"]})
     assert score({}, [ADD, code("print(3)")], as_text)[0] == [1.0, 0.0]
