@@ -326,4 +326,7 @@ def test_short_training_run_with_the_code_reward(tiny_model, tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert len(rows) == 2 and all(0 <= r["reward/code"] <= 1 for r in rows)
     samples = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl")]
-    assert all(s["extras"]["code_result"] for s in samples)
+    # every completion was run as a program (the tiny model's are not valid ones)
+    assert samples and all(
+        s["extras"]["code_result"].startswith(("test 1: ", "passed")) for s in samples
+    )
