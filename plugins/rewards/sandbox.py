@@ -15,7 +15,9 @@ working directory (reading the standard library excepted), links, sockets, new p
 hook is defence in depth, not a security boundary: Python code can be written to get around
 it. Where ``unshare`` can make user, network and PID namespaces as the current user (probed
 once, :func:`isolation`), the program also runs with no network but a loopback that is down,
-and everything it starts dies with it. docs/safety.md says what is and is not isolated.
+and everything it starts dies with it; where ``setpriv`` can, the run is tied to the thread
+that started it (``PR_SET_PDEATHSIG``), so a killed reward worker leaves no program behind.
+docs/safety.md says what is and is not isolated.
 
 The parent waits at most ``wall`` seconds, reads stdout and stderr in chunks and kills the
 process group once either passes ``max_output_bytes``, so neither a hang nor a flood can hold
@@ -171,45 +173,58 @@ class Result:
 class Isolation:
     """How runs are isolated from the machine beyond rlimits and the audit hook: the command
     put before the interpreter and what it gives (``network``: no network but a loopback that
-    is down; ``pids``: a PID namespace whose processes all die with the program)."""
+    is down; ``pids``: a PID namespace whose processes all die with the program; ``tethered``:
+    the run is killed when the thread that started it dies, so a reward worker killed past
+    ``reward.timeout`` leaves no program behind)."""
 
     prefix: tuple[str, ...]
     network: bool
     pids: bool
+    tethered: bool
 
     def describe(self) -> str:
         parts = ["rlimits, fresh interpreter, cleared environment, temporary cwd, audit hook"]
         parts += ["no network (namespace)"] if self.network else ["network NOT isolated"]
         parts += ["PID namespace"] if self.pids else []
+        parts += ["killed with its parent"] if self.tethered else []
         return ", ".join(parts)
 
 
-_CANDIDATES = (
+_NAMESPACES = (
     (("unshare", "--user", "--net", "--pid", "--fork", "--kill-child", "--"), True, True),
     (("unshare", "--user", "--net", "--"), True, False),
+    ((), False, False),
 )
+_TETHER = ("setpriv", "--pdeathsig", "KILL", "--")  # PR_SET_PDEATHSIG, kept across exec
 
 
 @functools.cache
 def isolation() -> Isolation:
-    """The strongest namespace set-up that works here as the current user (none at all when
-    neither does), probed once per process by running ``print('ok')`` under it (30 s allowed:
-    an interpreter start on a loaded machine)."""
-    for prefix, network, pids in _CANDIDATES:
-        if shutil.which(prefix[0]) is None:
-            continue
-        try:
-            done = subprocess.run(
-                [*prefix, sys.executable, "-I", "-S", "-c", "print('ok')"],
-                capture_output=True,
-                env=_environment(tempfile.gettempdir()),
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0 and done.stdout.strip() == b"ok":
-            return Isolation(prefix, network, pids)
-    return Isolation((), False, False)
+    """The strongest set-up that works here as the current user (namespaces first, then the
+    tether), probed once per process by running ``print('ok')`` under it (30 s allowed: an
+    interpreter start on a loaded machine)."""
+    for namespaces, network, pids in _NAMESPACES:
+        for tether in (_TETHER, ()):
+            prefix = tether + namespaces
+            if _works(prefix):
+                return Isolation(prefix, network, pids, bool(tether))
+    return Isolation((), False, False, False)
+
+
+def _works(prefix: tuple[str, ...]) -> bool:
+    """Whether a program runs under ``prefix`` here."""
+    if prefix and shutil.which(prefix[0]) is None:
+        return False
+    try:
+        done = subprocess.run(
+            [*prefix, sys.executable, "-I", "-S", "-c", "print('ok')"],
+            capture_output=True,
+            env=_environment(tempfile.gettempdir()),
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == b"ok"
 
 
 def _environment(home: str) -> dict[str, str]:

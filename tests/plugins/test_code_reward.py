@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 
 import pytest
 from grpo_core_plugins.rewards import sandbox
@@ -96,7 +99,7 @@ def test_without_namespaces_the_hook_still_refuses_and_required_refuses_to_build
     monkeypatch, pong_server
 ):
     # stands in for a machine where unshare cannot make namespaces (this one can)
-    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation((), False, False))
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation((), False, False, False))
     with pytest.raises(grpo_core.errors.PluginError, match="network_isolation is 'required'"):
         grpo_core.create("reward", "code", {"network_isolation": "required"})
     port, accepted = pong_server
@@ -257,6 +260,45 @@ def test_network_connect_to_a_local_server_fails(pong_server):
     # the namespace alone, without the audit hook: the loopback is down
     result = sandbox.run(body, b"", sandbox.Limits(cpu=2, wall=60), guard=False)
     assert not result.ok and b"unreachable" in result.stderr and accepted == []
+
+
+def test_a_killed_reward_process_leaves_no_program_behind(tmp_path):
+    if not sandbox.isolation().tethered:
+        pytest.skip("setpriv --pdeathsig is not available here: see docs/safety.md")
+    work = tmp_path / "runs"
+    work.mkdir()
+    # a process standing in for a reward worker killed past reward.timeout mid-run
+    script = (
+        "import sys, tempfile\nfrom grpo_core_plugins.rewards import sandbox\n"
+        f"tempfile.tempdir = {str(work)!r}\nprint('go', flush=True)\n"
+        "sandbox.run('import time\\ntime.sleep(10**6)', b'', sandbox.Limits(cpu=1, wall=10**6))"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert worker.stdout.readline() == b"go\n"
+    for _ in range(600):  # until the program runs in its directory (60 s: a loaded machine)
+        if _running_in(work):
+            break
+        time.sleep(0.1)
+    assert _running_in(work), "the sandboxed program never started"
+    worker.kill()
+    worker.wait()
+    for _ in range(600):  # the kernel kills it with its parent (60 s allowed)
+        if not _running_in(work):
+            break
+        time.sleep(0.1)
+    assert not _running_in(work)
+
+
+def _running_in(folder) -> list[int]:
+    """Processes whose working directory is under ``folder``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(folder)):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 def test_memory_limit_holds_without_the_audit_hook():
