@@ -90,7 +90,7 @@ def test_stdio_tests_all_or_nothing_and_partial():
 
 def test_large_input_and_output_closed_before_exit():
     big = "7 " * 500_000  # 1 MB on stdin, written while the program runs
-    count = code("import sys\nprint(len(sys.stdin.read().split()))\nsys.stdout.close()")
+    count = code("print(len(open('/dev/stdin').read().split()))\nimport sys\nsys.stdout.close()")
     scores, why = score({}, [count], [{"input": big, "output": "500000\n"}])
     assert scores == [1.0], why
 
