@@ -22,7 +22,7 @@ import time
 import pytest
 from grpo_core_plugins.rewards import sandbox
 from grpo_core_plugins.rewards.code import extract_program, last_block, same_output
-from helpers import make_config
+from helpers import ROOT, make_config, run_grpo
 
 import grpo_core
 from grpo_core import config
@@ -372,3 +372,24 @@ def test_short_training_run_with_the_code_reward(tiny_model, tmp_path):
     assert samples and all(
         s["extras"]["code_result"].startswith(("test 1: ", "passed")) for s in samples
     )
+
+
+def test_the_example_config_validates_and_its_problems_are_solvable():
+    example = os.path.join(ROOT, "examples", "code_reward.yaml")
+    out = run_grpo("validate", example, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    cfg = config.load(example)
+    with open(os.path.join(ROOT, cfg["data"]["path"]), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    solutions = [  # one per problem, in the file's order
+        "a, b = map(int, input().split())\nprint(a + b)",
+        "print(input()[::-1])",
+        "print(sum(c in 'aeiouAEIOU' for c in input()))",
+        "n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\nprint(a)",
+    ]
+    reward = grpo_core.create("reward", cfg["reward"]["name"], cfg["reward"]["options"])
+    prompts = [r[cfg["data"]["prompt_field"]] for r in rows]
+    out = reward(prompts, [code(s) for s in solutions], tests=[r["tests"] for r in rows])
+    assert list(out) == [1.1] * len(rows), out.extras
+    wrong = reward(prompts, [code("print(0)")] * len(rows), tests=[r["tests"] for r in rows])
+    assert list(wrong) == [0.1] * len(rows)  # the format part only
