@@ -6,7 +6,8 @@ one run.
 The completions are programs for the four problems of examples/data/code_problems.jsonl
 (three stdin/stdout tests each), in the mix a policy early in training writes: a quarter
 correct, a quarter with a wrong answer on the last test, a quarter raising on the first test,
-a quarter with a little real work (a loop of 200,000 additions) before a correct answer.
+a quarter with a little real work (a loop of 200,000 additions) before a correct answer; each
+program distinct (the reward would run a repeated one only once).
 Three runners score the same batch:
 
 - ``naive``: the peer, what a reward function written without a sandbox does:
@@ -63,7 +64,8 @@ def batch(n: int) -> tuple[list[str], list[list[dict]], list[float]]:
             program, good = "raise ValueError('no idea')\n" + program, 0.0
         elif kind == 3:  # some work first
             program = WORK + program
-        completions.append(f"Solution:\n```python\n{program}\n```\n")
+        # each program distinct: the reward runs a repeated one once, the naive runner not
+        completions.append(f"Solution:\n```python\n# attempt {i}\n{program}\n```\n")
         tests.append(problems[k]["tests"])
         expected.append(good)
     return completions, tests, expected

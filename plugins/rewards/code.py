@@ -16,7 +16,8 @@ Each test is one run of :func:`grpo_core_plugins.rewards.sandbox.run`: a fresh i
 with CPU, memory, file-size, open-file and process limits, a wall-clock limit, an empty
 temporary directory and no environment of the trainer's. The score is 1 when every test
 passes, else 0 (``partial``: the fraction passed; without it, a completion stops at its first
-failure). Completions run ``parallel`` at a time in threads, each waiting on its own child.
+failure). Completions run ``parallel`` at a time in threads, each waiting on its own child;
+the same program against the same tests (a group's repeated answers) runs once per call.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class CodeReward(Reward):
         memory_mb: int = 512,
         max_output_bytes: int = 1 << 20,
         parallel: int | None = None,
-        language: str = "python",
+        language: str = "python",  # the only one the schema allows for now
         network_isolation: str = "auto",
     ):
         problems = self.check_options(
@@ -145,8 +146,12 @@ class CodeReward(Reward):
     def __call__(self, prompts, completions, **columns) -> Scores:
         cases = [self._cases(columns, i) for i in range(len(completions))]
         programs = [extract_program(c, self.extract) for c in completions]
-        with ThreadPoolExecutor(min(self.parallel, max(1, len(completions)))) as pool:
-            outcomes = list(pool.map(self._score, programs, cases))
+        # the same program against the same tests runs once (a group's repeated answers)
+        keys = [(p, repr(c)) for p, c in zip(programs, cases)]
+        jobs = dict(zip(keys, zip(programs, cases)))
+        with ThreadPoolExecutor(min(self.parallel, max(1, len(jobs)))) as pool:
+            done = dict(zip(jobs, pool.map(lambda job: self._score(*job), jobs.values())))
+        outcomes = [done[k] for k in keys]
         return Scores(
             [score for score, _ in outcomes],
             extras={"code_result": [why for _, why in outcomes]},

@@ -88,6 +88,16 @@ def test_stdio_tests_all_or_nothing_and_partial():
     assert scores == [1.0, 0.5, 0.0, 0.0]
 
 
+def test_a_repeated_program_runs_once_per_call(monkeypatch):
+    runs = []
+    real = sandbox.run
+    monkeypatch.setattr(sandbox, "run", lambda *a, **k: runs.append(a[0]) or real(*a, **k))
+    reward = grpo_core.create("reward", "code", {})
+    other = code("a, b = map(int, input().split())\nprint(b + a)")
+    out = reward(["p"] * 4, [ADD, ADD, other, ADD], tests=[ADD_TESTS] * 4)
+    assert list(out) == [1.0] * 4 and len(runs) == 2 * len(ADD_TESTS)  # two programs
+
+
 def test_large_input_and_output_closed_before_exit():
     big = "7 " * 500_000  # 1 MB on stdin, written while the program runs
     count = code("print(len(open('/dev/stdin').read().split()))\nimport sys\nsys.stdout.close()")
