@@ -39,7 +39,8 @@ FENCE_LANGUAGES = frozenset({"", "python", "py", "python3"})
 def last_block(text: str) -> str | None:
     """The body of the last closed fenced block tagged Python (or untagged) in ``text``;
     blocks in other languages are skipped whole. One pass over the lines."""
-    found, body, skipping = None, None, False
+    found, skipping = None, False
+    body: list[str] | None = None
     for line in text.splitlines():
         fence = line.strip()
         if body is None and not skipping:
@@ -108,7 +109,7 @@ class CodeReward(Reward):
         if problems:
             raise PluginError(f"reward code: {problems[0]}")
         self.mode, self.tests_column = mode, tests_column
-        self.io_columns = (input_column, output_column) if input_column else None
+        self.io_columns = (input_column, output_column) if input_column and output_column else None
         self.extract, self.compare, self.partial = extract, compare, partial
         self.limits = sandbox.Limits(
             cpu=timeout,

@@ -289,6 +289,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits) -> Result:
     """Feed ``data``, collect stdout and stderr up to the cap, and end the process group:
     at once when the cap or ``limits.wall`` is passed, in any case before it is reaped (so
     nothing the program left behind in its group outlives it)."""
+    assert proc.stdin and proc.stdout and proc.stderr  # all three are pipes (see run)
     deadline = time.monotonic() + limits.wall
     out, err = proc.stdout.fileno(), proc.stderr.fileno()
     outs = {out: bytearray(), err: bytearray()}
