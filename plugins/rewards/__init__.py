@@ -3,6 +3,7 @@ weighted."""
 
 from __future__ import annotations
 
+from grpo_core_plugins.rewards import code as code_reward
 from grpo_core_plugins.rewards import format as fmt
 from grpo_core_plugins.rewards import http, json_schema, judge, reward_model, weighted
 
@@ -13,6 +14,7 @@ GRPO_CORE_API = (2,)
 
 @hookimpl
 def reward(register):
+    code_reward.register(register)
     register(
         "format",
         fmt.FormatReward,
