@@ -96,6 +96,11 @@ def _graph_kernel(device: str, kernels: int = 500) -> float:
     return _timed(graph.replay, 20, device) / kernels * 1e6
 
 
+def tokens_per_second_bound(shape: dict, rows: int, context: int, ceil: dict) -> float:
+    """Generated tokens per second that ``rows`` rows decoding at the bound would give."""
+    return rows / (decode_step_bound(shape, rows, context, ceil)["bound_ms"] / 1e3)
+
+
 def ceilings(device: str = "cuda") -> dict:
     """This GPU's memory bandwidth (GB/s), bf16 matrix rate (TFLOP/s) and the time of one
     tiny kernel inside a replayed CUDA graph (microseconds), measured."""
