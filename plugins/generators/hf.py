@@ -244,15 +244,20 @@ class HFGenerator(Generator):
 
         if self.decode == "eager" or (self.decode == "auto" and device.type != "cuda"):
             return None
-        fits = written_out(model, self.decoder, self.head) and not any(
-            isinstance(m, FSDPModule) for m in model.modules()
+        fits = (
+            written_out(model, self.decoder, self.head)
+            and not any(isinstance(m, FSDPModule) for m in model.modules())
+            and not any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3 partitions
         )
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
+                # float32 rounding over 30 layers (SmolLM2): 1.4e-4 of the largest logit
                 tol = 1e-3 if self.head.weight.dtype == torch.float32 else 3e-2
                 fits = fits and agrees(self.decoder, self.head, self.pad, tol)
+        except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+            fits = False
         finally:
             model.train(was_training)
         if not fits:

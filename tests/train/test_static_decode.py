@@ -12,6 +12,7 @@ weights. A realmodel test does the first on SmolLM2-135M-Instruct, a gpu one on 
 from __future__ import annotations
 
 import pytest
+import test_cascade
 import torch
 from grpo_core_plugins.generators import static
 from grpo_core_plugins.generators.hf import HFGenerator
@@ -19,38 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.errors import PluginError
 from grpo_core.rollout import SamplingParams
-from grpo_core.tiny import build_tokenizer
 
+llama_model = test_cascade.llama_model  # the Llama-shaped tiny model (a fixture)
 CPU = torch.device("cpu")
 SYSTEM = "Add the two numbers and give the sum.\n"
 QUESTIONS = ["1+2=", "77+7=", "3+40=", "9+9+9="]
-
-
-@pytest.fixture(scope="module")
-def llama_model(tmp_path_factory) -> str:
-    """A 2-layer Llama-shaped model: 6 query heads over 2 key heads, heads 16 wide on a
-    48-wide residual (not hidden / heads), no biases."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = build_tokenizer()
-    torch.manual_seed(2)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-    )
-    path = str(tmp_path_factory.mktemp("llama") / "model")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _pair(path: str, backend="eager", **options) -> tuple[HFGenerator, HFGenerator]:
