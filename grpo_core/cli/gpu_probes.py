@@ -112,11 +112,11 @@ def _synchronize(device: str) -> None:
 
 
 def _timed(gen, ids: list[list[int]], group_sizes: tuple[int, ...], sp, device: str):
-    """Tokens/s of ``gen`` at each group size (after a warm-up: kernels, graphs), and the
-    rollout of the first size."""
-    gen.generate(ids[:1], 2, sp)
+    """Tokens/s of ``gen`` at each group size (after a warm-up call at that size: kernels,
+    compiles and CUDA graphs are per batch shape), and the rollout of the first size."""
     speeds, first = {}, None
     for g in group_sizes:
+        gen.generate(ids, g, sp, seed=g + 1)
         _synchronize(device)
         t0 = time.perf_counter()
         ro = gen.generate(ids, g, sp, seed=g)

@@ -4,12 +4,13 @@ Why. A small model's decode step on a GPU is bound by kernel launches, not arith
 layers of a dozen kernels, a few microseconds each. Replayed as one CUDA graph the step costs
 about the launch of one; but a graph can only replay a step whose every tensor keeps its shape
 and address. So here nothing grows: each batch bucket (rows padded to a power of two) gets
-per-layer key/value buffers of a fixed length (the prompt plus the budget, rounded up to
-``LENGTH_STEP``), written in place at the step's column; the attention mask is derived inside
-the step from a fixed [B, L] table of usable columns and the step's column; positions and the
-column are tensors. One function, :func:`decode_step`, is the whole step (the Llama-family
-layer written out as in cascade.py), compiled with ``fullgraph=True`` and ``dynamic=False``:
-once per (bucket, length) shape, no graph breaks, no recompiles across steps. On CUDA the
+per-layer key/value buffers of a fixed length (the prompt plus the budget, rounded up to a
+power of two, at least ``LENGTH_MIN``), written in place at the step's column; the attention
+mask is derived inside the step from a fixed [B, L] table of usable columns and the step's
+column; positions and the column are tensors. One function, :func:`decode_step`, is the
+whole step (the Llama-family layer written out as in cascade.py), compiled with
+``fullgraph=True`` and ``dynamic=False``: once per (bucket, length) shape, no graph breaks, no
+recompiles across steps. On CUDA the
 compile mode is ``reduce-overhead`` (inductor's CUDA graphs) and the weights are a bfloat16
 inference copy refreshed after each update (``refresh``), not autocast casting float32 weights
 on every call.
@@ -35,8 +36,8 @@ from grpo_core.sampling import apply_repetition_penalty, draw, hits_stop, stop_w
 
 #: the smallest batch bucket; buckets are powers of two from here
 BUCKET_MIN = 8
-#: key/value buffers are this many columns long, times a whole number
-LENGTH_STEP = 256
+#: the shortest key/value buffer; buffers are powers of two from here (few shapes to compile)
+LENGTH_MIN = 256
 #: shapes a compiled step may be specialised for (dynamo's recompile limit is raised to it)
 MAX_SHAPES = 64
 
@@ -47,8 +48,9 @@ def bucket(rows: int) -> int:
 
 
 def columns(length: int) -> int:
-    """The key/value buffer length for ``length`` tokens: a multiple of LENGTH_STEP."""
-    return -(-length // LENGTH_STEP) * LENGTH_STEP
+    """The key/value buffer length for ``length`` tokens: the next power of two, at least
+    LENGTH_MIN."""
+    return max(LENGTH_MIN, 1 << (length - 1).bit_length())
 
 
 def pick(
