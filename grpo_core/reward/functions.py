@@ -19,19 +19,24 @@ the function has them, are its declarations.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import pickle
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import RESOLVERS, PluginInfo, registry
+from grpo_core.scores import Scores
 
 #: how a function plugin shows in messages and in ``grpo plugins``
 DISTRIBUTION = "python function"
@@ -53,16 +58,88 @@ class FunctionFactory:
 
 
 class KeywordReward(Reward):
-    """A plain function as a reward, called with keywords as TRL calls its reward functions:
-    ``fn(prompts=..., completions=..., **columns)``, so ``def f(completions, **kwargs)``
-    works as well as ``def f(prompts, completions, answer, **kwargs)``."""
+    """A plain function as a reward, called as TRL's GRPOTrainer calls its reward functions
+    (the contract in docs/trl.md): keywords ``prompts``, ``completions`` (message lists
+    ``[{"role": "assistant", "content": ...}]`` when the prompts are conversations, else
+    text), ``completion_ids`` (token ids), every dataset column passed, ``trainer_state``
+    (``global_step``, ``max_steps``) during training, and ``log_extra`` / ``log_metric``,
+    whose values come back as the score's extras and dimensions. An ``async def`` function
+    is awaited (several in ``weighted`` run concurrently, one thread each). None or NaN for
+    a completion means the function does not apply to it (TRL's meaning)."""
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
         self.max_value = getattr(fn, "max_value", None)
 
     def __call__(self, prompts, completions, **columns):
-        return self.fn(prompts=prompts, completions=completions, **columns)
+        extras: dict[str, list] = {}
+        metrics: dict[str, list[float]] = {}
+        kwargs = dict(columns)
+        state = kwargs.pop("trainer_state", None)
+        if state is not None:
+            kwargs["trainer_state"] = TrainerState(**state)
+        kwargs["log_extra"] = lambda column, values: extras.setdefault(column, []).extend(values)
+        kwargs["log_metric"] = lambda name, value: metrics.setdefault(name, []).append(value)
+        out = self.fn(
+            prompts=prompts, completions=as_trl_completions(prompts, completions), **kwargs
+        )
+        if inspect.isawaitable(out):
+            out = _await(out)
+        if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
+            return out  # the caller names the wrong type
+        values = [None if _missing(v) else v for v in out]
+        if not extras and not metrics:
+            return values
+        n = len(values)
+        dims = {name: [sum(v) / len(v)] * n for name, v in metrics.items()}
+        return Scores(values, dimensions=dims, extras=extras)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function sees of the run's progress (TRL's ``trainer_state`` fields of
+    the same names): ``global_step`` counts the optimizer steps done before this rollout."""
+
+    global_step: int
+    max_steps: int | None = None
+
+
+def is_conversational(prompt: Any) -> bool:
+    """A prompt given as chat messages (TRL's test: a list of dicts with a role)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and isinstance(prompt[0], dict)
+        and "role" in prompt[0]
+    )
+
+
+def as_trl_completions(prompts: list, completions: list) -> list:
+    """Completions as TRL hands them: one assistant message each when the prompts are
+    conversations, else the text itself."""
+    if prompts and is_conversational(prompts[0]):
+        return [[{"role": "assistant", "content": c}] for c in completions]
+    return list(completions)
+
+
+def _missing(value: Any) -> bool:
+    """None or NaN: the function does not score this completion."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _await(awaitable: Any) -> Any:
+    """The result of an awaitable, in an event loop of this thread's own (a thread already
+    running one hands it to a fresh thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_wrap(awaitable))
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _wrap(awaitable)).result()
+
+
+async def _wrap(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def declared_columns(factory: Any, options: dict) -> tuple[str, ...]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+import types
 
 import pytest
+import torch
 
 from grpo_core.integrations.trl import trl_reward
 
@@ -17,7 +21,7 @@ def test_wrapper_handles_plain_and_conversational_completions():
         completions=["\\boxed{2}", "3"],
         answer=["2", "2"],
         completion_ids=[[1, 2], [3]],
-        trainer_state=object(),
+        trainer_state=types.SimpleNamespace(global_step=1, max_steps=2),
     )
     assert plain == [1.0, 0.0]
     chat = f(
@@ -70,3 +74,280 @@ def test_trl_grpo_trainer_two_steps_with_our_math_reward(tiny_model, tmp_path):
         if "rewards/grpo_core_math/mean" in h or any("grpo_core_math" in k for k in h)
     ]
     assert trainer.state.global_step == 2 and logs, json.dumps(trainer.state.log_history)[:500]
+
+
+# --- the reward-function contract: the same arguments from grpo-core as from GRPOTrainer ----
+
+TEXTS = ["<think>\nsum\n</think>\n4", "5", "<think>x</think> \\boxed{4}", "4"]
+STANDARD = [
+    {"prompt": "2+2=", "answer": "4", "level": 1},
+    {"prompt": "3+2=", "answer": "5", "level": 2},
+]
+CHAT = [
+    {"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4", "level": 1},
+    {"prompt": [{"role": "user", "content": "3+2?"}], "answer": "5", "level": 2},
+]
+
+
+def _seen(kwargs: dict) -> dict:
+    """What a reward function received, as comparable data: callables as "callable", the
+    trainer state as its global_step."""
+    out = {}
+    for key, value in kwargs.items():
+        if key == "trainer_state":
+            out[key] = {"global_step": value.global_step}
+        elif callable(value):
+            out[key] = "callable"
+        else:
+            out[key] = value
+    return out
+
+
+def _spy(path):
+    """A reward function that writes what it was called with to ``path`` (it may run in the
+    reward's worker process), and scores with TRL's think_format_reward (which takes
+    message lists: plain text is wrapped for it)."""
+
+    def spy(**kwargs):
+        from trl.rewards import think_format_reward
+
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_seen(kwargs), f)
+        chats = [[{"content": c}] if isinstance(c, str) else c for c in kwargs["completions"]]
+        return think_format_reward(chats)
+
+    return spy
+
+
+def _trl_call(tiny_model, tmp_path, rows: list[dict], step: int) -> tuple[dict, list, list]:
+    """The kwargs GRPOTrainer hands a reward function for ``rows`` x 2 completions of TEXTS.
+    Its reward computation (``_calculate_rewards``, what a training step calls after
+    generating) is driven directly with these completions: a full step would sample other
+    text than grpo-core's sampler does, and the contract is about the call, not sampling.
+    The completions are decoded as TRL's ``_generate`` decodes them (skip_special_tokens,
+    one assistant message each for conversational prompts)."""
+    trl = pytest.importorskip("trl", reason="TRL is a test-only dependency (pip install trl)")
+    datasets = pytest.importorskip("datasets")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    path = tmp_path / "trl_seen.json"
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        bf16=False,
+    )
+    trainer = trl.GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model),
+        processing_class=tok,
+        reward_funcs=[_spy(path)],
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+    )
+    trainer.state.global_step = step
+    inputs = [row for row in rows for _ in range(2)]
+    ids = [tok(t).input_ids + [tok.eos_token_id] for t in TEXTS]
+    texts = tok.batch_decode(ids, skip_special_tokens=True)
+    chat = isinstance(rows[0]["prompt"], list)
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    rewards = trainer._calculate_rewards(inputs, [x["prompt"] for x in inputs], completions, ids)
+    return json.loads(path.read_text()), rewards[:, 0].tolist(), ids
+
+
+def _ours(tiny_model, tmp_path, rows: list[dict], ids: list, step: int, isolation: str):
+    """The kwargs grpo-core hands the same function for the same rows and token ids: the
+    reward built as a run builds it (``isolation: process``: in its worker process) and
+    called through the loop's own scoring path (score_rollout)."""
+    from helpers import make_config
+
+    from grpo_core import config
+    from grpo_core.data.prompts import make_batch
+    from grpo_core.reward import functions
+    from grpo_core.reward.call import score_rollout
+    from grpo_core.reward.isolation import build_reward
+    from grpo_core.rollout import Rollout
+    from grpo_core.store.models import load_tokenizer
+
+    path = tmp_path / "ours_seen.json"
+    functions.register("contract_spy", _spy(path))
+    cfg = config.validate(
+        make_config(
+            tiny_model,
+            str(tmp_path / "unused.jsonl"),
+            str(tmp_path / "out"),
+            data={"columns": ["answer", "level"]},
+            reward={"name": "contract_spy", "isolation": isolation},
+        )
+    )
+    tok = load_tokenizer(cfg["model"])
+    batch = make_batch(rows, cfg["data"], tok)
+    width = max(len(x) for x in ids)
+    completion = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x in ids])
+    mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+    prompt = torch.tensor([[1, 2]] * len(rows))
+    ro = Rollout(
+        prompt,
+        torch.ones_like(prompt),
+        completion,
+        mask,
+        torch.zeros(completion.shape),
+        torch.zeros(len(ids), dtype=torch.bool),
+        torch.tensor([0, 0, 1, 1]),
+    )
+    reward = build_reward(cfg["reward"])
+    try:
+        scored = score_rollout(reward, cfg["reward"], tok, batch, ro, None, (step, 10))
+    finally:
+        reward.close()
+    return json.loads(path.read_text()), scored.rewards.tolist()
+
+
+@pytest.mark.parametrize("rows", [STANDARD, CHAT], ids=["standard", "conversational"])
+def test_a_reward_function_gets_what_trl_gives_it(tiny_model, tmp_path, rows):
+    theirs, trl_rewards, ids = _trl_call(tiny_model, tmp_path, rows, step=3)
+    ours, our_rewards = _ours(tiny_model, tmp_path, rows, ids, step=3, isolation="process")
+    assert set(ours) - set(theirs) == {"completion_tokens", "group_ids"}  # our own extras
+    assert set(theirs) - set(ours) == set(), theirs.keys()
+    for key in theirs:
+        assert ours[key] == theirs[key], key
+    assert theirs["completion_ids"] == ids and theirs["trainer_state"] == {"global_step": 3}
+    assert trl_rewards == our_rewards == [1.0, 0.0, 1.0, 0.0]  # think_format_reward, both
+
+
+def test_none_means_no_reward_alone_and_inside_weighted(tmp_path):
+    """None (or NaN) from a function: that completion has no reward from it; weighted sums the
+    rest with their weights (TRL's nansum over reward_weights); none at all: no reward."""
+    import grpo_core
+    from grpo_core.reward import functions
+    from grpo_core.reward.call import score
+
+    def only_first(completions, **kwargs):
+        return [1.0, None, None, float("nan")]
+
+    def others(completions, **kwargs):
+        return [None, 2.0, None, None]
+
+    functions.register("only_first", only_first)
+    functions.register("others", others)
+    alone = score(
+        grpo_core.create("reward", "only_first"),
+        "f",
+        ["p"] * 4,
+        ["c"] * 4,
+        {},
+        torch.tensor([0, 0, 1, 1]),
+    )
+    assert alone.problem is None and alone.rewards[0] == 1.0 and alone.rewards[1:].isnan().all()
+    both = grpo_core.create(
+        "reward",
+        "weighted",
+        {"components": [{"name": "only_first", "weight": 0.5}, {"name": "others", "weight": 2.0}]},
+    )
+    out = both(["p"] * 4, ["c"] * 4, group_ids=[0, 0, 1, 1])
+    assert list(out) == [0.5, 4.0, None, None]
+    scored = score(
+        both,
+        "weighted",
+        ["p"] * 4,
+        ["c"] * 4,
+        {"group_ids": [0, 0, 1, 1]},
+        torch.tensor([0, 0, 1, 1]),
+    )
+    assert scored.problem is None and scored.rewards[:2].tolist() == [0.5, 4.0]
+    assert scored.rewards[2:].isnan().all()
+
+
+def test_async_functions_are_awaited_concurrently_in_the_worker(tmp_path):
+    """Two ``async def`` rewards inside weighted, in the reward's worker process: each waits
+    at a two-party barrier, which only opens when both are running at once (the 60 s barrier
+    timeout can only mean they ran one after the other). The barrier is made in the worker:
+    both functions are pickled together, so they share the ``shared`` dict there."""
+    from grpo_core import config
+    from grpo_core.reward import functions
+    from grpo_core.reward.isolation import build_reward
+
+    shared: dict = {}
+
+    async def meet() -> None:
+        import asyncio
+
+        barrier = shared.setdefault("barrier", threading.Barrier(2, timeout=60))
+        await asyncio.to_thread(barrier.wait)
+
+    async def fmt(completions, log_metric, log_extra, **kwargs):
+        await meet()
+        log_metric("seen", float(len(completions)))
+        log_extra("pid", [os.getpid()] * len(completions))
+        return [1.0 if "<think>" in c else 0.0 for c in completions]
+
+    async def right(completions, answer, **kwargs):
+        await meet()
+        return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+    functions.register("fmt", fmt)
+    functions.register("right", right)
+    reward_cfg = config.validate(
+        {
+            "model": {"name_or_path": "m"},
+            "data": {"path": "d.jsonl", "columns": ["answer"]},
+            "reward": {
+                "name": "weighted",
+                "options": {"components": [{"name": "fmt"}, {"name": "right"}]},
+            },
+        }
+    )["reward"]
+    reward = build_reward(reward_cfg)
+    try:
+        out = reward(["p", "p"], ["<think>4", "5"], answer=["4", "4"], group_ids=[0, 0])
+    finally:
+        reward.close()
+    assert list(out) == [2.0, 0.0]
+    assert out.dimensions["seen"] == [2.0, 2.0]
+    assert out.extras["pid"][0] != os.getpid()  # scored in the worker process
+
+
+def test_trls_shipped_rewards_run_unchanged_on_a_conversational_batch(tmp_path):
+    """TRL's think_format_reward and accuracy_reward (math_verify) as grpo-core rewards, in a
+    weighted sum in the worker process: the same per-function scores as TRL's own call."""
+    pytest.importorskip("math_verify", reason="accuracy_reward needs math_verify")
+    trl_rewards = pytest.importorskip("trl.rewards")
+    from grpo_core import config
+    from grpo_core.reward import functions
+    from grpo_core.reward.isolation import build_reward
+
+    functions.register("think_format_reward", trl_rewards.think_format_reward)
+    functions.register("accuracy_reward", trl_rewards.accuracy_reward)
+    prompts = [[{"role": "user", "content": "2+2?"}]] * 4
+    texts = ["<think>ok</think> \\boxed{4}", "\\boxed{5}", "<think>a</think>", "\\boxed{4}"]
+    solution = ["$4$"] * 4
+    chats = [[{"role": "assistant", "content": t}] for t in texts]
+    fmt = trl_rewards.think_format_reward(completions=chats)
+    acc = trl_rewards.accuracy_reward(completions=chats, solution=solution)
+    reward_cfg = config.validate(
+        {
+            "model": {"name_or_path": "m"},
+            "data": {"path": "d.jsonl", "columns": ["solution"]},
+            "reward": {
+                "name": "weighted",
+                "options": {
+                    "components": [
+                        {"name": "think_format_reward", "weight": 0.5},
+                        {"name": "accuracy_reward"},
+                    ]
+                },
+            },
+        }
+    )["reward"]
+    reward = build_reward(reward_cfg)
+    try:
+        out = reward(prompts, texts, solution=solution, group_ids=[0, 0, 0, 0])
+    finally:
+        reward.close()
+    assert out.dimensions["think_format_reward"] == fmt == [1.0, 0.0, 1.0, 0.0]
+    assert out.dimensions["accuracy_reward"] == acc and acc[0] == acc[3] == 1.0 and acc[1] == 0.0
+    assert list(out) == [0.5 * f + a for f, a in zip(fmt, acc)]
