@@ -187,9 +187,35 @@ def is_reference(name: str) -> bool:
     return bool(sep and target and attr.isidentifier())
 
 
+#: the "module" of a reference to a function that only the process that registered it has
+#: (defined in a script's __main__, a notebook or another function)
+IN_PROCESS = "<python>"
+
+
+def reference(fn: Callable[..., Any]) -> str:
+    """The name under which another process finds ``fn`` (a resumed run's): ``package.module:
+    function`` for a module of a package, ``/abs/path/module.py:function`` for a top-level
+    module (found from any working directory), else ``<python>:name``, which only this process
+    resolves (a function of ``__main__``, a notebook, or nested in another function)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    qualname = getattr(fn, "__qualname__", "")
+    if module is None or module.__name__ == "__main__" or getattr(module, qualname, None) is not fn:
+        return f"{IN_PROCESS}:{getattr(fn, '__name__', 'function')}"
+    if "." in module.__name__ or not getattr(module, "__file__", None):
+        return f"{module.__name__}:{qualname}"
+    return f"{os.path.abspath(module.__file__)}:{qualname}"
+
+
 def resolve(name: str) -> PluginInfo:
     """Import the function a reference names and register it under the reference."""
     target, _, attr = name.rpartition(":")
+    if target == IN_PROCESS:
+        raise PluginError(
+            f"reward {name!r}: a function passed to grpo_core.train() from a script's "
+            f"__main__, a notebook or another function; only that Python process has it: "
+            f"resume from Python (grpo_core.train(..., rewards=..., resume=True)) or move it "
+            f"to a module"
+        )
     module = _from_file(target, name) if target.endswith(".py") else _import(target, name)
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
@@ -250,7 +276,7 @@ def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
     fns = []
     for name in _names(reward_cfg):
         info = registry().plugins.get(("reward", name))
-        if info is None or info.installed or is_reference(name):
+        if info is None or info.installed or _resolved(info):
             continue
         if not isinstance(info.factory, FunctionFactory):
             return None, True, None
@@ -261,6 +287,11 @@ def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
         return _dumps(fns), False, None
     except Exception as exc:  # what pickle raises for a lock, a socket, a generator ...
         return None, True, f"function {fns[0].name!r} cannot be pickled: {type(exc).__name__}"
+
+
+def _resolved(info: PluginInfo) -> bool:
+    """A function found from a reference in the config (every process resolves it itself)."""
+    return isinstance(info.factory, FunctionFactory) and info.distribution != DISTRIBUTION
 
 
 def _names(value: Any) -> list[str]:
