@@ -10,9 +10,9 @@ groups' means (docs/trl.md).
 from __future__ import annotations
 
 import torch
+from grpo_core_plugins.baselines import EPS, Estimator, dr_grpo_advantages
 
 from grpo_core.hookspecs import hookimpl
-from grpo_core_plugins.baselines import EPS, Estimator, dr_grpo_advantages
 
 GRPO_CORE_API = (2,)
 
