@@ -274,7 +274,7 @@ def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
     added at run time, as before; or a function that cannot be pickled, which the third, a
     notice, then explains)."""
     fns = []
-    for name in _names(reward_cfg):
+    for name in reward_names(reward_cfg):
         info = registry().plugins.get(("reward", name))
         if info is None or info.installed or _resolved(info):
             continue
@@ -294,13 +294,13 @@ def _resolved(info: PluginInfo) -> bool:
     return isinstance(info.factory, FunctionFactory) and info.distribution != DISTRIBUTION
 
 
-def _names(value: Any) -> list[str]:
+def reward_names(value: Any) -> list[str]:
     """Every plugin name inside a reward section (its own, its components')."""
     if isinstance(value, dict):
         own = [value["name"]] if isinstance(value.get("name"), str) else []
-        return own + [n for v in value.values() for n in _names(v)]
+        return own + [n for v in value.values() for n in reward_names(v)]
     if isinstance(value, list):
-        return [n for v in value for n in _names(v)]
+        return [n for v in value for n in reward_names(v)]
     return []
 
 

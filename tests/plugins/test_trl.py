@@ -351,3 +351,44 @@ def test_trls_shipped_rewards_run_unchanged_on_a_conversational_batch(tmp_path):
     assert out.dimensions["think_format_reward"] == fmt == [1.0, 0.0, 1.0, 0.0]
     assert out.dimensions["accuracy_reward"] == acc and acc[0] == acc[3] == 1.0 and acc[1] == 0.0
     assert list(out) == [0.5 * f + a for f, a in zip(fmt, acc)]
+
+
+def test_validate_catches_what_a_trl_run_would_trip_on_late(tmp_path, monkeypatch, capsys):
+    """One config with four problems, each one line from ``grpo validate``: a function
+    parameter no column feeds, a hub id while the hub does not answer (HF_ENDPOINT points at
+    a port nothing listens on, so nothing leaves this machine), push_to_hub without a token,
+    a group of one."""
+    import socket
+
+    from grpo_core.cli.main import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache, no stored token
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rw.py").write_text(
+        "def correct(completions, answer, solution, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    cfg = {
+        "model": {"name_or_path": "someone/some-model"},
+        "data": {"path": "d.jsonl", "columns": ["answer"]},
+        "reward": {"name": "rw.py:correct"},
+        "sampling": {"group_size": 1},
+        "output": {"dir": "out", "push_to_hub": True, "hub_model_id": "someone/out"},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert main(["validate", "c.json"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    found = "\n".join(err)
+    assert "reward 'rw.py:correct' (" in found and "reads ['solution']" in found, found
+    assert (
+        f"model.name_or_path: someone/some-model is a hub id not in the local cache, and "
+        f"http://127.0.0.1:{port} does not answer" in found
+    ), found
+    assert "output.push_to_hub: no Hugging Face token" in found, found
+    assert "sampling.group_size: 1 leaves baseline 'grpo' nothing to compare" in found, found
