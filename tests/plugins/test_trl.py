@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 import types
 
@@ -392,3 +393,121 @@ def test_validate_catches_what_a_trl_run_would_trip_on_late(tmp_path, monkeypatc
     ), found
     assert "output.push_to_hub: no Hugging Face token" in found, found
     assert "sampling.group_size: 1 leaves baseline 'grpo' nothing to compare" in found, found
+
+
+# --- a run started from Python: how to resume it, and its in-memory data -------------------
+
+
+class _DataWatch:
+    """A callback that looks at the in-memory data's file while the run holds it."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def on_train_begin(self, run_dir, config, start_step):
+        path = config["data"]["path"]
+        self.seen = {
+            "path": path,
+            "file_mode": os.stat(path).st_mode & 0o777,
+            "dir_mode": os.stat(os.path.dirname(path)).st_mode & 0o777,
+        }
+
+
+def test_python_run_records_references_and_keeps_its_data_private(
+    tiny_model, tmp_path, monkeypatch
+):
+    """The run's config.json names a module's function by its file, so another process (a
+    resumed run) finds it, and a nested function as <python>:name, which a fresh process
+    refuses in one line; the in-memory data is 0600 in a fresh 0700 directory while the run
+    holds it and gone when train() returns (and when it raises)."""
+    import importlib
+    import subprocess
+    import sys
+
+    from helpers import make_config
+
+    import grpo_core
+    from grpo_core.hookspecs import Callback
+    from grpo_core.reward.call import RewardFailure
+
+    (tmp_path / "my_rewards.py").write_text(
+        "def digits(completions, **kwargs):\n"
+        "    return [float(c[:1].isdigit()) for c in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # as a script's folder is on its path
+    digits = importlib.import_module("my_rewards").digits
+
+    def nested(completions, answer, **kwargs):
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    watch = type("Watch", (_DataWatch, Callback), {})()
+    cfg = make_config(tiny_model, "unused", str(tmp_path / "run"), train={"steps": 1})
+    del cfg["data"], cfg["reward"]
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)]
+    grpo_core.train(cfg, rewards=[digits, nested], dataset=rows, callbacks=[watch])
+    assert watch.seen["file_mode"] == 0o600 and watch.seen["dir_mode"] == 0o700
+    assert os.path.dirname(watch.seen["path"]) != tempfile.gettempdir()
+    assert not os.path.exists(os.path.dirname(watch.seen["path"]))
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["reward"]
+    names = [c["name"] for c in recorded["options"]["components"]]
+    assert names == [f"{tmp_path / 'my_rewards.py'}:digits", "<python>:nested"]
+    assert [c["as"] for c in recorded["options"]["components"]] == ["digits", "nested"]
+
+    # a fresh process (what grpo train --resume is) resolves the first, refuses the second
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, expected in ((names[0], None), (names[1], "resume from Python")):
+        again = make_config(tiny_model, str(data), str(tmp_path / "again"), reward={"name": name})
+        path = tmp_path / "again.json"
+        path.write_text(json.dumps(again))
+        p = subprocess.run(
+            [sys.executable, "-m", "grpo_core.cli.main", "validate", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang, not a slow machine
+        )
+        if expected is None:
+            assert p.returncode == 0, p.stderr
+        else:
+            errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+            assert p.returncode == 2 and len(errors) == 1 and expected in errors[0], p.stderr
+
+    def broken(completions, **kwargs):
+        raise RuntimeError("boom")
+
+    cfg["output"]["dir"] = str(tmp_path / "crash")
+    with pytest.raises(RewardFailure):
+        grpo_core.train(cfg, rewards=[broken], dataset=rows, callbacks=[watch])
+    assert not os.path.exists(os.path.dirname(watch.seen["path"]))  # removed on a crash too
+
+
+def test_the_trl_example_runs_under_grpo_core(tmp_path):
+    """examples/trl_gsm8k.py, TRL's script with its trainer line changed, trains 1 step of a
+    tiny model (GSM8K rows from ../shared/data when there, else its own)."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    pytest.importorskip("math_verify", reason="TRL's accuracy_reward needs math_verify")
+    out = tmp_path / "run"
+    p = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "trl_gsm8k.py"),
+            "--steps",
+            "1",
+            "--rows",
+            "8",
+            "--output-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,  # a hang, not a slow machine
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 1, summary
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"reward/think_format_reward", "reward/accuracy_reward"} <= set(metrics[0]), metrics[0]
