@@ -3,18 +3,21 @@
 Two ways in, both giving a reward plugin selectable by name (alone, or as a component of
 ``weighted``):
 
-- :func:`register` (what ``grpo_core.train(rewards=...)`` calls): a function object under
-  a name. The reward's worker process (``reward.isolation: process``) gets it pickled, by
-  value when it cannot be imported there (defined in a notebook, a script's ``__main__``);
-  one that cannot be pickled at all runs in the trainer's process, with a notice.
+- :func:`register` (what ``grpo_core.train(rewards=...)`` calls, under the function's name
+  and its :func:`reference`): a function object under a name. The reward's worker process
+  (``reward.isolation: process``) gets it pickled, by value when it cannot be imported
+  there (defined in a notebook, a script's ``__main__``); one that cannot be pickled at all
+  runs in the trainer's process, with a notice.
 - a reference written in the config as the plugin's name: ``package.module:function`` or
   ``path/to/file.py:function`` (relative to the working directory). Every process resolves
   it by itself, the worker included.
 
-The function is called with keywords, ``fn(prompts=..., completions=..., **columns)`` (as
-TRL calls its reward functions), and returns one float (or None: no reward) per completion.
-Attributes ``columns`` (dataset fields it reads) and ``max_value`` (its best score), when
-the function has them, are its declarations.
+The function is called as TRL's GRPOTrainer calls its reward functions
+(:class:`KeywordReward` lists the keywords; docs/trl.md the contract, tested against TRL)
+and returns one float per completion, None where it does not apply. Attributes ``columns``
+(dataset fields it reads) and ``max_value`` (its best score), when the function has them,
+are its declarations.
+:func:`reference` names a function so that another process (a resumed run) finds it.
 """
 
 from __future__ import annotations

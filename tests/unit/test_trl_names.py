@@ -174,6 +174,8 @@ def test_every_grpoconfig_field_is_mapped_refused_or_ignored():
     assert lacking == [], f"TRL {version}: add these to grpo_core/config/trl_names.py"
     twice = [f for f in fields if sum(f in t for t in tables) > 1]
     assert twice == []
+    # the defaults from_trl fills in when a script sets only some of the batch names
+    assert {k: fields[k] for k in trl_names._TRL_DEFAULTS} == trl_names._TRL_DEFAULTS
 
 
 def test_the_migration_page_is_generated_from_the_table():
