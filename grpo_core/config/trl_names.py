@@ -1,9 +1,12 @@
 """Other trainers' setting names, and where each lives here.
 
-Users coming from TRL's ``GRPOConfig`` (or verl's trainer config) write the names they know;
-an unknown key that is one of them gets "did you mean sampling.group_size (TRL's name)?"
-instead of a bare "unknown key". :func:`from_trl` reads a whole flat TRL-style mapping into
-a grpo-core config. The table is also docs/trl.md's migration table.
+The single source for TRL's ``GRPOConfig``: every field is mapped (:data:`TRL`), refused with
+what to use instead (:data:`MISSING`) or ignored with why (:data:`IGNORED`); a test fails
+when TRL gains a field none of them holds. Users write the names they know (verl's too): an
+unknown key that is one of them gets "did you mean sampling.group_size (TRL's name)?" instead
+of a bare "unknown key". :func:`from_trl` reads a ``GRPOConfig`` (its changed fields) or a
+flat mapping of its names into a grpo-core config; :func:`markdown` writes docs/trl.md's
+tables from the same dictionaries.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ class KeywordReward(Reward):
 @dataclass(frozen=True)
 class TrainerState:
     """What a reward function sees of the run's progress (TRL's ``trainer_state`` fields of
-    the same names): ``global_step`` counts the optimizer steps done before this rollout."""
+    the same names): ``global_step`` counts the steps done before this rollout (TRL counts
+    optimizer updates: the same with one update per step), ``max_steps`` is train.steps."""
 
     global_step: int
     max_steps: int | None = None
