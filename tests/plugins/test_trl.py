@@ -511,3 +511,25 @@ def test_the_trl_example_runs_under_grpo_core(tmp_path):
     assert summary["steps"] == 1, summary
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"reward/think_format_reward", "reward/accuracy_reward"} <= set(metrics[0]), metrics[0]
+
+
+def test_a_run_where_functions_skip_rows_trains(tiny_model, tmp_path):
+    """None from TRL-style functions in a real run: rows one function skips get the other's
+    reward; rows both skip have no reward (left out) and the run still trains."""
+    from helpers import make_config
+
+    import grpo_core
+
+    def even_only(prompts, completions, answer, **kwargs):
+        return [1.0 if int(a) % 2 == 0 else None for a in answer]
+
+    def never(completions, **kwargs):
+        return [None] * len(completions)
+
+    cfg = make_config(tiny_model, "unused", str(tmp_path / "run"), train={"steps": 1})
+    del cfg["data"], cfg["reward"]
+    rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(8)]
+    summary = grpo_core.train(cfg, rewards=[even_only, never], dataset=rows)
+    assert summary["steps"] == 1
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["reward/even_only"] == 1.0 and record["reward"] == 1.0, record
