@@ -50,6 +50,13 @@ CASES = [
         "warmup_ratio: unknown key 'warmup_ratio': did you mean optimizer.warmup_ratio?",
     ),
     ("kl_loss_coef: 0.001\n", "", "did you mean kl.options.coef (verl's name"),
+    ("entropy_coef: 0.01\n", "", "did you mean objective.entropy_coef"),
+    (
+        "logging_steps: 5\n",
+        "",
+        "a TRL setting with no counterpart here: every step's metrics are logged",
+    ),
+    ("reward_funcs: [f]\n", "", "does not have: grpo_core.train(rewards=[...])"),
     ("lr: 0.001\n", "", "lr: unknown key 'lr': did you mean optimizer.lr?"),
 ]
 
