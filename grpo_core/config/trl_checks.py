@@ -102,19 +102,19 @@ def push_token(output_cfg: dict) -> list[str]:
 
 
 def unreachable_hub(cfg: dict) -> list[str]:
-    """Hub ids (the model, the data) that are not in the local cache while the hub does not
-    answer: said now, rather than after the download's retries. HF_HUB_OFFLINE is the
-    preflight's own check."""
+    """Hub ids of the ``org/name`` form (the model, the data) that are not in the local cache
+    while the hub does not answer: said now, rather than after the download's retries. A
+    bare ``name`` is left alone (a legacy id, or a builder such as ``json``); HF_HUB_OFFLINE
+    is the preflight's own check."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return []
     wanted = []
     model = cfg["model"]["name_or_path"]
-    if not os.path.exists(model) and looks_like_hub_id(model) and not cfg["model"].get("gguf_file"):
+    if _hub_id(model) and not cfg["model"].get("gguf_file"):
         wanted.append(("model.name_or_path", model, "model"))
     data = cfg["data"]
-    if not os.path.exists(data["path"]) and looks_like_hub_id(data["path"]):
-        if not data["data_files"]:
-            wanted.append(("data.path", data["path"], "dataset"))
+    if _hub_id(data["path"]) and not data["data_files"]:
+        wanted.append(("data.path", data["path"], "dataset"))
     wanted = [w for w in wanted if not _cached(w[1], w[2])]
     if not wanted:
         return []
@@ -127,6 +127,11 @@ def unreachable_hub(cfg: dict) -> list[str]:
         f"({why}); download it where there is a network, or give a local path"
         for key, repo, _ in wanted
     ]
+
+
+def _hub_id(path: str) -> bool:
+    """``org/name`` that is not a local path."""
+    return "/" in path and not os.path.exists(path) and looks_like_hub_id(path)
 
 
 def _cached(repo: str, kind: str) -> bool:
