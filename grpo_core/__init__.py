@@ -2,7 +2,7 @@
 
 Public API: :func:`train` runs training from Python (a config, plain reward functions, an
 in-memory data set); :func:`create` builds a plugin by kind and name; :class:`Scores` is
-what a reward may return; :func:`from_trl` reads a flat TRL-style config;
+what a reward may return; :func:`from_trl` reads TRL's GRPOConfig (or its names);
 :data:`PLUGIN_API_VERSION` is the plugin contract's version.
 """
 
@@ -38,9 +38,9 @@ def train(config: Any, rewards: Any = None, dataset: Any = None, **options: Any)
     return run(config, rewards, dataset, **options)
 
 
-def from_trl(flat: dict) -> dict:
-    """A config from TRL's flat ``GRPOConfig`` names; see
+def from_trl(args: Any, rewards: list[str] | None = None) -> dict:
+    """A config from TRL's settings (a ``GRPOConfig`` or a flat mapping of its names); see
     :func:`grpo_core.config.trl_names.from_trl`."""
     from grpo_core.config.trl_names import from_trl as convert
 
-    return convert(flat)
+    return convert(args, rewards)

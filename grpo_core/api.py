@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from grpo_core.config import trl_names
 from grpo_core.config.file import apply_overrides, read_file
 from grpo_core.errors import UserError
 from grpo_core.reward import functions
@@ -28,6 +28,7 @@ def train(
     rewards: Rewards | None = None,
     dataset: Iterable[Mapping] | None = None,
     *,
+    model: str | None = None,
     overrides: list[str] | None = None,
     resume: str | bool | None = None,
     overwrite: bool = False,
@@ -37,41 +38,56 @@ def train(
     """Validate, preflight and run a training run; returns its summary (as ``grpo train``
     prints it).
 
-    ``config``: a mapping, a YAML or JSON file's path, or a dataclass instance of the same
-    shape. ``rewards``: plain functions ``fn(prompts, completions, **columns)`` registered
-    as reward plugins under their names (a mapping names them): usable by name in the
-    config, also inside ``weighted``; a config without a ``reward`` section gets their sum
-    (one ``weighted`` component each, as TRL adds its reward functions). ``dataset``: the
-    prompts, rows of ``data.prompt_field`` plus the fields rewards read; without
-    ``data.columns`` every other field common to all rows is passed to the rewards.
-    ``overrides`` are ``--set`` strings; ``resume``, ``overwrite`` and ``force`` as in
-    ``grpo train``. ``callbacks``: :class:`grpo_core.hookspecs.Callback` objects (TRL's
+    ``config``: a mapping, a YAML or JSON file's path, a dataclass instance of the same
+    shape, or TRL's ``GRPOConfig`` (the fields set away from TRL's defaults are mapped,
+    refused or ignored as docs/trl.md lists). ``rewards``: plain functions called as TRL
+    calls its reward functions (grpo_core.reward.functions), registered as reward plugins
+    under their names (a mapping names them): usable by name in the config, also inside
+    ``weighted``; a config without a ``reward`` section gets their sum (one ``weighted``
+    component each, as TRL adds its reward functions, with ``reward_weights``). The run's
+    config records each function by module path where it has one, so ``grpo train
+    --resume`` finds it. ``dataset``: the prompts, rows of ``data.prompt_field`` plus the
+    fields rewards read; without ``data.columns`` every other field common to all rows is
+    passed to the rewards; written to a private temporary file, removed when the run ends.
+    ``model``: a hub id or directory (TRL's ``GRPOTrainer(model=...)``). ``overrides`` are
+    ``--set`` strings; ``resume``, ``overwrite`` and ``force`` as in ``grpo train``.
+    ``callbacks``: :class:`grpo_core.hookspecs.Callback` objects (TRL's
     ``callbacks=[...]``), run after the config's own ``callbacks``."""
     from grpo_core import config as configs
     from grpo_core import trainer
     from grpo_core.config import preflight
 
-    raw = _as_mapping(config)
     named = _named(rewards)
+    refs = {name: functions.reference(fn) for name, fn in named.items()}
     for name, fn in named.items():
         functions.register(name, fn)
+        functions.register(refs[name], fn)
+    raw = _as_mapping(config, list(named))
+    if model is not None:
+        raw["model"] = {**(raw.get("model") or {}), "name_or_path": _model_name(model)}
     if "reward" not in raw and named:
         raw["reward"] = _sum_of(list(named))
-    if dataset is not None:
-        raw["data"] = _in_memory(raw.get("data") or {}, dataset)
+    if "reward" in raw:
+        raw["reward"] = _by_reference(raw["reward"], refs)
     if callbacks is not None:
         raw["callbacks"] = [*(raw.get("callbacks") or []), *_callbacks(callbacks)]
-    cfg = configs.validate(
-        apply_overrides(configs.migrate(raw), overrides or [], configs.moved_path)
-    )
-    preflight.check(cfg)
-    return trainer.train(cfg, resume=resume, force=force, overwrite=overwrite)
+    with tempfile.TemporaryDirectory(prefix="grpo-core-data-") as private:
+        if dataset is not None:  # mkdtemp: 0700, a fresh name; removed however the run ends
+            raw["data"] = _in_memory(raw.get("data") or {}, dataset, private)
+        cfg = configs.validate(
+            apply_overrides(configs.migrate(raw), overrides or [], configs.moved_path)
+        )
+        preflight.check(cfg)
+        return trainer.train(cfg, resume=resume, force=force, overwrite=overwrite)
 
 
-def _as_mapping(config: Any) -> dict:
-    """The config as a fresh dict, whatever form it came in."""
+def _as_mapping(config: Any, rewards: list[str]) -> dict:
+    """The config as a fresh dict, whatever form it came in (TRL's GRPOConfig through
+    :func:`grpo_core.config.trl_names.from_trl`, with the reward functions' names)."""
     if isinstance(config, (str, os.PathLike)):
         return read_file(os.fspath(config))
+    if type(config).__module__.split(".")[0] == "trl":
+        return trl_names.from_trl(config, rewards)
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     if isinstance(config, Mapping):
@@ -101,6 +117,32 @@ def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
             )
         named[name] = fn
     return named
+
+
+def _model_name(model: Any) -> str:
+    """TRL's ``model=``: a hub id or a directory; grpo-core loads the model itself."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    raise UserError(
+        f"model: expected a hub id or a model directory, found {type(model).__name__} (grpo-core "
+        f"loads the model itself: save it with save_pretrained and pass the directory)"
+    )
+
+
+def _by_reference(section: Any, refs: dict[str, str]) -> Any:
+    """A reward section with each function's name replaced by its reference (what another
+    process resolves), a ``weighted`` component keeping the name as its dimension (``as``)."""
+    if isinstance(section, list):
+        return [_by_reference(v, refs) for v in section]
+    if not isinstance(section, dict):
+        return section
+    out = {k: _by_reference(v, refs) for k, v in section.items()}
+    name = section.get("name")
+    if isinstance(name, str) and name in refs:
+        out["name"] = refs[name]
+        if "weight" in section or "requires" in section:  # a weighted component
+            out.setdefault("as", name)
+    return out
 
 
 def _callbacks(objects: Iterable[Any]) -> list[dict]:
@@ -142,13 +184,13 @@ def _sum_of(names: list[str]) -> dict:
         return {"name": names[0]}
     return {
         "name": "weighted",
-        "options": {"components": [{"name": n, "weight": 1.0} for n in names]},
+        "options": {"components": [{"name": n, "weight": 1.0, "as": n} for n in names]},
     }
 
 
-def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
-    """The ``data`` section reading ``dataset``: its rows written once to a JSONL file named
-    by their content (the same rows give the same path, so a resumed run's config matches)."""
+def _in_memory(data_cfg: dict, dataset: Iterable[Mapping], folder: str) -> dict:
+    """The ``data`` section reading ``dataset``: its rows written to a JSONL file in
+    ``folder`` (a private temporary directory), readable by this user only (0600)."""
     rows = [dict(row) for row in dataset]
     if not rows:
         raise UserError("dataset: no rows")
@@ -158,14 +200,10 @@ def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
         raise UserError(
             f"dataset: a value is not JSON data (text, numbers, lists, mappings): {exc}"
         ) from exc
-    folder = os.path.join(tempfile.gettempdir(), "grpo-core-data")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, hashlib.sha256(text.encode()).hexdigest()[:24] + ".jsonl")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    path = os.path.join(folder, "dataset.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never one already there
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     data_cfg = {**data_cfg, "path": path}
     if "columns" not in data_cfg:
         prompt = data_cfg.get("prompt_field", "prompt")

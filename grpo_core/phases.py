@@ -152,7 +152,15 @@ def score(run: Run, step: int, sampled: Sampled) -> Judged:
     t0 = time.time()
 
     def judge(batch: Batch, ro: Rollout, transcripts: list | None = None) -> Scored:
-        scored = score_rollout(run.reward, run.cfg["reward"], run.tokenizer, batch, ro, transcripts)
+        scored = score_rollout(
+            run.reward,
+            run.cfg["reward"],
+            run.tokenizer,
+            batch,
+            ro,
+            transcripts,
+            (step, run.config.train.steps),
+        )
         return with_overlong(scored, ro, run.config.reward.overlong, completion_budget(run.cfg)[1])
 
     ro, scored, extra = (

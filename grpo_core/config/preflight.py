@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from grpo_core.config import vllm_limits
+from grpo_core.config import trl_checks, vllm_limits
 from grpo_core.data.prompts import check_fields, column_map, column_problems, fit_prompt
 from grpo_core.data.sources import Source, check_local, looks_like_hub_id, open_stream, read_rows
 from grpo_core.engine import dist, schedules
@@ -37,6 +37,7 @@ def check(cfg: dict) -> None:
     problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
     problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
     problems += hub.problems(cfg["output"])
+    problems += trl_checks.problems(cfg)
     problems += episode_problems(cfg) + groups.problems(cfg) + _critic(cfg)
     problems += schedules.problems(cfg["optimizer"], schedules.total_updates(cfg["train"]))
     passed = column_map(cfg["data"])  # dataset field -> the name the reward gets

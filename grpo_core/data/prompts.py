@@ -15,7 +15,7 @@ from grpo_core.errors import UserError
 from grpo_core.rollout import Rollout
 
 #: Columns every reward also receives: token count of each completion, and its group.
-RESERVED_COLUMNS = ("completion_tokens", "group_ids")
+RESERVED_COLUMNS = ("completion_tokens", "completion_ids", "group_ids", "trainer_state")
 #: Columns rewards also receive when an environment runs episodes: the whole trajectory as
 #: chat messages (see grpo_core.env.episodes)
 EPISODE_COLUMNS = ("messages",)
@@ -363,6 +363,9 @@ def reward_inputs(
     g = ro.group.cpu().tolist()
     columns = {k: [v[i] for i in g] for k, v in batch.columns.items()}
     columns["completion_tokens"] = ro.action_mask.sum(-1).tolist()
+    columns["completion_ids"] = [
+        ids[m].tolist() for ids, m in zip(ro.completion_ids.cpu(), ro.completion_mask.bool().cpu())
+    ]
     columns["group_ids"] = g
     if transcripts is not None:
         columns["messages"] = [t.messages for t in transcripts]

@@ -35,10 +35,16 @@ def trl_reward(name: str, options: dict | None = None) -> Callable[..., list[flo
     reward = grpo_core.create("reward", name, options)
 
     def reward_func(prompts: list, completions: list, **kwargs) -> list[float]:
-        ids = kwargs.get("completion_ids")
+        ids, state = kwargs.get("completion_ids"), kwargs.get("trainer_state")
         columns = {k: v for k, v in kwargs.items() if k not in TRL_EXTRAS}
         if ids is not None:
+            columns["completion_ids"] = [list(x) for x in ids]
             columns["completion_tokens"] = [len(x) for x in ids]
+        if state is not None:  # our reserved column's form (grpo_core.reward.call)
+            columns["trainer_state"] = {
+                "global_step": state.global_step,
+                "max_steps": getattr(state, "max_steps", None),
+            }
         scores = reward(prompts, [_text(c) for c in completions], **columns)
         return [float(s) for s in scores]
 

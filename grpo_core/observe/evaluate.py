@@ -92,14 +92,14 @@ def evaluate(
         judged = dimensions.get(correct_dimension, scores) if correct_dimension else scores
         correct_by_prompt = [0] * len(chunk)
         for i, text in enumerate(texts):
-            ok = float(judged[i]) >= pass_threshold
+            ok = judged[i] is not None and float(judged[i]) >= pass_threshold  # None: no reward
             correct_by_prompt[g[i]] += ok
             records.append(
                 {
                     "problem": s + g[i],
                     "prompt": batch.raw[g[i]],
                     "completion": text,
-                    "reward": float(scores[i]),
+                    "reward": None if scores[i] is None else float(scores[i]),
                     "correct": ok,
                     "tokens": lengths[i],
                     "dimensions": {k: float(v[i]) for k, v in dimensions.items()},
@@ -113,12 +113,13 @@ def evaluate(
         bar.update(len(chunk))
     bar.close()
     total = len(records)
+    scored = [r["reward"] for r in records if r["reward"] is not None]  # None: no reward
     report = {
         "problems": len(rows),
         "samples_per_problem": n,
         "temperature": temperature,
         "accuracy": sum(r["correct"] for r in records) / max(total, 1),
-        "reward": sum(r["reward"] for r in records) / max(total, 1),
+        "reward": sum(scored) / max(len(scored), 1),
         "completion_len": sum(r["tokens"] for r in records) / max(total, 1),
         **{
             f"pass@{k}": sum(pass_at_k(n, c, k) for c in per_problem) / max(len(rows), 1)

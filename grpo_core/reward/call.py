@@ -1,6 +1,8 @@
 """Calling a reward plugin inside the loop: shape and finiteness checks, failure policies.
 
-Policies for a reward that raises, returns the wrong length, or returns NaN/inf:
+A reward's None for a completion means it has no reward (missing: NaN, left out of its
+group's statistics and of the loss, as TRL treats it). Policies for a reward that raises,
+returns the wrong length, or returns NaN/inf:
 ``raise`` stops the run naming the plugin and the first bad item; ``zero`` scores the bad
 items 0; ``drop_group`` marks every completion of an affected group as missing (NaN), so the
 group gets no advantage and leaves the loss. A NaN never reaches the loss.
@@ -103,6 +105,9 @@ def score(
         return _fail(problem, B, group, policy)
     bad = []
     for i, v in enumerate(values):
+        if v is None:  # no reward for this completion: missing, not a failure
+            values[i] = math.nan
+            continue
         try:
             v = float(v)
         except (TypeError, ValueError, OverflowError):  # 10**400 is no float
@@ -174,11 +179,15 @@ def score_rollout(
     batch: Batch,
     ro: Rollout,
     transcripts: list | None = None,
+    progress: tuple[int, int] | None = None,
 ) -> Scored:
     """Decode a rollout and score it as the ``reward`` config section says (failure policy,
     time limit). Episodes (``transcripts``) that failed under ``environment.failure: drop``
-    get no reward (NaN: left out of their group's statistics and of the loss)."""
+    get no reward (NaN: left out of their group's statistics and of the loss). ``progress``:
+    (steps done, steps planned), passed as the reserved column ``trainer_state``."""
     prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
+    if progress is not None:
+        columns["trainer_state"] = {"global_step": progress[0], "max_steps": progress[1]}
     timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
     scored = score(
         fn,

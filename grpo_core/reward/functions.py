@@ -3,35 +3,43 @@
 Two ways in, both giving a reward plugin selectable by name (alone, or as a component of
 ``weighted``):
 
-- :func:`register` (what ``grpo_core.train(rewards=...)`` calls): a function object under
-  a name. The reward's worker process (``reward.isolation: process``) gets it pickled, by
-  value when it cannot be imported there (defined in a notebook, a script's ``__main__``);
-  one that cannot be pickled at all runs in the trainer's process, with a notice.
+- :func:`register` (what ``grpo_core.train(rewards=...)`` calls, under the function's name
+  and its :func:`reference`): a function object under a name. The reward's worker process
+  (``reward.isolation: process``) gets it pickled, by value when it cannot be imported
+  there (defined in a notebook, a script's ``__main__``); one that cannot be pickled at all
+  runs in the trainer's process, with a notice.
 - a reference written in the config as the plugin's name: ``package.module:function`` or
   ``path/to/file.py:function`` (relative to the working directory). Every process resolves
   it by itself, the worker included.
 
-The function is called with keywords, ``fn(prompts=..., completions=..., **columns)`` (as
-TRL calls its reward functions), and returns one float (or None: no reward) per completion.
-Attributes ``columns`` (dataset fields it reads) and ``max_value`` (its best score), when
-the function has them, are its declarations.
+The function is called as TRL's GRPOTrainer calls its reward functions
+(:class:`KeywordReward` lists the keywords; docs/trl.md the contract, tested against TRL)
+and returns one float per completion, None where it does not apply. Attributes ``columns``
+(dataset fields it reads) and ``max_value`` (its best score), when the function has them,
+are its declarations.
+:func:`reference` names a function so that another process (a resumed run) finds it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import pickle
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import RESOLVERS, PluginInfo, registry
+from grpo_core.scores import Scores
 
 #: how a function plugin shows in messages and in ``grpo plugins``
 DISTRIBUTION = "python function"
@@ -53,16 +61,89 @@ class FunctionFactory:
 
 
 class KeywordReward(Reward):
-    """A plain function as a reward, called with keywords as TRL calls its reward functions:
-    ``fn(prompts=..., completions=..., **columns)``, so ``def f(completions, **kwargs)``
-    works as well as ``def f(prompts, completions, answer, **kwargs)``."""
+    """A plain function as a reward, called as TRL's GRPOTrainer calls its reward functions
+    (the contract in docs/trl.md): keywords ``prompts``, ``completions`` (message lists
+    ``[{"role": "assistant", "content": ...}]`` when the prompts are conversations, else
+    text), ``completion_ids`` (token ids), every dataset column passed, ``trainer_state``
+    (``global_step``, ``max_steps``) during training, and ``log_extra`` / ``log_metric``,
+    whose values come back as the score's extras and dimensions. An ``async def`` function
+    is awaited (several in ``weighted`` run concurrently, one thread each). None or NaN for
+    a completion means the function does not apply to it (TRL's meaning)."""
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
         self.max_value = getattr(fn, "max_value", None)
 
     def __call__(self, prompts, completions, **columns):
-        return self.fn(prompts=prompts, completions=completions, **columns)
+        extras: dict[str, list] = {}
+        metrics: dict[str, list[float]] = {}
+        kwargs = dict(columns)
+        state = kwargs.pop("trainer_state", None)
+        if state is not None:
+            kwargs["trainer_state"] = TrainerState(**state)
+        kwargs["log_extra"] = lambda column, values: extras.setdefault(column, []).extend(values)
+        kwargs["log_metric"] = lambda name, value: metrics.setdefault(name, []).append(value)
+        out = self.fn(
+            prompts=prompts, completions=as_trl_completions(prompts, completions), **kwargs
+        )
+        if inspect.isawaitable(out):
+            out = _await(out)
+        if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
+            return out  # the caller names the wrong type
+        values = [None if _missing(v) else v for v in out]
+        if not extras and not metrics:
+            return values
+        n = len(values)
+        dims = {name: [sum(v) / len(v)] * n for name, v in metrics.items()}
+        return Scores(values, dimensions=dims, extras=extras)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function sees of the run's progress (TRL's ``trainer_state`` fields of
+    the same names): ``global_step`` counts the steps done before this rollout (TRL counts
+    optimizer updates: the same with one update per step), ``max_steps`` is train.steps."""
+
+    global_step: int
+    max_steps: int | None = None
+
+
+def is_conversational(prompt: Any) -> bool:
+    """A prompt given as chat messages (TRL's test: a list of dicts with a role)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and isinstance(prompt[0], dict)
+        and "role" in prompt[0]
+    )
+
+
+def as_trl_completions(prompts: list, completions: list) -> list:
+    """Completions as TRL hands them: one assistant message each when the prompts are
+    conversations, else the text itself."""
+    if prompts and is_conversational(prompts[0]):
+        return [[{"role": "assistant", "content": c}] for c in completions]
+    return list(completions)
+
+
+def _missing(value: Any) -> bool:
+    """None or NaN: the function does not score this completion."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _await(awaitable: Any) -> Any:
+    """The result of an awaitable, in an event loop of this thread's own (a thread already
+    running one hands it to a fresh thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_wrap(awaitable))
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _wrap(awaitable)).result()
+
+
+async def _wrap(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def declared_columns(factory: Any, options: dict) -> tuple[str, ...]:
@@ -110,9 +191,35 @@ def is_reference(name: str) -> bool:
     return bool(sep and target and attr.isidentifier())
 
 
+#: the "module" of a reference to a function that only the process that registered it has
+#: (defined in a script's __main__, a notebook or another function)
+IN_PROCESS = "<python>"
+
+
+def reference(fn: Callable[..., Any]) -> str:
+    """The name under which another process finds ``fn`` (a resumed run's): ``package.module:
+    function`` for a module of a package, ``/abs/path/module.py:function`` for a top-level
+    module (found from any working directory), else ``<python>:name``, which only this process
+    resolves (a function of ``__main__``, a notebook, or nested in another function)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    qualname = getattr(fn, "__qualname__", "")
+    if module is None or module.__name__ == "__main__" or getattr(module, qualname, None) is not fn:
+        return f"{IN_PROCESS}:{getattr(fn, '__name__', 'function')}"
+    if "." in module.__name__ or not getattr(module, "__file__", None):
+        return f"{module.__name__}:{qualname}"
+    return f"{os.path.abspath(module.__file__)}:{qualname}"
+
+
 def resolve(name: str) -> PluginInfo:
     """Import the function a reference names and register it under the reference."""
     target, _, attr = name.rpartition(":")
+    if target == IN_PROCESS:
+        raise PluginError(
+            f"reward {name!r}: a function passed to grpo_core.train() from a script's "
+            f"__main__, a notebook or another function; only that Python process has it: "
+            f"resume from Python (grpo_core.train(..., rewards=..., resume=True)) or move it "
+            f"to a module"
+        )
     module = _from_file(target, name) if target.endswith(".py") else _import(target, name)
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
@@ -171,9 +278,9 @@ def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
     added at run time, as before; or a function that cannot be pickled, which the third, a
     notice, then explains)."""
     fns = []
-    for name in _names(reward_cfg):
+    for name in reward_names(reward_cfg):
         info = registry().plugins.get(("reward", name))
-        if info is None or info.installed or is_reference(name):
+        if info is None or info.installed or _resolved(info):
             continue
         if not isinstance(info.factory, FunctionFactory):
             return None, True, None
@@ -186,13 +293,18 @@ def shipped(reward_cfg: dict) -> tuple[bytes | None, bool, str | None]:
         return None, True, f"function {fns[0].name!r} cannot be pickled: {type(exc).__name__}"
 
 
-def _names(value: Any) -> list[str]:
+def _resolved(info: PluginInfo) -> bool:
+    """A function found from a reference in the config (every process resolves it itself)."""
+    return isinstance(info.factory, FunctionFactory) and info.distribution != DISTRIBUTION
+
+
+def reward_names(value: Any) -> list[str]:
     """Every plugin name inside a reward section (its own, its components')."""
     if isinstance(value, dict):
         own = [value["name"]] if isinstance(value.get("name"), str) else []
-        return own + [n for v in value.values() for n in _names(v)]
+        return own + [n for v in value.values() for n in reward_names(v)]
     if isinstance(value, list):
-        return [n for v in value for n in _names(v)]
+        return [n for v in value for n in reward_names(v)]
     return []
 
 

@@ -1,9 +1,12 @@
 """``weighted``: the multi-dimensional reward.
 
-total_i = sum_k w_k * gate_k,i * d_k,i, where d_k is component k's score (optionally
-normalised within each group: (d - group mean) / (group std + eps)), and gate_k,i is 1 only
-when every dimension named in k's ``requires`` scored at least its ``pass_threshold``
-("format correct AND answer correct"). Components run concurrently in threads. Each
+total_i = sum_k w_k * gate_k,i * d_k,i over the components that score completion i (a
+component's None or NaN means it does not apply there: TRL's NaN-aware sum with its
+``reward_weights``; a completion no component scores gets None, no reward), where d_k is
+component k's score (optionally normalised within each group: (d - group mean) / (group
+std + eps)), and gate_k,i is 1 only when every dimension named in k's ``requires`` scored
+at least its ``pass_threshold`` ("format correct AND answer correct"). Components run
+concurrently in threads (``async def`` functions too, one event loop each). Each
 dimension's raw scores are reported, so each is logged as ``reward/<name>``.
 """
 
@@ -87,9 +90,10 @@ class WeightedReward(Reward):
                     f"component {dim!r} returned {len(out)} scores for "
                     f"{len(completions)} completions"
                 )
-            dims[dim] = torch.tensor([float(v) for v in out], dtype=torch.float64)
+            dims[dim] = torch.tensor([_value(v) for v in out], dtype=torch.float64)
         groups = columns.get("group_ids")
         total = torch.zeros(len(completions), dtype=torch.float64)
+        scored = torch.zeros(len(completions), dtype=torch.bool)
         for p in self.parts:
             d = dims[p["dim"]]
             if self.normalize == "group" and groups is not None:
@@ -97,15 +101,38 @@ class WeightedReward(Reward):
             gate = torch.ones_like(d)
             for r in p["requires"]:
                 threshold = next(q["threshold"] for q in self.parts if q["dim"] == r)
-                gate = gate * (dims[r] >= threshold)
-            total += p["weight"] * gate * d
-        extras = {}
+                gate = gate * (dims[r] >= threshold)  # a missing dimension closes the gate
+            total += torch.nan_to_num(p["weight"] * gate * d, nan=0.0)
+            scored |= ~d.isnan()
+        extras, more = {}, {}
         for out in results.values():
             if isinstance(out, Scores):
                 extras.update(out.extras)
+                more.update(out.dimensions)  # a function's log_metric values, say
         return Scores(
-            total.tolist(), dimensions={k: v.tolist() for k, v in dims.items()}, extras=extras
+            [t if s else None for t, s in zip(total.tolist(), scored.tolist())],
+            dimensions={**more, **{k: v.tolist() for k, v in dims.items()}},
+            extras=extras,
         )
+
+
+def _value(v) -> float:
+    """A component's score as a float; None (no reward for this completion) is NaN."""
+    return float("nan") if v is None else float(v)
+
+
+def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(d - group mean) / (group std + eps), over each group's scored completions (NaN: a
+    completion the component does not score, left NaN)."""
+    out = torch.full_like(d, float("nan"))
+    for g in groups.unique():
+        m = (groups == g) & ~d.isnan()
+        x = d[m]
+        if x.numel() == 0:
+            continue
+        sd = x.std(unbiased=False) if x.numel() > 1 else torch.tensor(0.0, dtype=d.dtype)
+        out[m] = (x - x.mean()) / (sd + eps)
+    return out
 
 
 def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

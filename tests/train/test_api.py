@@ -75,7 +75,10 @@ def test_functions_without_a_reward_section_are_summed(tiny_model, tmp_path):
     assert summary["first_reward"] == pytest.approx(1.5)
     written = json.loads((tmp_path / "run" / "config.json").read_text())
     assert written["data"]["columns"] == ["answer"]  # every field but the prompt
-    assert [c["name"] for c in written["reward"]["options"]["components"]] == ["one", "half"]
+    components = written["reward"]["options"]["components"]
+    assert [c["as"] for c in components] == ["one", "half"]  # the names they are logged under
+    # nested functions: only this process has them (a resume from the CLI says so)
+    assert [c["name"] for c in components] == ["<python>:one", "<python>:half"]
 
 
 def test_an_unpicklable_function_runs_inline_with_a_notice(tiny_model, tmp_path, capsys):

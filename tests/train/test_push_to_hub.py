@@ -54,7 +54,9 @@ def test_an_unreachable_hub_is_one_line_and_the_model_stays(tiny_model, addition
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path, out = _config(tiny_model, addition_data, tmp_path, **HUB)
-    p = run_grpo("train", path, env={"HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    # a token, which grpo validate requires before the run
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_TOKEN": "hf_test"}
+    p = run_grpo("train", path, env=env)
     assert p.returncode == 2
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: output.push_to_hub: uploading ") and "Traceback" not in p.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from helpers import ROOT
 
 from grpo_core import config
@@ -49,6 +50,13 @@ CASES = [
         "warmup_ratio: unknown key 'warmup_ratio': did you mean optimizer.warmup_ratio?",
     ),
     ("kl_loss_coef: 0.001\n", "", "did you mean kl.options.coef (verl's name"),
+    ("entropy_coef: 0.01\n", "", "did you mean objective.entropy_coef"),
+    (
+        "logging_steps: 5\n",
+        "",
+        "a TRL setting with no counterpart here: every step's metrics are logged",
+    ),
+    ("reward_funcs: [f]\n", "", "does not have: grpo_core.train(rewards=[...])"),
     ("lr: 0.001\n", "", "lr: unknown key 'lr': did you mean optimizer.lr?"),
 ]
 
@@ -131,11 +139,192 @@ def test_generation_kwargs_become_sampling_keys_checked_by_the_schema():
     assert info.value.problems[0].startswith("sampling.top_p: ")
 
 
-def test_flat_trl_mapping_refuses_names_that_need_a_decision():
+def test_flat_trl_mapping_maps_the_common_script_and_refuses_in_one_line_each():
+    flat = {
+        "model_name_or_path": "m",
+        "dataset_name": PROMPTS,
+        "reward": {"name": "math"},
+        "loss_type": "dapo",
+        "scale_rewards": "batch",
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 4,
+        "num_generations": 8,
+        "adam_beta2": 0.99,
+        "max_steps": 5,
+        "num_train_epochs": 3,  # max_steps wins, as in TRL
+        "entropy_coef": 0.01,
+    }
+    cfg = config.validate(trl_names.from_trl(flat))
+    assert cfg["objective"]["aggregation"] == "token_mean"
+    assert cfg["baseline"] == {"name": "batch_std", "options": {"eps": 1e-4}}
+    assert cfg["train"]["prompts_per_step"] == 4 and cfg["train"]["mini_batches"] == 1
+    assert cfg["optimizer"]["betas"] == [0.9, 0.99] and cfg["objective"]["entropy_coef"] == 0.01
     with pytest.raises(ConfigError) as info:
-        trl_names.from_trl({"loss_type": "dapo", "per_device_train_batch_size": 8})
-    assert info.value.problems[0].startswith("loss_type: set objective.aggregation instead")
-    assert len(info.value.problems) == 2
+        trl_names.from_trl(
+            {"loss_type": "sapo", "num_train_epochs": 2, "use_liger_kernel": True, "fp16": True}
+        )
+    problems = info.value.problems
+    assert len(problems) == 4 and all("instead" in p for p in problems), problems
+    assert any(p.startswith("loss_type: 'sapo' has no counterpart") for p in problems)
+
+
+def _trl_fields():
+    pytest.importorskip("trl", reason="TRL is a test-only dependency (pip install trl)")
+    return trl_names.trl_defaults()
+
+
+def test_every_grpoconfig_field_is_mapped_refused_or_ignored():
+    """Fails when a TRL release adds a GRPOConfig field the table in trl_names lacks."""
+    fields, version = _trl_fields()
+    tables = (trl_names.TRL, trl_names.MISSING, trl_names.IGNORED)
+    lacking = [f for f in fields if not any(f in t for t in tables)]
+    assert lacking == [], f"TRL {version}: add these to grpo_core/config/trl_names.py"
+    twice = [f for f in fields if sum(f in t for t in tables) > 1]
+    assert twice == []
+    # the defaults from_trl fills in when a script sets only some of the batch names
+    assert {k: fields[k] for k in trl_names._TRL_DEFAULTS} == trl_names._TRL_DEFAULTS
+
+
+def test_the_migration_page_is_generated_from_the_table():
+    from grpo_core.config import CORE_SCHEMA
+
+    fields, version = _trl_fields()
+    with open(os.path.join(ROOT, "docs", "trl.md"), encoding="utf-8") as f:
+        page = f.read()
+    generated = trl_names.markdown(fields, version, CORE_SCHEMA)
+    assert generated in page + "\n", (
+        "docs/trl.md is stale: python -m grpo_core.config.trl_names docs/trl.md"
+    )
+
+
+def test_a_grpoconfig_counts_only_the_fields_set_away_from_trls_defaults(capsys):
+    trl = pytest.importorskip("trl")
+    args = trl.GRPOConfig(
+        output_dir="runs/x",
+        use_cpu=True,
+        learning_rate=1e-5,
+        num_generations=4,
+        loss_type="dr_grpo",
+        logging_steps=5,
+        max_steps=3,
+    )
+    assert set(trl_names.changed_fields(args)) == {
+        "output_dir",
+        "use_cpu",
+        "learning_rate",
+        "num_generations",
+        "loss_type",
+        "logging_steps",
+        "max_steps",
+    }
+    flat = trl_names.from_trl(args, ["math"])
+    notice = capsys.readouterr().err
+    assert notice.count("\n") == 1 and "logging_steps (every step's metrics are logged" in notice
+    cfg = config.validate(
+        {
+            **flat,
+            "model": {"name_or_path": "m"},
+            "data": {"path": PROMPTS, "columns": ["answer"]},
+            "reward": {"name": "math"},
+        }
+    )
+    assert cfg["objective"]["aggregation"] == "seq_mean_token_sum_norm"
+    assert cfg["train"]["prompts_per_step"] == 2  # 8 completions per device / 4 generations
+    assert cfg["runtime"]["device"] == "cpu" and cfg["optimizer"]["lr"] == 1e-5
+
+
+# --- numbers: TRL's advantages and losses against ours on the same random batch -------------
+
+
+def _trl_advantages(rewards: torch.Tensor, G: int, scale: str) -> torch.Tensor:
+    """TRL's advantage computation (GRPOTrainer._generate_and_score_completions, one reward
+    function, sum_then_normalize), written from its source around TRL's own nanstd."""
+    from trl.trainer.utils import nanstd
+
+    grouped = rewards.view(-1, G)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(G)
+    if scale == "batch":
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = nanstd(grouped, dim=1).repeat_interleave(G)
+    adv = rewards - mean
+    return adv if scale == "none" else adv / (std + 1e-4)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none", True, False])
+def test_scale_rewards_gives_trls_advantages(scale):
+    pytest.importorskip("trl")
+    import grpo_core
+
+    torch.manual_seed(0)
+    P, G = 5, 4
+    rewards = torch.randint(0, 3, (P * G,)).float() + torch.rand(P * G)
+    baseline = trl_names.from_trl({"scale_rewards": scale})["baseline"]
+    ours = grpo_core.create("baseline", baseline["name"], baseline.get("options"))
+    got = ours.advantages(rewards.view(P, G)).reshape(-1)
+    name = {True: "group", False: "none"}.get(scale, scale)
+    assert torch.allclose(got, _trl_advantages(rewards, G, name), rtol=1e-5, atol=1e-6)
+
+
+def test_reinforce_pp_is_not_trls_batch_scaling():
+    """The two formulas docs/trl.md explains: REINFORCE++ divides the group-centred
+    advantages by their own batch std; TRL's batch scaling divides by the raw rewards'."""
+    pytest.importorskip("trl")
+    import grpo_core
+
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [3.0, 3.0, 3.0, 2.0]])
+    pp = grpo_core.create("baseline", "reinforce_pp", {}).advantages(rewards)
+    trl_batch = _trl_advantages(rewards.reshape(-1), 4, "batch").view(2, 4)
+    centred = rewards - rewards.mean(1, keepdim=True)
+    assert torch.allclose(pp, (centred - centred.mean()) / (centred.std() + 1e-6), atol=1e-5)
+    assert torch.allclose(trl_batch, centred / (rewards.std() + 1e-4), atol=1e-5)
+    assert not torch.allclose(pp, trl_batch, atol=1e-2)
+
+
+def _trl_loss(logp, old, adv, mask, loss_type, eps_low, eps_high, max_len):
+    """TRL's loss for one micro-batch per step on one process (GRPOTrainer._compute_loss,
+    written from its source): the clipped surrogate, then each loss_type's reduction."""
+    ratio = torch.exp(logp - old)
+    if loss_type == "cispo":
+        per_token = -torch.clamp(ratio, max=eps_high).detach() * adv[:, None] * logp
+    else:
+        clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+        per_token = -torch.min(ratio * adv[:, None], clipped * adv[:, None])
+    masked = per_token * mask
+    if loss_type == "grpo":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        return masked.sum() / (per_token.size(0) * max_len)
+    return masked.sum() / mask.sum().clamp(min=1.0)  # bnpo, dapo, cispo with one micro-batch
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "cispo"])
+def test_loss_type_gives_trls_loss(loss_type):
+    """Values equal for the clipped losses; for cispo the gradients (TRL's value is
+    -w A log p, ours -w A: docs/trl.md)."""
+    import grpo_core
+    from grpo_core.loss.losses import Normaliser, aggregate
+
+    torch.manual_seed(1)
+    B, T, max_len = 6, 7, 9
+    old = -torch.rand(B, T) * 3
+    logp = (old + torch.randn(B, T) * 0.3).requires_grad_(True)
+    adv = torch.randn(B)
+    mask = (torch.rand(B, T) > 0.3).float()
+    mask[:, 0] = 1
+    eps_high = 0.28 if loss_type != "cispo" else 1.5
+    cfg = trl_names.from_trl({"loss_type": loss_type, "epsilon": 0.2, "epsilon_high": eps_high})
+    objective = cfg["objective"]
+    options = {k: v for k, v in objective.get("options", {}).items()}
+    fn = grpo_core.create("objective", objective["name"], options)
+    term = fn.fn(logp, old, adv, mask, **fn.options)
+    ours = aggregate(term.loss, mask, objective["aggregation"], Normaliser.of(mask, max_len))
+    theirs = _trl_loss(logp, old, adv, mask, loss_type, 0.2, eps_high, max_len)
+    (g_ours,) = torch.autograd.grad(ours, logp)
+    (g_theirs,) = torch.autograd.grad(theirs, logp)
+    assert torch.allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
+    if loss_type != "cispo":
+        assert torch.allclose(ours, theirs, rtol=1e-6)
 
 
 def test_yaml_file_reads_exponents_without_a_dot_as_numbers(tmp_path):
