@@ -36,7 +36,7 @@ from grpo_core.loss.losses import (
     truncated_is_weights,
 )
 from grpo_core.loss.packing import padded_counts
-from grpo_core.observe.evaluate import evaluate
+from grpo_core.observe.evaluate import evaluate_configured
 from grpo_core.observe.metrics import peak_memory_mb, rollout_metrics, update_metrics, write_samples
 from grpo_core.reward.call import Scored, score_rollout, with_overlong
 from grpo_core.rollout import Rollout
@@ -561,23 +561,16 @@ def _validate(run: Run, step: int, record: dict) -> None:
     better = 0.0
     with run.engine.gathered():
         if run.main:
-            with torch.no_grad(), run.autocast:
-                report, _ = evaluate(
-                    run.policy,
-                    run.tokenizer,
-                    run.generator,
-                    run.eval_rows,
-                    run.cfg["data"],
-                    run.reward,
-                    n=ec.n,
-                    batch_prompts=ec.batch_prompts,
-                    temperature=ec.temperature,
-                    max_new_tokens=run.config.sampling.max_new_tokens,
-                    pass_threshold=ec.pass_threshold,
-                    correct_dimension=ec.correct_dimension,
-                    episodes=run.episodes,
-                    settings=run.sampling,
-                )
+            report, _ = evaluate_configured(  # as grpo eval evaluates a saved model
+                run.policy,
+                run.tokenizer,
+                run.generator,
+                run.eval_rows,
+                run.cfg,
+                run.reward,
+                run.device,
+                episodes=run.episodes,
+            )
             record.update(
                 {
                     f"eval/{k}": v

@@ -38,6 +38,7 @@ from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Re
 from grpo_core.loss import groups
 from grpo_core.observe import tracking
 from grpo_core.observe.callbacks import Callbacks
+from grpo_core.observe.evaluate import held_out_rows
 from grpo_core.observe.health import HealthMonitor
 from grpo_core.observe.metrics import (
     MetricsWriter,
@@ -56,6 +57,7 @@ from grpo_core.store.models import (
     is_peft,
     load_model,
     load_tokenizer,
+    numerics,
     pick_device,
     resolve_sampling,
     save_model,
@@ -193,7 +195,7 @@ def start(
     params = [p for p in policy.parameters() if p.requires_grad]
     generator = _plugin("generator", cfg["generator"])
     stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
-    eval_rows = _eval_rows(cfg)
+    eval_rows = _eval_rows(cfg, tokenizer, policy)
     optimizer = build_optimizer(params, cfg["optimizer"], how)
     scheduler = schedules.build(optimizer, cfg["optimizer"], schedules.total_updates(cfg["train"]))
     run = Run(
@@ -218,11 +220,7 @@ def start(
         scheduler=scheduler,
         engine=_engine(cfg, policy, reference, params, optimizer, scheduler, world, how),
         sampling=SamplingParams.from_config(cfg["sampling"]),
-        autocast=torch.autocast(
-            "cuda",
-            dtype=torch.bfloat16,
-            enabled=device.type == "cuda" and config.model.dtype == "auto",
-        ),
+        autocast=numerics(device, config.model.dtype),
         metrics=None,
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
         memory_limit=memory_limit_mb(device),
@@ -311,12 +309,13 @@ def _prompt_limit(cfg: dict, policy: Any) -> int:
     return limit
 
 
-def _eval_rows(cfg: dict) -> list[dict] | None:
-    """The held-out rows validation reads (None when validation is off)."""
+def _eval_rows(cfg: dict, tokenizer, policy) -> list[dict] | None:
+    """The held-out rows validation reads, as ``grpo eval`` reads them (None when validation
+    is off)."""
     ec = cfg["eval"]
     if not (ec["data"] and ec["every_n_steps"]):
         return None
-    return _rows(ec["data"], ec["split"], cfg["data"], "eval.data")[: ec["max_problems"] or None]
+    return held_out_rows(cfg, tokenizer, policy)[0]
 
 
 def _attach(run: Run, how: str) -> None:

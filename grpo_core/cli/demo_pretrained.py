@@ -108,10 +108,11 @@ def accuracies(
     cfg: dict, model_path: str | None, *row_sets: list[dict] | None
 ) -> list[float | None]:
     """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
-    set of rows (None for a set that is None), judged by the config's reward (its
-    ``eval.correct_dimension``); the model is loaded once."""
+    set of rows (None for a set that is None), evaluated as validation during training
+    evaluates (the config's ``eval`` section: greedy, judged on ``eval.correct_dimension``);
+    the model is loaded once."""
     import grpo_core
-    from grpo_core.observe.evaluate import evaluate
+    from grpo_core.observe.evaluate import evaluate_configured
     from grpo_core.reward.isolation import build_reward
     from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
@@ -120,6 +121,8 @@ def accuracies(
         model_cfg.update(
             name_or_path=model_path, gguf_file=None, lora=None, gradient_checkpointing=False
         )
+    if cfg["runtime"]["threads"]:  # training's thread count, as grpo eval takes it
+        torch.set_num_threads(cfg["runtime"]["threads"])
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, device).eval()
@@ -133,20 +136,10 @@ def accuracies(
             if rows is None:
                 out.append(None)
                 continue
-            with torch.no_grad():
-                report, _ = evaluate(
-                    model,
-                    tokenizer,
-                    gen,
-                    rows,
-                    cfg["data"],
-                    reward,
-                    temperature=0.0,
-                    correct_dimension=cfg["eval"]["correct_dimension"],
-                    batch_prompts=cfg["eval"]["batch_prompts"],
-                    progress=True,
-                    max_new_tokens=cfg["sampling"]["max_new_tokens"],
-                )
+            # as validation during training: its settings, seed, batches and autocast
+            report, _ = evaluate_configured(
+                model, tokenizer, gen, rows, cfg, reward, device, progress=True
+            )
             out.append(report["accuracy"])
     finally:
         reward.close()

@@ -4,37 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 
 import grpo_core
 from grpo_core import config as config_mod
-from grpo_core.data.prompts import check_fields, column_map, fit_prompts
-from grpo_core.data.sources import read_rows
-from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
-from grpo_core.observe.evaluate import evaluate, write
+from grpo_core.observe.evaluate import evaluate_configured, held_out_rows, write
 from grpo_core.reward.isolation import build_reward
-from grpo_core.rollout import SamplingParams
-from grpo_core.store.models import (
-    context_length,
-    load_model,
-    load_tokenizer,
-    pick_device,
-    resolve_sampling,
-)
+from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
 
 def evaluate_cli(args) -> int:
-    """``grpo eval``: the config gives the reward, data layout and generator."""
+    """``grpo eval``: the config gives the reward, data layout, generator and the held-out
+    evaluation (its ``eval`` section: problems, samples, temperature, batch, threshold),
+    evaluated exactly as validation during training evaluates; flags replace those."""
     cfg = config_mod.load(args.config, args.set)
     if args.model:
         cfg["model"]["name_or_path"] = args.model
         cfg["model"]["gguf_file"] = None  # a trained model is a directory, not the GGUF file
-    if args.n < 1:
+    if args.n is not None and args.n < 1:
         raise UserError("--n: expected a number >= 1")
-    if not (args.temperature >= 0 and args.temperature < float("inf")):
+    if args.temperature is not None and not (0 <= args.temperature < float("inf")):
         raise UserError(
             f"--temperature: found {args.temperature}, expected 0 (greedy) or a positive number"
         )
@@ -43,6 +35,8 @@ def evaluate_cli(args) -> int:
             f"--max-problems: found {args.max_problems}, expected a number >= 1 "
             f"(leave it out for all problems)"
         )
+    if cfg["runtime"]["threads"]:  # training's thread count: a CPU sum's order can follow it
+        torch.set_num_threads(cfg["runtime"]["threads"])
     device = pick_device(cfg["runtime"]["device"])
     tokenizer = load_tokenizer(cfg["model"])
     model = load_model(cfg["model"], device).eval()
@@ -65,34 +59,28 @@ def evaluate_cli(args) -> int:
             tokenizer,
             cfg,
         )
-    path, dc = args.data or cfg["data"]["path"], cfg["data"]
-    same = path == dc["path"]  # the training set's source keeps its configuration, data_files
-    rows = read_rows(
-        path,
+    rows, long = held_out_rows(
+        cfg,
+        tokenizer,
+        model,
+        args.data,
         args.split,
-        dc["name"] if same else None,
-        dc["data_files"] if same else None,
-        key="--data" if args.data else "data.path",
+        args.max_problems,
+        key="--data" if args.data else "eval.data" if cfg["eval"]["data"] else "data.path",
     )
-    check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
-    rows, long = _fit(rows, cfg, tokenizer, model)
-    rows = rows[: args.max_problems] if args.max_problems else rows
-    with torch.no_grad():
-        report, records = evaluate(
-            model,
-            tokenizer,
-            gen,
-            rows,
-            cfg["data"],
-            reward_fn,
-            n=args.n,
-            batch_prompts=cfg["eval"]["batch_prompts"],
-            temperature=args.temperature,
-            max_new_tokens=cfg["sampling"]["max_new_tokens"],
-            progress=True,
-            episodes=episodes,
-            settings=SamplingParams.from_config(cfg["sampling"]),
-        )
+    report, records = evaluate_configured(  # as validation during training evaluates
+        model,
+        tokenizer,
+        gen,
+        rows,
+        cfg,
+        reward_fn,
+        device,
+        episodes=episodes,
+        progress=True,
+        n=args.n,
+        temperature=args.temperature,
+    )
     if episodes is not None:
         episodes.close()
     report["model"] = cfg["model"]["name_or_path"]
@@ -102,23 +90,3 @@ def evaluate_cli(args) -> int:
     print(json.dumps(report, indent=2))
     print(f"wrote {out}/report.json and {out}/completions.jsonl")
     return 0
-
-
-def _fit(rows: list[dict], cfg: dict, tokenizer, model) -> tuple[list[dict], int]:
-    """``data.long_prompts`` applied as training applies it (the same prompt limit), so a
-    model is evaluated on the prompts it could have trained on; says how many were long."""
-    budget_key, budget = completion_budget(cfg)
-    dc = cfg["data"]
-    limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
-    if limit < 1:
-        raise UserError(
-            f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
-        )
-    kept, long = fit_prompts(rows, tokenizer, dc, limit)
-    if long:
-        print(
-            f"warning: {long} of {len(rows)} prompts are longer than {limit} tokens; "
-            f"data.long_prompts: {dc['long_prompts']}",
-            file=sys.stderr,
-        )
-    return kept, long

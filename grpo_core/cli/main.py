@@ -203,11 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = with_config(sub.add_parser("eval", help="evaluate a model on held-out problems"))
     ev.add_argument("--model", help="model directory or hub id (default: the config's)")
-    ev.add_argument("--data", help="data file (default: the config's)")
-    ev.add_argument("--split", default="test")
-    ev.add_argument("--n", type=int, default=1, help="samples per problem")
-    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ev.add_argument("--max-problems", type=int, default=None)
+    ev.add_argument("--data", help="data file (default: the config's eval.data, else data.path)")
+    ev.add_argument("--split", default=None, help="split (default: the config's eval.split)")
+    ev.add_argument("--n", type=int, default=None, help="samples per problem (default: eval.n)")
+    ev.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy (default: eval.temperature)"
+    )
+    ev.add_argument(
+        "--max-problems", type=int, default=None, help="first N (default: eval.max_problems)"
+    )
     ev.add_argument("--out", default=None, help="report directory")
     ev.set_defaults(func=cmd_eval)
 

@@ -1,4 +1,10 @@
-"""Held-out evaluation: accuracy, unbiased pass@k, reward per dimension, completion length."""
+"""Held-out evaluation: accuracy, unbiased pass@k, reward per dimension, completion length.
+
+One evaluation serves validation during training, ``grpo eval`` and the pretrained demo's
+before and after (:func:`held_out_rows`, :func:`evaluate_configured`): the same problems,
+settings, seed, batches and numerics, so the same weights get the same figure wherever they
+are evaluated (docs/recipes.md, "One evaluation").
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,18 @@ import sys
 import time
 from dataclasses import replace
 
+import torch
 from tqdm import tqdm
 
-from grpo_core.data.prompts import make_batch, reward_inputs
-from grpo_core.env.episodes import EpisodeRunner
+from grpo_core.data.prompts import check_fields, column_map, fit_prompts, make_batch, reward_inputs
+from grpo_core.data.sources import read_rows
+from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Reward
 from grpo_core.observe.metrics import terminal_width
 from grpo_core.rollout import SamplingParams
 from grpo_core.scores import Scores
+from grpo_core.store.models import context_length, numerics, resolve_sampling
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -129,6 +139,90 @@ def evaluate(
         "seconds": time.time() - t0,
     }
     return report, records
+
+
+def evaluate_configured(
+    model,
+    tokenizer,
+    generator: Generator,
+    rows: list[dict],
+    cfg: dict,
+    reward_fn: Reward,
+    device: torch.device,
+    episodes: EpisodeRunner | None = None,
+    progress: bool = False,
+    n: int | None = None,
+    temperature: float | None = None,
+) -> tuple[dict, list[dict]]:
+    """:func:`evaluate` as the config ``cfg`` sets it: the ``eval`` section's samples per
+    problem, temperature, batch, pass threshold and correctness dimension (``n`` and
+    ``temperature`` replace the first two when given), the ``sampling`` section's settings
+    and token budget (nulls resolved from the model, as training resolves them), the fixed
+    evaluation seed, and training's numerics (:func:`grpo_core.store.models.numerics`:
+    bfloat16 autocast on a GPU with ``model.dtype: auto``). Validation during training and
+    the evaluation of a saved model both call this, so they compute the same thing."""
+    ec, sampling = cfg["eval"], dict(cfg["sampling"])
+    resolve_sampling(model, sampling, announce=False)
+    with torch.no_grad(), numerics(device, cfg["model"]["dtype"]):
+        return evaluate(
+            model,
+            tokenizer,
+            generator,
+            rows,
+            cfg["data"],
+            reward_fn,
+            n=ec["n"] if n is None else n,
+            temperature=ec["temperature"] if temperature is None else temperature,
+            max_new_tokens=sampling["max_new_tokens"],
+            batch_prompts=ec["batch_prompts"],
+            pass_threshold=ec["pass_threshold"],
+            correct_dimension=ec["correct_dimension"],
+            progress=progress,
+            episodes=episodes,
+            settings=SamplingParams.from_config(sampling),
+        )
+
+
+def held_out_rows(
+    cfg: dict,
+    tokenizer,
+    model,
+    path: str | None = None,
+    split: str | None = None,
+    max_problems: int | None = None,
+    key: str = "eval.data",
+) -> tuple[list[dict], int]:
+    """The held-out problems and how many of them were long: ``path`` (default ``eval.data``,
+    else the training data's ``data.path``) at ``split`` (default ``eval.split``), checked,
+    fitted to training's prompt limit by ``data.long_prompts`` (a model is judged on prompts
+    it could have trained on), then the first ``max_problems`` (default
+    ``eval.max_problems``). ``key``: the setting named in an error about the source."""
+    ec, dc = cfg["eval"], cfg["data"]
+    path = path or ec["data"] or dc["path"]
+    same = path == dc["path"]  # the training set's source keeps its configuration, data_files
+    rows = read_rows(
+        path,
+        split or ec["split"],
+        dc["name"] if same else None,
+        dc["data_files"] if same else None,
+        key=key,
+    )
+    check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
+    budget_key, budget = completion_budget(cfg)
+    limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
+    if limit < 1:
+        raise UserError(
+            f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
+        )
+    kept, long = fit_prompts(rows, tokenizer, dc, limit)
+    if long:
+        print(
+            f"warning: {long} of {len(rows)} held-out prompts are longer than {limit} tokens; "
+            f"data.long_prompts: {dc['long_prompts']}",
+            file=sys.stderr,
+        )
+    cut = max_problems or ec["max_problems"]
+    return kept[:cut] if cut else kept, long
 
 
 def write(out_dir: str, report: dict, records: list[dict]) -> None:

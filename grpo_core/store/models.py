@@ -90,6 +90,15 @@ def load_model(model_cfg: dict, device: torch.device):
     return model
 
 
+def numerics(device: torch.device, dtype: str):
+    """The autocast every forward of a run uses, training's and evaluation's alike: bfloat16
+    autocast on a GPU when ``model.dtype`` is auto (float32 master weights), else none (the
+    weights' own dtype). One definition, so a saved model is evaluated as training computed."""
+    return torch.autocast(
+        "cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and dtype == "auto"
+    )
+
+
 def attention_problem(attention: str, device_type: str) -> str | None:
     """Why ``model.attn_implementation`` cannot be used here (one line), or None:
     flash_attention_2 needs the flash-attn package and a CUDA device."""

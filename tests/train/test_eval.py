@@ -101,3 +101,83 @@ def test_validation_during_training(tiny_model, addition_data, tmp_path):
     assert with_eval == [1, 3, 4]  # every 2 steps, and at the end
     assert all("eval/pass@2" in rows[s] for s in with_eval)
     assert os.path.exists(tmp_path / "run" / "best" / "best.json")
+
+
+def _spy_evaluations(monkeypatch, module) -> list[tuple[dict, list[dict]]]:
+    """Every (report, records) the real ``evaluate_configured`` returns where ``module`` calls
+    it: a spy, not a stand-in (validation writes only the report's figures to metrics)."""
+    from grpo_core.observe import evaluate as evaluate_mod
+
+    seen, real = [], evaluate_mod.evaluate_configured
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(module, "evaluate_configured", spy)
+    return seen
+
+
+def _outcomes(records: list[dict]) -> list[tuple]:
+    return [(r["problem"], r["completion"], r["reward"], r["correct"]) for r in records]
+
+
+def test_grpo_eval_of_the_final_model_repeats_the_last_validation(
+    warm_model, tmp_path, monkeypatch
+):
+    """Validation at the last step and ``grpo eval`` of the saved final model (the config
+    alone, no flags): the same weights, problems and settings give the same completions,
+    outcomes and figures. Sampled (n=2, temperature 1) so the seed and row ids matter, in
+    batches of 3 of 8 problems (a ragged last batch), judged at a threshold below 1; on the
+    CPU in float32 every completion is the same, token for token."""
+    from grpo_core import phases
+    from grpo_core.tiny import addition_rows, write_jsonl
+
+    train_rows, _ = addition_rows(0)
+    data = str(tmp_path / "data")
+    write_jsonl(os.path.join(data, "train.jsonl"), train_rows)
+    # problems the warm start taught (held-out ones it mostly misses): outcomes of both kinds
+    write_jsonl(os.path.join(data, "test.jsonl"), train_rows[:8])
+    cfg = make_config(
+        warm_model,
+        os.path.join(data, "train.jsonl"),
+        str(tmp_path / "run"),
+        train={"steps": 2, "prompts_per_step": 2, "micro_batch_groups": 1, "seed": 0},
+        optimizer={"lr": 1e-3},
+        eval={
+            "data": data,
+            "every_n_steps": 2,
+            "max_problems": 8,
+            "n": 2,
+            "temperature": 1.0,
+            "batch_prompts": 3,
+            "pass_threshold": 0.5,
+        },
+    )
+    validations = _spy_evaluations(monkeypatch, phases)
+    train(config.validate(cfg))
+    assert len(validations) == 1  # at the last step only
+    (during, records) = validations[0]
+    metrics = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert metrics[-1]["eval/accuracy"] == during["accuracy"]
+
+    out = tmp_path / "ev"
+    p = run_grpo(
+        "eval",
+        write_config(tmp_path / "c.json", cfg),
+        "--model",
+        str(tmp_path / "run" / "final"),
+        "--out",
+        str(out),
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    after = json.load(open(out / "report.json"))
+    final = [json.loads(x) for x in open(out / "completions.jsonl")]
+    assert after["problems"] == 8 and after["samples_per_problem"] == 2
+    assert after["temperature"] == 1.0
+    assert _outcomes(final) == _outcomes(records)
+    for key in ("accuracy", "reward", "completion_len", "pass@1", "pass@2"):
+        assert after[key] == during[key], key
+    # a figure that can tell: the trained model solves some problems and misses others
+    assert 0 < during["accuracy"] < 1, during

@@ -277,6 +277,54 @@ def test_the_final_model_loads_with_from_pretrained_and_evaluates(
     assert 0 < report["completion_len"] <= 16
 
 
+def test_the_demos_final_evaluation_repeats_the_last_validation(
+    gguf, problems, converted, tmp_path, monkeypatch
+):
+    """One GRPO step with validation at its end, then the pretrained demo's evaluation of the
+    saved final model (demo_pretrained.accuracies): greedy on the same 4 held-out problems
+    with the run's sampling settings (a stop string), the same completions token for token
+    and the same accuracy (float32 on the CPU)."""
+    from grpo_core import phases
+    from grpo_core.cli.demo_pretrained import accuracies
+    from grpo_core.observe import evaluate as evaluate_mod
+    from grpo_core.trainer import train
+
+    seen: dict[str, list] = {"during": [], "after": []}
+    real = evaluate_mod.evaluate_configured
+
+    def spy(where):  # records what the real evaluation returns (validation logs figures only)
+        def call(*args, **kwargs):
+            seen[where].append(real(*args, **kwargs))
+            return seen[where][-1]
+
+        return call
+
+    monkeypatch.setattr(phases, "evaluate_configured", spy("during"))
+    monkeypatch.setattr(evaluate_mod, "evaluate_configured", spy("after"))
+    out = tmp_path / "run"
+    # a stop string: a setting the demo's own evaluation once left out (it ran on past ",")
+    stop = {"group_size": 4, "max_new_tokens": 16, "temperature": 1.0, "stop": [","]}
+    cfg = real_config(
+        gguf, problems, out, train={"steps": 1}, output={"checkpoint_every": 0}, sampling=stop
+    )
+    cfg["eval"].update(data=problems, every_n_steps=1, max_problems=4, batch_prompts=4)
+    cfg = config.validate(cfg)
+    train(cfg)
+    with open(os.path.join(problems, "test.jsonl"), encoding="utf-8") as f:
+        held = [json.loads(line) for line in f][:4]
+    (after,) = accuracies(cfg, os.path.join(out, "final"), held)
+    (during, in_training), (report, final) = seen["during"][0], seen["after"][0]
+    assert len(seen["during"]) == len(seen["after"]) == 1
+    assert [r["prompt"] for r in final] == [r["prompt"] for r in in_training]
+    assert [(r["completion"], r["reward"], r["correct"]) for r in final] == [
+        (r["completion"], r["reward"], r["correct"]) for r in in_training
+    ]
+    assert after == report["accuracy"] == during["accuracy"]
+    assert all(r["tokens"] > 0 for r in final)  # real completions, not empty ones
+    # the stop string ended some answers before the 16-token budget
+    assert any(r["completion"].endswith(",") and r["tokens"] < 16 for r in final), final
+
+
 def test_resume_from_a_checkpoint_is_exact(trained, gguf, problems, tmp_path):
     from grpo_core.trainer import train
 
