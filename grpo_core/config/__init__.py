@@ -94,6 +94,23 @@ def migrate(config: dict) -> dict:
             node[last] = value
     if problems:
         raise ConfigError(problems)
+    return _critic_from_baseline(config)
+
+
+def _critic_from_baseline(config: dict) -> dict:
+    """``baseline: {name: ppo, options}`` (PPO's critic, once a baseline) becomes
+    ``critic: {name: ppo, options}`` beside the group baseline, with a notice; only where a
+    critic plugin of that name is installed."""
+    base = config.get("baseline")
+    if not (isinstance(base, dict) and base.get("name") == "ppo"):
+        return config
+    if registry().find("critic", "ppo") is None:
+        return config
+    if config.get("critic"):
+        raise ConfigError(["baseline.name: ppo is now critic.name: ppo; keep only critic"])
+    _notice("baseline.name: ppo", "critic.name: ppo")
+    config["critic"] = {"name": "ppo", "options": base.get("options") or {}}
+    config["baseline"] = {"name": "grpo"}
     return config
 
 

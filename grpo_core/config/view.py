@@ -104,6 +104,14 @@ class BaselineSection:
 
 
 @dataclass(frozen=True)
+class CriticSection:
+    """``critic``: Phase 3: a learned value function (PPO); null: group baselines."""
+
+    name: str
+    options: dict
+
+
+@dataclass(frozen=True)
 class KlSection:
     """``kl``: Phase 3: the KL coefficient controller."""
 
@@ -252,6 +260,7 @@ class Config:
     reward: RewardSection
     groups: GroupsSection
     baseline: BaselineSection
+    critic: CriticSection | None
     kl: KlSection
     objective: ObjectiveSection
     optimizer: OptimizerSection
@@ -265,6 +274,29 @@ class Config:
     health: HealthSection
     callbacks: list
     deepspeed: dict | str | None
+
+    # values derived from several keys, computed here once
+
+    @property
+    def first_group_size(self) -> int:
+        """Completions drawn for each prompt in the first pass: all G, or
+        ``groups.adaptive_first`` (std-driven group sizes)."""
+        return self.groups.adaptive_first or self.sampling.group_size
+
+    @property
+    def completion_budget(self) -> tuple[str, int]:
+        """The longest completion in tokens and the key that sets it: a whole episode's
+        after the prompt when an environment runs, else one completion's."""
+        if self.environment:
+            return "environment.max_total_tokens", self.environment.max_total_tokens
+        return "sampling.max_new_tokens", self.sampling.max_new_tokens
+
+    @property
+    def generation_process(self) -> bool:
+        """Whether generation runs in its own process: ``sampling.generation: process``, or
+        ``auto`` with ``sampling.max_staleness`` >= 1."""
+        sc = self.sampling
+        return sc.generation == "process" or (sc.generation == "auto" and sc.max_staleness > 0)
 
 
 def _build(cls: type, value: dict):
