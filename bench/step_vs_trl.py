@@ -315,9 +315,9 @@ def ours_block(
     write_jsonl(data, rows)
     cfg = config.validate(ours_config(model_dir, data, case, WARMUP + steps, out, packing))
     timer = Timer()
-    saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update", "observe")}
+    saved = {n: getattr(phases, n) for n in ("generate", "score", "targets", "update", "observe")}
 
-    generate = timer.wrap("generate", saved["sample"])
+    generate = timer.wrap("generate", saved["generate"])
 
     def first(*a, **kw):  # a step starts (and the warm-up ends) outside the phase's timing
         timer.begin()
@@ -329,9 +329,9 @@ def ours_block(
         finally:
             timer.end()
 
-    phases.sample = first
+    phases.generate = first
     phases.score = timer.wrap("reward", saved["score"])
-    phases.advantages = timer.wrap("reference", saved["advantages"])
+    phases.targets = timer.wrap("reference", saved["targets"])
     phases.observe = last
     try:
         train(cfg)

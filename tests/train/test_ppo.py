@@ -146,4 +146,4 @@ def test_sharded_and_lora_runs_are_refused_in_one_line(tiny_model, addition_data
         preflight.check(
             cfg(tiny_model, addition_data, tmp_path / "fsdp", distributed={"strategy": "fsdp"})
         )
-    assert "baseline.name: ppo (a critic) runs in one process only" in str(err.value)
+    assert "critic.name: ppo (a critic) runs in one process only" in str(err.value)
