@@ -304,13 +304,13 @@ class PolicyTerm:
 class Objective(Component):
     """The policy-gradient term of the loss: ``objective(logp, old_logp, advantages, mask)``
     with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]`` (``[B, T]``
-    from a baseline with a critic, for an objective that declares ``token_advantages``). The trainer
+    from a critic, for an objective that declares ``token_advantages``). The trainer
     adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""
 
     #: how per-token losses become one number when the config does not say (``token_mean``,
     #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.loss.losses.aggregate)
     aggregation: str = "token_mean"
-    #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (a baseline with a critic)
+    #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (from a critic)
     token_advantages: bool = False
 
     def __call__(

@@ -128,7 +128,7 @@ def targets(
     source of targets makes of the rewards (``advantages(run, scored, rewards, keep)``: a
     dict with ``advantages``, and a critic's ``returns`` and ``values``)."""
     t0, ro, config = time.time(), scored.rollout, run.config
-    temp, chunk = config.sampling.temperature, _chunk(run)  # the reference computes as
+    temp, chunk = run.sampling.temperature, _chunk(run)  # the reference computes as
     mask = ro.action_mask.float()  # the policy does: equal weights give equal log-probs
     ref_logp = (
         None
@@ -197,11 +197,12 @@ def _mini_batch(
             logp, ent = completion_logprobs(
                 run.policy,
                 sub,
-                config.sampling.temperature,
+                run.sampling.temperature,
                 _chunk(run),
                 entropy=True,
                 packing=config.runtime.packing,
             )
+        assert ent is not None  # asked for: entropy=True
         term = run.objective(logp, targets.old_logp[mb], targets.advantages[mb], loss_mask[mb])
         loss, terms = objective_loss(
             term,
@@ -330,13 +331,13 @@ def observe(
     if run.eval_rows is not None:
         ec = config.eval
         if (step + 1) % ec.every_n_steps == 0 or step + 1 == config.train.steps:
-            _validate(run, step, record)
+            _validate(run, step, record, run.eval_rows)
     if run.health:
         record["health"] = run.health.observe(record)
         for w in record["health"]:
             warn(run, step, w)
     run.progress.observed(record)
-    if run.main:
+    if run.metrics is not None:  # rank 0
         run.metrics.write(record)
         if config.output.samples_every and step % config.output.samples_every == 0:
             run.metrics.log_samples(
@@ -364,7 +365,7 @@ def _memory(run: Run) -> dict:
     return {"peak_memory_mb": peak, "memory_frac": peak / limit if limit else math.nan}
 
 
-def _validate(run: Run, step: int, record: dict) -> None:
+def _validate(run: Run, step: int, record: dict, rows: list[dict]) -> None:
     """Validation on held-out problems (rank 0, on weights every rank helped gather) into the
     same record; keeps the best model."""
     ec = run.config.eval
@@ -376,7 +377,7 @@ def _validate(run: Run, step: int, record: dict) -> None:
                     run.policy,
                     run.tokenizer,
                     run.generator,
-                    run.eval_rows,
+                    rows,
                     run.config.data,
                     run.reward,
                     n=ec.n,

@@ -9,6 +9,7 @@ is one file and one line here. ``grpo validate`` and ``run.start`` both ask :fun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_core.config.view import Config
@@ -36,7 +37,7 @@ def _greedy(config: Config) -> bool:
 
 
 #: the sources of targets and when the config chooses each, the first that applies serving it
-TARGETS: tuple[tuple[type[TargetSource], object], ...] = (
+TARGETS: tuple[tuple[type[TargetSource], Callable[[Config], bool]], ...] = (
     (CriticTargets, lambda c: c.critic is not None),
     (GreedyBaseline, _greedy),
     (GroupBaseline, lambda c: True),
@@ -58,9 +59,8 @@ def make(config: Config, world: int = 1, how: str = "none", lora: bool = False) 
     settings that cannot be combined are reported whichever serves."""
     samplers = [s for s in SAMPLERS if s.chosen(config)]
     targets = [t for t, chosen in TARGETS if chosen(config)]
-    problems = []
-    for strategy in (*reversed(samplers), *targets):
-        problems += strategy.refusals(config, world, how, lora)
+    problems = [line for s in reversed(samplers) for line in s.refusals(config, world, how, lora)]
+    problems += [line for t in targets for line in t.refusals(config, world, how, lora)]
     problems += _settings(config)
     return Plan(sampler=samplers[0], targets=targets[0], problems=problems)
 

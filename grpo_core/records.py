@@ -63,8 +63,10 @@ class Sampled:
             seconds=sum(p.seconds for p in parts),
             transcripts=None
             if first.transcripts is None
-            else [t for p in parts for t in p.transcripts],
-            greedy=None if first.greedy is None else cat_rollouts([p.greedy for p in parts]),
+            else [t for p in parts for t in p.transcripts or ()],
+            greedy=None
+            if first.greedy is None
+            else cat_rollouts([p.greedy for p in parts if p.greedy is not None]),
             greedy_seconds=sum(p.greedy_seconds for p in parts),
         )
 
@@ -133,7 +135,7 @@ class Scored:
             problem=next((p.problem for p in parts if p.problem), None),
             greedy_rewards=None
             if parts[0].greedy_rewards is None
-            else torch.cat([p.greedy_rewards for p in parts]),
+            else torch.cat([p.greedy_rewards for p in parts if p.greedy_rewards is not None]),
             extra_completions=sum(p.extra_completions for p in parts),
             seconds=sum(p.seconds for p in parts),
             greedy_seconds=sum(p.greedy_seconds for p in parts),

@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, KLController, Objective, Reward
+from grpo_core.log import log
 from grpo_core.observe import tracking
 from grpo_core.observe.callbacks import Callbacks
 from grpo_core.observe.health import HealthMonitor
@@ -98,7 +98,7 @@ class Run:
     health: HealthMonitor | None
     callbacks: Callbacks  # the config's callback plugins (built on rank 0)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
-    sampler: Sampler | None = None  # phases 1-2, started last (see :func:`start`)
+    sampler: Sampler = field(init=False)  # phases 1-2, started last (see :func:`start`)
     metrics: MetricsWriter | None = None  # rank 0
     progress: Progress = field(default_factory=Progress)
     started: float = field(default_factory=time.time)
@@ -121,8 +121,7 @@ class Run:
         process, the metrics file and trackers."""
         self.reward.close()
         self.draw.close()
-        if self.sampler is not None:
-            self.sampler.close()
+        self.sampler.close()
         if self.metrics is not None:
             self.metrics.close()
 
@@ -169,10 +168,12 @@ def _stream(config: Config, tokenizer, limit: int, main: bool) -> PromptStream |
         )
     rows, long = fit_prompts(_rows(dc.path, dc.split, dc), tokenizer, dc, limit)
     if long and main:
-        print(
-            f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
-            f"data.long_prompts: {dc.long_prompts}",
-            file=sys.stderr,
+        log.warning(
+            "warning: %d of %d prompts are longer than %d tokens; data.long_prompts: %s",
+            long,
+            len(rows) + long,
+            limit,
+            dc.long_prompts,
         )
     return PromptStream(rows, seed, dc.shuffle, long)
 
@@ -360,12 +361,14 @@ def _engine(
             how == "fsdp" and config.distributed.reshard_after_forward,
         )
     per = tc.prompts_per_step // world // tc.mini_batches  # groups per update, here
+    ds = deepspeed_config(config.deepspeed)
+    assert ds is not None  # parallel.strategy: deepspeed only with a deepspeed section
     return DeepSpeedUpdate(
         policy,
         params,
         opt,
         sched,
-        deepspeed_config(config.deepspeed),
+        ds,
         -(-per // tc.micro_batch_groups),
         tc.micro_batch_groups * config.sampling.group_size,
         max_norm,
@@ -383,7 +386,7 @@ def finish(run: Run) -> dict:
     """Check the ranks agree, write the final model and the summary; returns the summary."""
     in_sync = dist.weights_in_sync(run.engine.parameter_sums())
     if not in_sync and run.main:
-        print("\nwarning: ranks ended with different weights", file=sys.stderr)
+        log.warning("\nwarning: ranks ended with different weights")
     first, last, oc = run.progress.first or {}, run.progress.last or {}, run.config.output
     summary = {
         "run_dir": run.dir,
@@ -420,7 +423,8 @@ def finish(run: Run) -> dict:
         _write_summary(run.dir, summary)
         rundir.release(run.dir)
     dist.barrier()
-    if run.main and oc.push_to_hub:  # last: a failed upload leaves the run complete
+    # last: a failed upload leaves the run complete (hub.problems: pushing needs an id)
+    if run.main and oc.push_to_hub and oc.hub_model_id:
         summary["hub_commit"] = hub.push(
             os.path.join(run.dir, "final"),
             oc.hub_model_id,

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from typing import TYPE_CHECKING
 
 from grpo_core.config.file import unresolved
 from grpo_core.engine import dist, schedules
 from grpo_core.errors import UserError
 from grpo_core.interrupt import Stopped
+from grpo_core.log import log
 from grpo_core.rollout import NEUTRAL
 from grpo_core.store import checkpoint, persist
 
@@ -81,7 +81,7 @@ def stop_signal(run: Run, signum: int) -> int:
     return signum or (int(signal.SIGTERM) if got else 0)
 
 
-def stopped(run: Run, step: int, path: str, signum: int) -> Stopped:
+def stopped(run: Run, step: int, path: str | None, signum: int) -> Stopped:
     """The error a run stopped by ``signum`` after ``step`` ends with, once what it holds is
     released."""
     run.close()
@@ -97,7 +97,7 @@ def resume(run: Run, target: str | bool, force: bool) -> dict | None:
     """Load a checkpoint: the newest intact one of this run, or the directory given.
     Returns the in-flight rollouts of an asynchronous run it holds (None: none)."""
     path = persist.find(os.path.join(run.dir, "checkpoints"), target, run.run_id, _warner(run))
-    state = checkpoint.read_state(path)
+    state = checkpoint.read_state(path) or {}  # intact: persist.find checked
     for key, value in NEUTRAL.items():  # written before the setting existed: sampled without it
         (state.get("config") or {}).get("sampling", {}).setdefault(key, value)
     diffs = checkpoint.config_differences(state, unresolved(run.config.as_dict()))
@@ -121,10 +121,12 @@ def resume(run: Run, target: str | bool, force: bool) -> dict | None:
     # tokens_seen 0: written before it was kept
     run.progress.resumed(state["step"], state.get("tokens_seen", 0))
     if run.main:
-        print(
-            f"resumed from {path}: {run.progress.start} steps done; the next is step "
-            f"{run.progress.start} in metrics.jsonl (which counts from 0)",
-            file=sys.stderr,
+        log.info(
+            "resumed from %s: %d steps done; the next is step %d in metrics.jsonl (which "
+            "counts from 0)",
+            path,
+            run.progress.start,
+            run.progress.start,
         )
         notice = persist.schedule_notice(
             run.scheduler,
@@ -135,13 +137,13 @@ def resume(run: Run, target: str | bool, force: bool) -> dict | None:
             run.progress.start,
         )
         if notice:
-            print(notice, file=sys.stderr)
+            log.info(notice)
     return checkpoint.inflight(path)
 
 
 def _warner(run: Run):
     def warn(message: str) -> None:
         if run.main:
-            print(f"warning: {message}", file=sys.stderr)
+            log.warning("warning: %s", message)
 
     return warn

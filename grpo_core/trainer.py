@@ -34,8 +34,8 @@ def train(
             sampled, scored = run.sampler.next(run, step)  # 1-2. G completions each, rewards
             targets = run.targets.compute(run, scored)  # 3. reference, KL, baseline or critic
             updated = phases.update(run, step, scored, targets)  # 4. mu passes of the objective
-            phases.observe(run, step, sampled, scored, targets, updated, t0)  # 5. metrics, eval
-            asked = run.callbacks.step_end(step, run.progress.last, run.device)  # a stop
+            record = phases.observe(run, step, sampled, scored, targets, updated, t0)  # 5. metrics
+            asked = run.callbacks.step_end(step, record, run.device)  # a callback's stop
             last = asked or step + 1 == run.config.train.steps
             signum = 0 if last else saving.stop_signal(run, stops.signum)
             # 6. a checkpoint every output.checkpoint_every steps, and on a signal

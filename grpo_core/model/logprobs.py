@@ -98,6 +98,7 @@ class _LMHeadLogProb(torch.autograd.Function):
             z.sub_(top[:, None])  # z' = z - max; lse = max + log sum exp z'
             logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1)
             if with_entropy:  # H = log S - sum exp(z') z' / S
+                assert exp_buf is not None  # allocated with_entropy
                 x = torch.exp(z, out=exp_buf[: e - s])
                 tot = x.sum(-1)
                 ent[s:e] = tot.log() - torch.bmm(x[:, None, :], z[:, :, None]).view(-1) / tot

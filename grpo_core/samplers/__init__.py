@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 from grpo_core.errors import UserError
 
 if TYPE_CHECKING:
-    import torch
-
     from grpo_core.config.view import Config
     from grpo_core.records import Sampled, Scored, Targets
     from grpo_core.run import Run
@@ -65,16 +63,3 @@ class Sampler:
 
     def close(self) -> None:
         """Stop what the sampler started."""
-
-
-def take(run: Run) -> list[dict]:
-    """This rank's share of the step's prompts, in the data order."""
-    P = run.prompts
-    return run.stream.take(run.config.train.prompts_per_step)[run.rank * P : (run.rank + 1) * P]
-
-
-def flat_any(flat: torch.Tensor) -> bool:
-    """Whether any rank has a flat group (the weights are gathered by every rank together)."""
-    from grpo_core.engine import dist
-
-    return bool(dist.all_sum(flat.any().double().reshape(1)).item())

@@ -51,6 +51,8 @@ class Completions:
 class Episodes(Completions):
     """One episode per row: turns of the generator and the environment."""
 
+    runner: EpisodeRunner
+
     def __init__(self, runner: EpisodeRunner, failure: str):
         self.runner, self.failure = runner, failure
 
@@ -74,7 +76,7 @@ class Episodes(Completions):
 
     def metrics(self, sampled: Sampled, device: torch.device) -> dict:
         """The step's ``env/*`` metrics."""
-        return episode_metrics(sampled.transcripts, self.runner.seconds, device)
+        return episode_metrics(sampled.transcripts or [], self.runner.seconds, device)
 
     def close(self) -> None:
         self.runner.close()

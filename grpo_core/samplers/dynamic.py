@@ -82,6 +82,7 @@ class Dynamic(Sampler):
             spare = (s, j, torch.nonzero(~signal).squeeze(1).tolist())
         filler = P - have  # the last round's filtered groups, exactly as many as are missing
         if filler:
+            assert spare is not None  # a round ran (groups.max_rounds >= 1)
             s, j, idx = spare
             kept.append((s.select(idx[:filler]), j.select(idx[:filler])))
         counts = dist.sum_named(

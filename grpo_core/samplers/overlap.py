@@ -78,6 +78,7 @@ class Overlap(Sampler):
         """How old the step's rollout is (updates between the weights that sampled it and
         those it trains), the version, the trainer's wait, and the mean truncated importance
         weight over completion tokens when TIS is on."""
+        assert sampled.version is not None  # every rollout of the generator process has one
         record = {
             "async/staleness": step - sampled.version,
             "async/version": sampled.version,

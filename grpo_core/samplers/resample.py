@@ -11,9 +11,9 @@ import torch
 from grpo_core import phases
 from grpo_core.config.view import Config
 from grpo_core.data.prompts import Batch
+from grpo_core.engine import dist
 from grpo_core.records import Sampled, Scored, joined
 from grpo_core.rollout import merge
-from grpo_core.samplers import flat_any
 from grpo_core.samplers.inline import Inline
 
 if TYPE_CHECKING:
@@ -84,3 +84,8 @@ def draw_more(
         problem=scored.problem or got.problem,
         extra_completions=scored.extra_completions + extra.size,
     )
+
+
+def flat_any(flat: torch.Tensor) -> bool:
+    """Whether any rank has a flat group (the weights are gathered by every rank together)."""
+    return bool(dist.all_sum(flat.any().double().reshape(1)).item())

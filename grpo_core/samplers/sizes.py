@@ -29,10 +29,10 @@ class Sizes(Inline):
     def refusals(
         cls, config: Config, world: int, how: str = "none", lora: bool = False
     ) -> list[str]:
-        gc, found = config.groups, []
-        if gc.adaptive_first >= config.sampling.group_size:
+        gc, first, found = config.groups, config.groups.adaptive_first, []
+        if first is not None and first >= config.sampling.group_size:
             found.append(
-                f"groups.adaptive_first: {gc.adaptive_first} leaves no completions to allocate "
+                f"groups.adaptive_first: {first} leaves no completions to allocate "
                 f"(sampling.group_size: {config.sampling.group_size})"
             )
         if gc.resample_zero_std_max or gc.dynamic_sampling or config.environment:

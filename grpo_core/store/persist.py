@@ -54,6 +54,7 @@ def save_sharded(
     baseline: dict,
 ) -> None:
     """Checkpoint ``step`` written by every rank (``engine.shards``), finished by rank 0."""
+    assert engine.shards is not None  # called for an engine that writes shards
     final = os.path.join(root, f"{checkpoint.PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{checkpoint.PREFIX}{step:08d}-{run_id}")
     if main:

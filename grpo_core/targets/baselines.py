@@ -78,5 +78,6 @@ class GreedyBaseline(GroupBaseline):
 
     def greedy_rewards(self, run: Run, sampled: Sampled) -> tuple[torch.Tensor | None, float]:
         t0 = time.time()
+        assert sampled.greedy is not None  # drawn by :meth:`greedy`
         got = phases.rewards(run, sampled.batch, sampled.greedy).rewards
         return got, sampled.greedy_seconds + time.time() - t0

@@ -29,7 +29,9 @@ class CriticTargets(TargetSource):
     @classmethod
     def build(cls, config: Config, policy: Any) -> CriticTargets:
         """The critic plugin, attached to the policy (before any checkpoint loads)."""
-        critic = create("critic", config.critic.name, config.critic.options)
+        section = config.critic
+        assert section is not None  # chosen only with a critic section (plan.TARGETS)
+        critic = create("critic", section.name, section.options)
         critic.attach(policy)
         return cls(critic)
 
@@ -37,6 +39,7 @@ class CriticTargets(TargetSource):
     def refusals(
         cls, config: Config, world: int, how: str = "none", lora: bool = False
     ) -> list[str]:
+        assert config.critic is not None  # asked only with a critic section
         name = f"critic.name: {config.critic.name}"
         if world > 1 or how not in ("none", "auto") or config.deepspeed:
             return [f"{name} (a critic) runs in one process only, not sharded or data parallel"]
@@ -44,8 +47,11 @@ class CriticTargets(TargetSource):
             return [f"{name} (a critic) is not supported with model.lora"]
         objective = registry().find("objective", config.objective.name)
         factory = objective.factory if objective else None
-        plain = isinstance(factory, type) and issubclass(factory, Objective)
-        if plain and not factory.token_advantages:
+        if (
+            isinstance(factory, type)
+            and issubclass(factory, Objective)
+            and not factory.token_advantages
+        ):
             return [
                 f"{name} gives per-token advantages; objective {config.objective.name!r} "
                 f"does not take them"
@@ -72,6 +78,7 @@ class CriticTargets(TargetSource):
         loss_mask: torch.Tensor,
         batches: list[torch.Tensor],
     ) -> dict[str, float]:
+        assert targets.returns is not None and targets.values is not None  # ours (advantages)
         with run.autocast:
             return self.critic.fit(ro, targets.returns, targets.values, loss_mask, batches)
 

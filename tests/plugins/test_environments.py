@@ -3,6 +3,7 @@ templates, and the built-in environments."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 import threading
@@ -21,8 +22,8 @@ from grpo_core.env.episodes import EpisodeRunner, episode_metrics
 from grpo_core.env.observations import EnvironmentFailure, Renderer
 from grpo_core.hookspecs import Environment, Observation, hookimpl
 from grpo_core.loss.groups import micro_batches
-from grpo_core.model.logprobs import completion_logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model.logprobs import completion_logprobs
 from grpo_core.registry import registry
 from grpo_core.reward.call import score_rollout
 from grpo_core.rollout import Rollout, SamplingParams, merge
@@ -412,7 +413,7 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
             tiny_model,
             addition_data,
             str(tmp_path / "run"),
-            environment=environment_section(),
+            environment=dataclasses.asdict(environment_section()),
             sampling={"group_size": 4, "max_new_tokens": 6},
             reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
             kl={"name": "fixed", "options": {"coef": 0.1}},
