@@ -110,7 +110,8 @@ def _callbacks(objects: Iterable[Any]) -> list[dict]:
     from grpo_core.hookspecs import Callback
     from grpo_core.registry import PluginInfo, registry
 
-    plugins, refs, per_class = registry().plugins, [], {}
+    plugins, refs = registry().plugins, []
+    per_class: dict[str, int] = {}
     for i, obj in enumerate(objects):
         if not isinstance(obj, Callback):
             raise UserError(
@@ -166,9 +167,9 @@ def _in_memory(data_cfg: dict, dataset: Iterable[Mapping]) -> dict:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    data_cfg = {**data_cfg, "path": path}
-    if "columns" not in data_cfg:
-        prompt = data_cfg.get("prompt_field", "prompt")
+    data = {**data_cfg, "path": path}  # the data section as written, not yet validated
+    if "columns" not in data:
+        prompt = data.get("prompt_field", "prompt")
         common = set(rows[0]).intersection(*rows[1:])
-        data_cfg["columns"] = [k for k in rows[0] if k in common and k != prompt]
-    return data_cfg
+        data["columns"] = [k for k in rows[0] if k in common and k != prompt]
+    return data

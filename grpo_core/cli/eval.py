@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
 import grpo_core
 from grpo_core import config as config_mod
+from grpo_core.config.view import Config, view
 from grpo_core.data.prompts import check_fields, column_map, fit_prompts
 from grpo_core.data.sources import read_rows
-from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.observe.evaluate import evaluate, write
 from grpo_core.reward.isolation import build_reward
@@ -28,10 +30,10 @@ from grpo_core.store.models import (
 
 def evaluate_cli(args) -> int:
     """``grpo eval``: the config gives the reward, data layout and generator."""
-    cfg = config_mod.load(args.config, args.set)
-    if args.model:
-        cfg["model"]["name_or_path"] = args.model
-        cfg["model"]["gguf_file"] = None  # a trained model is a directory, not the GGUF file
+    config = view(config_mod.load(args.config, args.set))
+    if args.model:  # a trained model is a directory, not the GGUF file
+        model_section = replace(config.model, name_or_path=args.model, gguf_file=None)
+        config = replace(config, model=model_section)
     if args.n < 1:
         raise UserError("--n: expected a number >= 1")
     if not (args.temperature >= 0 and args.temperature < float("inf")):
@@ -43,39 +45,39 @@ def evaluate_cli(args) -> int:
             f"--max-problems: found {args.max_problems}, expected a number >= 1 "
             f"(leave it out for all problems)"
         )
-    device = pick_device(cfg["runtime"]["device"])
-    tokenizer = load_tokenizer(cfg["model"])
-    model = load_model(cfg["model"], device).eval()
-    resolve_sampling(model, cfg["sampling"], announce=True)
-    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
+    device = pick_device(config.runtime.device)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, device).eval()
+    sampling = resolve_sampling(model, config.sampling, announce=True)
+    gen = grpo_core.create("generator", config.generator.name, config.generator.options)
     gen.setup(model, tokenizer, device)
-    reward_fn = build_reward(cfg["reward"])
+    reward_fn = build_reward(config.reward)
     episodes = None
-    if cfg["environment"]:  # episodes, scored on their last turn as in training
+    env = config.environment
+    if env:  # episodes, scored on their last turn as in training
         if not gen.supports_episodes:
             raise UserError(
-                f"generator.name: {cfg['generator']['name']!r} cannot sample "
+                f"generator.name: {config.generator.name!r} cannot sample "
                 f"multi-turn episodes; use hf or vllm"
             )
         episodes = EpisodeRunner(
-            grpo_core.create(
-                "environment", cfg["environment"]["name"], cfg["environment"]["options"]
-            ),
+            grpo_core.create("environment", env.name, env.options),
             gen,
             tokenizer,
-            cfg,
+            env,
+            config.data,
         )
-    path, dc = args.data or cfg["data"]["path"], cfg["data"]
-    same = path == dc["path"]  # the training set's source keeps its configuration, data_files
+    path, dc = args.data or config.data.path, config.data
+    same = path == dc.path  # the training set's source keeps its configuration, data_files
     rows = read_rows(
         path,
         args.split,
-        dc["name"] if same else None,
-        dc["data_files"] if same else None,
+        dc.name if same else None,
+        dc.data_files if same else None,
         key="--data" if args.data else "data.path",
     )
-    check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
-    rows, long = _fit(rows, cfg, tokenizer, model)
+    check_fields(rows, [dc.prompt_field, *column_map(dc)], path)
+    rows, long = _fit(rows, config, tokenizer, model)
     rows = rows[: args.max_problems] if args.max_problems else rows
     with torch.no_grad():
         report, records = evaluate(
@@ -83,33 +85,33 @@ def evaluate_cli(args) -> int:
             tokenizer,
             gen,
             rows,
-            cfg["data"],
+            dc,
             reward_fn,
             n=args.n,
-            batch_prompts=cfg["eval"]["batch_prompts"],
+            batch_prompts=config.eval.batch_prompts,
             temperature=args.temperature,
-            max_new_tokens=cfg["sampling"]["max_new_tokens"],
+            max_new_tokens=sampling.max_new_tokens,
             progress=True,
             episodes=episodes,
-            settings=SamplingParams.from_config(cfg["sampling"]),
+            settings=SamplingParams.from_config(sampling),
         )
     if episodes is not None:
         episodes.close()
-    report["model"] = cfg["model"]["name_or_path"]
+    report["model"] = config.model.name_or_path
     report["long_prompts"] = long
-    out = args.out or os.path.join(cfg["output"]["dir"], "eval")
+    out = args.out or os.path.join(config.output.dir, "eval")
     write(out, report, records)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}/report.json and {out}/completions.jsonl")
     return 0
 
 
-def _fit(rows: list[dict], cfg: dict, tokenizer, model) -> tuple[list[dict], int]:
+def _fit(rows: list[dict], config: Config, tokenizer, model) -> tuple[list[dict], int]:
     """``data.long_prompts`` applied as training applies it (the same prompt limit), so a
     model is evaluated on the prompts it could have trained on; says how many were long."""
-    budget_key, budget = completion_budget(cfg)
-    dc = cfg["data"]
-    limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
+    budget_key, budget = config.completion_budget
+    dc = config.data
+    limit = dc.max_prompt_tokens or (context_length(model) or 10**9) - budget
     if limit < 1:
         raise UserError(
             f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
@@ -118,7 +120,7 @@ def _fit(rows: list[dict], cfg: dict, tokenizer, model) -> tuple[list[dict], int
     if long:
         print(
             f"warning: {long} of {len(rows)} prompts are longer than {limit} tokens; "
-            f"data.long_prompts: {dc['long_prompts']}",
+            f"data.long_prompts: {dc.long_prompts}",
             file=sys.stderr,
         )
     return kept, long

@@ -46,6 +46,7 @@ def gpu_tests(f: dict) -> list[Check]:
     bad = _missing("GPU-marked tests", part, want)
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     ok = part["exit_code"] == 0
     return [Check("GPU-marked tests", "pass" if ok else "fail", f"exit {part['exit_code']}", want)]
 
@@ -56,6 +57,7 @@ def training(f: dict) -> list[Check]:
     bad = _missing("demo training", part, "non-empty completions, reward rising")
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     shortest = min(part["completion_len"])
     rewards, k = part["rewards"], REWARD_WINDOW
     start, end = sum(rewards[:k]) / len(rewards[:k]), sum(rewards[-k:]) / len(rewards[-k:])
@@ -127,6 +129,7 @@ def memory(f: dict) -> list[Check]:
     bad = _missing("peak memory vs plan-memory", part, want)
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     ratio = part["measured_mib"] / part["planned_mib"]
     return [
         Check(

@@ -20,6 +20,7 @@ import jsonschema
 from grpo_core.config import trl_names
 from grpo_core.config.file import Resolved, apply_overrides, read_file, resolve_env
 from grpo_core.config.schema import CORE_SCHEMA
+from grpo_core.config.view import build_section
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
@@ -99,12 +100,9 @@ def migrate(config: dict) -> dict:
 
 def _critic_from_baseline(config: dict) -> dict:
     """``baseline: {name: ppo, options}`` (PPO's critic, once a baseline) becomes
-    ``critic: {name: ppo, options}`` beside the group baseline, with a notice; only where a
-    critic plugin of that name is installed."""
+    ``critic: {name: ppo, options}`` beside the group baseline, with a notice."""
     base = config.get("baseline")
     if not (isinstance(base, dict) and base.get("name") == "ppo"):
-        return config
-    if registry().find("critic", "ppo") is None:
         return config
     if config.get("critic"):
         raise ConfigError(["baseline.name: ppo is now critic.name: ppo; keep only critic"])
@@ -284,6 +282,22 @@ def validate_options(schema: dict, options: dict | None, where: str) -> dict:
     if problems:
         raise ConfigError(problems)
     return options
+
+
+def section(name: str, value: dict | None = None) -> Any:
+    """One section of the typed view from a partial dict of it (``section("model",
+    {"name_or_path": p})``): defaults filled and every value checked, as in :func:`validate`,
+    for code and tests that need one section (a model to load, rows to batch) without a
+    whole run's config."""
+    schema = CORE_SCHEMA["properties"][name]
+    problems: list[str] = []
+    value = fill_defaults(schema, copy.deepcopy(value or {}))
+    _validate_node(schema, value, name, problems)
+    if not problems:
+        value = _walk_plugins(schema, value, name, problems)
+    if problems:
+        raise ConfigError(problems)
+    return build_section(name, value)
 
 
 def load(path: str, overrides: list[str] | None = None) -> dict:

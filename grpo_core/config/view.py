@@ -275,6 +275,12 @@ class Config:
     callbacks: list
     deepspeed: dict | str | None
 
+    def as_dict(self) -> dict:
+        """The config as the plain dict it was built from (with any values replaced since,
+        such as the resolved sampling settings); ``${env:NAME}`` values stay resolved
+        strings that remember their template (grpo_core.config.file.unresolved)."""
+        return dataclasses.asdict(self)
+
     # values derived from several keys, computed here once
 
     @property
@@ -313,9 +319,22 @@ def _build(cls: type, value: dict):
 def section_type(hint) -> type | None:
     """The section dataclass in a field's type (``X`` or ``X | None``), else None."""
     for arg in typing.get_args(hint) or (hint,):
-        if dataclasses.is_dataclass(arg):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
             return arg
     return None
+
+
+def section_class(name: str) -> type:
+    """The dataclass of the config section ``name`` (``model`` -> ModelSection)."""
+    cls = section_type(typing.get_type_hints(Config)[name])
+    if cls is None:
+        raise KeyError(f"{name} is not a config section")
+    return cls
+
+
+def build_section(name: str, value: dict):
+    """Section ``name`` of the view from its validated dict."""
+    return _build(section_class(name), value)
 
 
 def view(config: dict) -> Config:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
+from grpo_core.config.view import DataSection
 from grpo_core.data.prompts import make_batch, reward_inputs
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.hookspecs import Generator, Reward
@@ -38,7 +39,7 @@ def evaluate(
     tokenizer,
     generator: Generator,
     rows: list[dict],
-    data_cfg: dict,
+    data: DataSection,
     reward_fn: Reward,
     n: int = 1,
     temperature: float = 0.0,
@@ -77,7 +78,7 @@ def evaluate(
     )
     for s in range(0, len(rows), batch_prompts):
         chunk = rows[s : s + batch_prompts]
-        batch = make_batch(chunk, data_cfg, tokenizer)
+        batch = make_batch(chunk, data, tokenizer)
         if episodes is None:
             ro, transcripts = (
                 generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n),

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, cast
 
+from grpo_core.config.view import Config
 from grpo_core.registry import registry
 
 Finding = tuple[str, str, float]
@@ -33,25 +34,23 @@ class HealthMonitor(Protocol):
     def series(self, key: str, n: int | None = None) -> list[float]: ...
 
 
-def run_settings(cfg: dict) -> dict:
+def run_settings(config: Config) -> dict:
     """What the advice needs from a validated config (sampling settings already resolved):
     lr, sampling temperature and token budget, the KL coefficient's option name, and a
     weighted reward's components (weight, ``requires``, the best score its class declares)."""
-    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(
-        cfg["kl"]["name"]
-    )
+    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(config.kl.name)
     components = {}
-    if cfg["reward"]["name"] == "weighted":
-        for c in cfg["reward"]["options"]["components"]:
+    if config.reward.name == "weighted":
+        for c in config.reward.options["components"]:
             components[c.get("as") or c["name"]] = {
                 "weight": c.get("weight", 1.0),
                 "requires": c.get("requires", []),
                 "max": _declared_best(c["name"]),
             }
     return {
-        "lr": cfg["optimizer"]["lr"],
-        "temperature": cfg["sampling"]["temperature"],
-        "max_new_tokens": cfg["sampling"]["max_new_tokens"],
+        "lr": config.optimizer.lr,
+        "temperature": config.sampling.temperature,
+        "max_new_tokens": config.sampling.max_new_tokens,
         "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
         "components": components,
     }
@@ -222,7 +221,9 @@ def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     pairs = [(x.get("reward"), x.get("entropy"), x.get("grad_norm")) for x in recent]
     if converged or any(not _finite(a) or not _finite(b) for a, b, _ in pairs):
         return
-    rw, ent = [a for a, _, _ in pairs], [b for _, b, _ in pairs]
+    # every value is a finite number here (checked just above)
+    rw = cast(list[float], [a for a, _, _ in pairs])
+    ent = cast(list[float], [b for _, b, _ in pairs])
     for k in range(1, len(pairs) - n + 1):
         jump = _ratio(ent[k - 1], ent[k])
         if jump < m.t["entropy_jump"]:

@@ -90,6 +90,7 @@ def score(
         return _fail(
             f"reward {name!r} raised {fault.within(f'reward {name!r}')}", B, group, policy, fault
         )
+    problem: str | None
     if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
         problem = (
             f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "

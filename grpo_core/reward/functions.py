@@ -154,6 +154,8 @@ def _from_file(path: str, name: str) -> Any:
     if key in sys.modules:
         return sys.modules[key]
     spec = importlib.util.spec_from_file_location(key, full)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"reward {name!r}: {path} cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
     try:

@@ -162,12 +162,15 @@ def test_preflight_accepts_the_new_forms_and_checks_the_mapping(tmp_path, monkey
 
 
 def test_column_mapping_rules():
-    assert column_map({"columns": ["answer"]}) == {"answer": "answer"}
-    assert column_map({"columns": {"solution": "answer"}}) == {"solution": "answer"}
-    assert column_problems({"columns": {"solution": "answer", "final": "answer"}}) == [
+    def data(columns):
+        return config.section("data", {"path": "d.jsonl", "columns": columns})
+
+    assert column_map(data(["answer"])) == {"answer": "answer"}
+    assert column_map(data({"solution": "answer"})) == {"solution": "answer"}
+    assert column_problems(data({"solution": "answer", "final": "answer"})) == [
         "data.columns: several fields are passed as ['answer']; a reward argument takes one field"
     ]
-    assert "reserved names" in column_problems({"columns": {"n": "group_ids"}})[0]
+    assert "reserved names" in column_problems(data({"n": "group_ids"}))[0]
 
 
 def stream_of(path: str, seed: int | None, drop=lambda row: False) -> StreamedPrompts:
