@@ -48,8 +48,7 @@ def train(
     ``grpo train``. ``callbacks``: :class:`grpo_core.hookspecs.Callback` objects (TRL's
     ``callbacks=[...]``), run after the config's own ``callbacks``."""
     from grpo_core import config as configs
-    from grpo_core import trainer
-    from grpo_core.config import preflight
+    from grpo_core import preflight, trainer
 
     raw = _as_mapping(config)
     named = _named(rewards)

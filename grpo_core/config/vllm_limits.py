@@ -1,5 +1,5 @@
 """What the ``vllm`` generator cannot do, found from the config alone (vLLM need not be
-importable: ``grpo validate`` runs anywhere), one line each. grpo_core.config.preflight
+importable: ``grpo validate`` runs anywhere), one line each. grpo_core.preflight
 reports them; plugins/generators/vllm.py is written on the assumption that none of them holds."""
 
 from __future__ import annotations

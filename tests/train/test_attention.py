@@ -7,8 +7,7 @@ import pytest
 import torch
 from helpers import make_config
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
 from grpo_core.config.view import view
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.store.models import load_model

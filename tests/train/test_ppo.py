@@ -11,8 +11,7 @@ import torch
 from helpers import make_config
 from safetensors.torch import load_file
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.loss.critic import gae, masked_whiten, terminal_rewards, value_loss
 from grpo_core.trainer import train

@@ -12,9 +12,8 @@ import torch
 from helpers import make_config, write_config
 from safetensors.torch import load_file
 
-from grpo_core import config
+from grpo_core import config, preflight
 from grpo_core.cli.main import main
-from grpo_core.config import preflight
 from grpo_core.data.prompts import StreamedPrompts, column_map, column_problems
 from grpo_core.data.sources import Source, open_stream, read_rows
 from grpo_core.errors import ConfigError, UserError
