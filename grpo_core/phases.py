@@ -87,8 +87,12 @@ def rewards(run: Run, batch: Batch, ro: Rollout, transcripts: list | None = None
     return with_overlong(got, ro, run.config.reward.overlong, run.config.completion_budget[1])
 
 
+def _same(scored: Scored) -> Scored:
+    return scored
+
+
 def score(
-    run: Run, step: int, sampled: Sampled, refine: Callable[[Scored], Scored] | None = None
+    run: Run, step: int, sampled: Sampled, refine: Callable[[Scored], Scored] = _same
 ) -> Scored:
     """Phase 2: the rollout's rewards; ``refine`` (a sampler's) may then draw and score more
     completions for some groups; last, the greedy completions' rewards (ReMax)."""
@@ -103,14 +107,10 @@ def score(
         extras=got.extras,
         problem=got.problem,
     )
-    scored = (refine or _same)(scored)
+    scored = refine(scored)
     t1 = time.time()
     greedy, seconds = run.targets.greedy_rewards(run, sampled)
     return replace(scored, greedy_rewards=greedy, seconds=t1 - t0, greedy_seconds=seconds)
-
-
-def _same(scored: Scored) -> Scored:
-    return scored
 
 
 def _chunk(run: Run) -> int | None:
