@@ -6,6 +6,11 @@ schema, so composite plugins (a weighted reward of rewards) are checked all the 
 Keys that moved between sections (``MOVED`` below) are read at their old place too, with a
 one-line notice naming the new place. ``${env:NAME}`` in a string is replaced by the
 environment variable's value here, at load (see ``configfile.resolve_env``).
+
+:func:`validate` returns the effective config as a dict (what a run writes to disk, with
+``${env:NAME}`` put back); code past ``config/`` reads it only through the typed view,
+:func:`grpo_core.config.view.view` (tests/unit/test_config_currency.py keeps it so), and a
+single section through :func:`section`.
 """
 
 from __future__ import annotations
