@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 import grpo_core
 from grpo_core import config
-from grpo_core.model.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.rollout import SamplingParams
 from grpo_core.store.models import load_model, load_tokenizer
 from grpo_core.trainer import train

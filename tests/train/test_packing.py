@@ -14,8 +14,8 @@ from grpo_core_plugins.objectives import clipped_ratio
 from test_prompt_sharing import AGGREGATIONS, make_rollout, model64  # noqa: F401 (a fixture)
 from transformers import AutoModelForCausalLM
 
-from grpo_core.model import logprobs, packing
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model import logprobs, packing
 
 #: the longest reduction (terms summed into one value) anywhere in the passes: the
 #: vocabulary (258: log-sum-exp, and the head's gradient), the MLP width (64), a packed row
