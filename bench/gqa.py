@@ -6,7 +6,7 @@ transformers' copies of them per query head, in alternation in one process.
 One batch per case, sampled once by the ``hf`` generator (4 prompts x 8 completions of the case
 in bench/step_vs_trl.py, temperature 1), then rounds of: the training pass (log-probs with
 gradients and their backward) and the reference pass (inference mode), each with the switch on
-(``grouped``: grpo_core.loss.logprobs as it runs) and off (``copied``: the model's own path),
+(``grouped``: grpo_core.model.logprobs as it runs) and off (``copied``: the model's own path),
 ``runtime.packing: auto``, one thread, the side that goes first alternating by round. The first
 round warms up; per side the median wall seconds, and the ratio: each round's grouped over
 copied, the median over the rounds of each order, the geometric mean of the two (a drifting
@@ -35,7 +35,7 @@ from step_vs_trl import CASES  # noqa: E402
 
 def passes(model, rollout) -> dict:
     """The two passes as calls."""
-    from grpo_core.loss import logprobs
+    from grpo_core.model import logprobs
 
     def train():
         model.zero_grad(set_to_none=True)
@@ -54,7 +54,7 @@ def run_case(case: str, rounds: int, data_root: str) -> None:
     from grpo_core_plugins.generators.hf import HFGenerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.loss import logprobs
+    from grpo_core.model import logprobs
     from grpo_core.rollout import SamplingParams
 
     _, _, P, G, new_tokens, _ = CASES[case]

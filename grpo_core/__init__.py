@@ -1,4 +1,4 @@
-"""grpo-core: critic-free RL for language models, every part a plugin chosen by name.
+"""grpo-core: RL for language models from group-sampled rewards, every part a plugin chosen by name.
 
 Public API: :func:`train` runs training from Python (a config, plain reward functions, an
 in-memory data set); :func:`create` builds a plugin by kind and name; :class:`Scores` is

@@ -54,8 +54,7 @@ def train(
     ``callbacks``: :class:`grpo_core.hookspecs.Callback` objects (TRL's
     ``callbacks=[...]``), run after the config's own ``callbacks``."""
     from grpo_core import config as configs
-    from grpo_core import trainer
-    from grpo_core.config import preflight
+    from grpo_core import preflight, trainer
 
     named = _named(rewards)
     refs = {name: functions.reference(fn) for name, fn in named.items()}
@@ -152,7 +151,8 @@ def _callbacks(objects: Iterable[Any]) -> list[dict]:
     from grpo_core.hookspecs import Callback
     from grpo_core.registry import PluginInfo, registry
 
-    plugins, refs, per_class = registry().plugins, [], {}
+    plugins, refs = registry().plugins, []
+    per_class: dict[str, int] = {}
     for i, obj in enumerate(objects):
         if not isinstance(obj, Callback):
             raise UserError(
@@ -204,9 +204,9 @@ def _in_memory(data_cfg: dict, dataset: Iterable[Mapping], folder: str) -> dict:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never one already there
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    data_cfg = {**data_cfg, "path": path}
-    if "columns" not in data_cfg:
-        prompt = data_cfg.get("prompt_field", "prompt")
+    data = {**data_cfg, "path": path}  # the data section as written, not yet validated
+    if "columns" not in data:
+        prompt = data.get("prompt_field", "prompt")
         common = set(rows[0]).intersection(*rows[1:])
-        data_cfg["columns"] = [k for k in rows[0] if k in common and k != prompt]
-    return data_cfg
+        data["columns"] = [k for k in rows[0] if k in common and k != prompt]
+    return data

@@ -44,6 +44,13 @@ def _checked(kind: str, name: str, distribution: str, component: Any) -> Any:
     from grpo_core.hookspecs import CONTRACTS
 
     base = CONTRACTS[kind]
+    if kind == "baseline" and getattr(component, "needs_values", False):
+        raise PluginError(
+            f"baseline plugin {name!r} (from {distribution}) declares needs_values (a critic); "
+            f"since plugin API 4 a critic is its own kind: register it with the critic hook, "
+            f"derived from grpo_core.hookspecs.Critic, and name it in the config's critic "
+            f"section (see docs/plugins.md)"
+        )
     if isinstance(component, base):
         return component
     if kind == "reward" and callable(component) and not isinstance(component, type):

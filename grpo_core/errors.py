@@ -27,8 +27,9 @@ class TrainingError(UserError):
 
 def write_failure(exc: Exception, where: str) -> str:
     """Why a write failed, in words: torch.save reports a full disk as a position mismatch."""
-    if getattr(exc, "strerror", None):
-        return exc.strerror
+    strerror = getattr(exc, "strerror", None)
+    if strerror:
+        return strerror
     try:
         if os.statvfs(where).f_bavail * os.statvfs(where).f_frsize < 1 << 20:
             return "No space left on device"

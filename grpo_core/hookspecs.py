@@ -13,10 +13,11 @@ be an instance of the kind's base class below (a reward may also be a plain func
 base classes carry the declarations the trainer reads (what a component needs, what it has),
 with defaults, so the trainer never has to guess by probing attributes.
 
-A plugin module may declare ``GRPO_CORE_API = (3,)``: the plugin-API versions it supports. A
+A plugin module may declare ``GRPO_CORE_API = (4,)``: the plugin-API versions it supports. A
 plugin none of whose versions this grpo-core serves (:data:`grpo_core.registry.SERVED_APIS`)
-is refused. API 3 added the ``callback`` kind and nothing else, so a plugin written for API 2
-still loads.
+is refused. API 3 added the ``callback`` kind; API 4 the ``critic`` kind, which took over
+:class:`Baseline`'s critic mode (``needs_values``, ``attach``, ``token_targets``, ``fit``): a
+plugin written for API 2 or 3 still loads unless it is such a baseline (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def reward(register):
 @hookspec
 def baseline(register):
     """Register advantage estimators (:class:`Baseline`)."""
+
+
+@hookspec
+def critic(register):
+    """Register learned value functions (:class:`Critic`). API 4."""
 
 
 @hookspec
@@ -80,6 +86,7 @@ def callback(register):
 KINDS = (
     "reward",
     "baseline",
+    "critic",
     "kl",
     "generator",
     "objective",
@@ -139,27 +146,37 @@ class Baseline(Component):
     #: their rewards, ``[prompts]``, as ``greedy_rewards``
     needs_greedy: bool = False
 
-    #: the baseline learns per-token values with a critic of its own (PPO): the trainer calls
-    #: :meth:`attach` once, :meth:`token_targets` each step instead of :meth:`advantages`, and
-    #: :meth:`fit` once per update; the objective then gets ``[B, T]`` advantages (it must
-    #: declare ``token_advantages``). Runs in one process without LoRA only.
-    needs_values: bool = False
-
     def advantages(
         self, rewards: torch.Tensor, greedy_rewards: torch.Tensor | None = None
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        """State that a checkpoint must keep (a running mean; tensors allowed); empty by
+        default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class Critic(Component):
+    """A learned value function (PPO's critic), chosen by the config's ``critic`` section in
+    place of a group baseline: the trainer calls :meth:`attach` once (before a checkpoint
+    loads), :meth:`token_targets` each step and :meth:`fit` after each pass of the policy's
+    update. The objective then gets ``[B, T]`` advantages (it must declare
+    ``token_advantages``). Runs in one process without LoRA only."""
+
     def attach(self, policy: Any) -> None:
-        """``needs_values``: build the critic from the policy (before any checkpoint loads)."""
+        """Build the critic from the policy."""
         raise NotImplementedError
 
     def token_targets(
         self, rollout: Rollout, rewards: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``needs_values``: rewards ``[B]`` (task reward, minus KL if so placed; missing ones
-        0) -> (advantages, returns, values), each ``[B, T]``, 0 off ``mask`` ``[B, T]`` (the
-        model's tokens of the completions in the loss)."""
+        """Rewards ``[B]`` (task reward, minus KL if so placed; missing ones 0) ->
+        (advantages, returns, values), each ``[B, T]``, 0 off ``mask`` ``[B, T]`` (the model's
+        tokens of the completions in the loss)."""
         raise NotImplementedError
 
     def fit(
@@ -170,14 +187,13 @@ class Baseline(Component):
         mask: torch.Tensor,
         batches: list[torch.Tensor],
     ) -> dict[str, float]:
-        """``needs_values``: one update of the critic towards ``returns`` on the tokens in
-        ``mask`` over the micro-batches ``batches`` (row indices); returns named numbers for
-        the metrics (``critic/...``)."""
+        """One update of the critic towards ``returns`` on the tokens in ``mask`` over the
+        micro-batches ``batches`` (row indices); returns named numbers for the metrics
+        (``critic/...``)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        """State that a checkpoint must keep (a running mean, a critic's weights and optimizer:
-        tensors allowed); empty by default."""
+        """What a checkpoint keeps: the critic's weights and optimizer (tensors allowed)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
@@ -288,13 +304,13 @@ class PolicyTerm:
 class Objective(Component):
     """The policy-gradient term of the loss: ``objective(logp, old_logp, advantages, mask)``
     with ``logp``, ``old_logp``, ``mask`` ``[B, T]`` and ``advantages`` ``[B]`` (``[B, T]``
-    from a baseline with a critic, for an objective that declares ``token_advantages``). The trainer
+    from a critic, for an objective that declares ``token_advantages``). The trainer
     adds the KL and entropy terms and aggregates over tokens (``objective.aggregation``)."""
 
     #: how per-token losses become one number when the config does not say (``token_mean``,
     #: ``seq_mean_token_mean`` or ``seq_mean_token_sum_norm``; see grpo_core.loss.losses.aggregate)
     aggregation: str = "token_mean"
-    #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (a baseline with a critic)
+    #: takes per-token advantages ``[B, T]`` as well as ``[B]`` (from a critic)
     token_advantages: bool = False
 
     def __call__(
@@ -411,6 +427,7 @@ class Environment(Component):
 CONTRACTS: dict[str, type] = {
     "reward": Reward,
     "baseline": Baseline,
+    "critic": Critic,
     "kl": KLController,
     "generator": Generator,
     "objective": Objective,

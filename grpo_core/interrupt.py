@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 from types import FrameType
+from typing import Any
 
 from grpo_core.errors import UserError
 
@@ -34,7 +35,7 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.signum = 0
-        self._before: dict[int, object] = {}
+        self._before: dict[int, Any] = {}  # what signal.signal returned: the earlier handler
 
     def __enter__(self) -> StopRequests:
         try:

@@ -16,9 +16,11 @@ import pluggy
 from grpo_core import hookspecs
 from grpo_core.errors import PluginError
 
-PLUGIN_API_VERSION = 3
-#: the plugin-API versions this grpo-core serves: 3 only added the callback kind to 2
-SERVED_APIS = (2, 3)
+PLUGIN_API_VERSION = 4
+#: the plugin-API versions this grpo-core serves: 3 added the callback kind to 2; 4 the
+#: critic kind, which took over Baseline's critic mode (grpo_core.building refuses a baseline
+#: that still declares it, naming the move)
+SERVED_APIS = (2, 3, 4)
 ENTRY_POINT_GROUP = "grpo_core"
 BUILTIN_DISTRIBUTION = "grpo-core"
 #: Comma-separated distribution names; when set, only these external plugins load.

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:  # the config imports this module (its sampling settings' schema)
+    from grpo_core.config.view import SamplingSection
 
 
 @dataclass
@@ -27,14 +31,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, sc: dict, **override) -> SamplingParams:
+    def from_config(cls, sampling: SamplingSection, **override) -> SamplingParams:
         """From a config's ``sampling`` section whose model defaults are resolved
         (grpo_core.store.models.resolve_sampling); ``override`` replaces fields."""
-        kw = {k: sc[k] for k in MODEL_DEFAULTED}
+        kw: dict = {k: getattr(sampling, k) for k in MODEL_DEFAULTED}
         kw.update(
-            max_new_tokens=sc["max_new_tokens"],
-            stop=tuple(sc["stop"]),
-            batch_size=sc["generation_batch_size"],
+            max_new_tokens=sampling.max_new_tokens,
+            stop=tuple(sampling.stop),
+            batch_size=sampling.generation_batch_size,
         )
         return cls(**{**kw, **override})
 
@@ -79,7 +83,9 @@ MODEL_SETTINGS = dict(
     ]
 )
 MODEL_DEFAULTED = tuple(MODEL_SETTINGS)
-NEUTRAL = {f.name: f.default for f in fields(SamplingParams) if f.name in MODEL_SETTINGS}
+NEUTRAL: dict[str, Any] = {
+    f.name: f.default for f in fields(SamplingParams) if f.name in MODEL_SETTINGS
+}
 
 
 @dataclass
@@ -108,7 +114,8 @@ class Rollout:
     logprobs: torch.Tensor
     truncated: torch.Tensor
     group: torch.Tensor
-    action_mask: torch.Tensor | None = None
+    # None given: the completion mask (__post_init__), so a Rollout always holds a tensor here
+    action_mask: torch.Tensor = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.action_mask is None:

@@ -1,23 +1,25 @@
 """A training run's state, built once before the loop (:func:`start`) and summed up after
-it (:func:`finish`): models, plugins, data, optimizer, and what the loop carries between
-steps."""
+it (:func:`finish`): models, plugins, data, optimizer, the strategies the plan chose, and the
+run's :class:`~grpo_core.progress.Progress`."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core import plan as plans
+from grpo_core import saving
 from grpo_core.building import create
 from grpo_core.config.file import unresolved
 from grpo_core.config.redact import redact
-from grpo_core.config.view import Config, view
+from grpo_core.config.view import Config, DataSection, view
 from grpo_core.data.prompts import (
     PromptStream,
     StreamedPrompts,
@@ -31,11 +33,11 @@ from grpo_core.data.sources import Source, open_stream, read_rows
 from grpo_core.engine import dist, parallel, schedules
 from grpo_core.engine.update import TorchUpdate, build_optimizer
 from grpo_core.engine.zero import DeepSpeedUpdate, deepspeed_config
-from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
-from grpo_core.hookspecs import Baseline, Generator, KLController, Objective, Reward
-from grpo_core.loss import groups
+from grpo_core.hookspecs import Generator, KLController, Objective, Reward
+from grpo_core.log import log
 from grpo_core.observe import tracking
 from grpo_core.observe.callbacks import Callbacks
 from grpo_core.observe.evaluate import held_out_rows
@@ -47,11 +49,11 @@ from grpo_core.observe.metrics import (
     truncate_metrics,
 )
 from grpo_core.observe.pitfalls import run_settings
-from grpo_core.overlap import RemoteGenerator, enabled
-from grpo_core.overlap import problems as overlap_problems
+from grpo_core.progress import Progress
 from grpo_core.reward.isolation import build_reward
 from grpo_core.rollout import SamplingParams
-from grpo_core.store import hub, persist, rundir
+from grpo_core.samplers.draw import Completions, Episodes
+from grpo_core.store import hub, rundir
 from grpo_core.store.models import (
     context_length,
     is_peft,
@@ -64,13 +66,16 @@ from grpo_core.store.models import (
     saved_dtype,
 )
 
+if TYPE_CHECKING:
+    from grpo_core.samplers import Sampler
+    from grpo_core.targets import TargetSource
 
-@dataclass
+
+@dataclass(kw_only=True)
 class Run:
-    """Everything the phases of a step read, and the little they carry from step to step."""
+    """Everything the phases of a step read; what changes from step to step is ``progress``."""
 
-    cfg: dict  # the validated config document: sections handed on whole, plugins' options
-    config: Config  # the same, typed: what the spine reads
+    config: Config  # the validated config, typed, sampling settings as resolved
     run_id: str  # this run's id (rundir marker); checkpoints carry it
     save_dtype: torch.dtype  # what checkpoints and the final model are written in
     rank: int
@@ -80,10 +85,11 @@ class Run:
     policy: Any
     reference: Any  # None when the KL coefficient can never be non-zero
     reward: Reward
-    baseline: Baseline
     kl: KLController
     generator: Generator
     objective: Objective
+    draw: Completions  # what a rollout row is: a completion, or an episode
+    targets: TargetSource  # phase 3: group baselines or a critic
     stream: PromptStream | StreamedPrompts  # the prompts, in order (data.streaming: read as needed)
     eval_rows: list[dict] | None
     optimizer: torch.optim.Optimizer
@@ -91,20 +97,13 @@ class Run:
     engine: TorchUpdate
     sampling: SamplingParams
     autocast: Any
-    metrics: MetricsWriter | None
     health: HealthMonitor | None
-    start_step: int = 0
-    first: dict | None = None  # the first step's metrics record (of this process)
-    last: dict | None = None  # the latest one
-    steps_run: int = 0  # steps this process ran (a resumed run starts at start_step)
-    best: float | None = None  # best eval metric so far (eval.keep_best)
-    nonfinite_run: int = 0  # steps in a row whose update was skipped
-    tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
-    callbacks: Callbacks | None = None  # the config's callback plugins (built on rank 0)
-    started: float = field(default_factory=time.time)
+    callbacks: Callbacks  # the config's callback plugins (built on rank 0)
     memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
-    episodes: EpisodeRunner | None = None  # multi-turn sampling when an environment is set
-    remote: RemoteGenerator | None = None  # generation in its own process (grpo_core.overlap)
+    sampler: Sampler = field(init=False)  # phases 1-2, started last (see :func:`start`)
+    metrics: MetricsWriter | None = None  # rank 0
+    progress: Progress = field(default_factory=Progress)
+    started: float = field(default_factory=time.time)
 
     @property
     def main(self) -> bool:
@@ -119,35 +118,44 @@ class Run:
     def dir(self) -> str:
         return self.config.output.dir
 
+    def close(self) -> None:
+        """Release what the run holds: reward workers, the environment, the generator
+        process, the metrics file and trackers."""
+        self.reward.close()
+        self.draw.close()
+        self.sampler.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
-def _plugin(kind: str, section: dict) -> Any:
-    return create(kind, section["name"], section["options"])
+
+def _plugin(kind: str, section: Any) -> Any:
+    return create(kind, section.name, section.options)
 
 
-def _rows(path: str, split: str, data_cfg: dict, key: str = "data.path") -> list[dict]:
+def _rows(path: str, split: str, data: DataSection, key: str = "data.path") -> list[dict]:
     """A data set's rows, checked; the training set's source (same path) keeps its
     configuration name and data_files."""
-    same = path == data_cfg["path"]
+    same = path == data.path
     rows = read_rows(
         path,
         split,
-        data_cfg["name"] if same else None,
-        data_cfg["data_files"] if same else None,
+        data.name if same else None,
+        data.data_files if same else None,
         key=key,
     )
-    check_fields(rows, [data_cfg["prompt_field"], *column_map(data_cfg)], path)
+    check_fields(rows, [data.prompt_field, *column_map(data)], path)
     return rows
 
 
-def _stream(cfg: dict, tokenizer, limit: int, main: bool) -> PromptStream | StreamedPrompts:
+def _stream(config: Config, tokenizer, limit: int, main: bool) -> PromptStream | StreamedPrompts:
     """The prompts in training order: held in memory and fitted to the prompt limit now, or
     (data.streaming) read, checked and fitted as they are needed."""
-    dc, seed = cfg["data"], cfg["train"]["seed"]
-    if dc["streaming"]:
+    dc, seed = config.data, config.train.seed
+    if dc.streaming:
         ds = open_stream(
-            Source(dc["path"], dc["split"], dc["name"], dc["data_files"]),
-            seed if dc["shuffle"] else None,
-            dc["shuffle_buffer"],
+            Source(dc.path, dc.split, dc.name, dc.data_files),
+            seed if dc.shuffle else None,
+            dc.shuffle_buffer,
         )
 
         def epoch(e: int):
@@ -157,122 +165,131 @@ def _stream(cfg: dict, tokenizer, limit: int, main: bool) -> PromptStream | Stre
         return StreamedPrompts(
             epoch,
             lambda row, i: fit_prompt(row, i, tokenizer, dc, limit),
-            [dc["prompt_field"], *column_map(dc)],
-            dc["path"],
+            [dc.prompt_field, *column_map(dc)],
+            dc.path,
         )
-    rows, long = fit_prompts(_rows(dc["path"], dc["split"], dc), tokenizer, dc, limit)
+    rows, long = fit_prompts(_rows(dc.path, dc.split, dc), tokenizer, dc, limit)
     if long and main:
-        print(
-            f"warning: {long} of {len(rows) + long} prompts are longer than {limit} tokens; "
-            f"data.long_prompts: {dc['long_prompts']}",
-            file=sys.stderr,
+        log.warning(
+            "warning: %d of %d prompts are longer than %d tokens; data.long_prompts: %s",
+            long,
+            len(rows) + long,
+            limit,
+            dc.long_prompts,
         )
-    return PromptStream(rows, seed, dc["shuffle"], long)
+    return PromptStream(rows, seed, dc.shuffle, long)
 
 
 def start(
     cfg: dict, resume: str | bool | None = None, force: bool = False, overwrite: bool = False
 ) -> Run:
-    """Set up a run: devices and processes, the run directory (claimed: see rundir), models,
-    plugins, data, the optimizer, and a checkpoint's state when resuming (True: the newest
-    intact one; or a directory). ``overwrite`` empties an earlier run's directory first."""
-    device, rank, world = _processes(cfg)
-    run_id = _claim(cfg, rank, resume, overwrite)
-    tokenizer = load_tokenizer(cfg["model"])
-    policy = load_model(cfg["model"], device)
+    """Set up a run from a validated config: devices and processes, the plan (refused here
+    when it has problems), the run directory (claimed: see rundir), models, plugins, data,
+    the optimizer, a checkpoint's state when resuming (True: the newest intact one; or a
+    directory), and last the sampler. ``overwrite`` empties an earlier run's directory."""
+    config = view(cfg)
+    device, rank, world, how, plan = _processes(config)
+    run_id = _claim(cfg, config.output.dir, rank, resume, overwrite)
+    tokenizer = load_tokenizer(config.model)
+    policy = load_model(config.model, device)
     # null sampling settings take the model's generation_config values, before anything reads
     # them (the loss's temperature too); config.json keeps them as written
-    resolve_sampling(policy, cfg["sampling"], rank == 0)
-    config = view(cfg)  # typed, with the sampling settings as resolved
-    kl = _plugin("kl", cfg["kl"])
+    config = dataclasses.replace(
+        config, sampling=resolve_sampling(policy, config.sampling, rank == 0)
+    )
+    kl = _plugin("kl", config.kl)
     reference = _reference(kl, policy, config, device)
-    how = parallel.strategy(cfg, world)
     if how in ("ddp", "fsdp"):  # the reference is spread the same way
         for model in {id(m): m for m in (policy, reference) if m is not None}.values():
-            parallel.shard(model, how, cfg["distributed"], device)
+            parallel.shard(model, how, config.distributed, device)
     # the trained parameters, taken now: a forward without gradients (a plugin's set-up) leaves
     # an FSDP2 unit holding gathered copies in their place until it shards again
     params = [p for p in policy.parameters() if p.requires_grad]
-    generator = _plugin("generator", cfg["generator"])
-    stream = _stream(cfg, tokenizer, _prompt_limit(cfg, policy), rank == 0)
-    eval_rows = _eval_rows(cfg, tokenizer, policy)
-    optimizer = build_optimizer(params, cfg["optimizer"], how)
-    scheduler = schedules.build(optimizer, cfg["optimizer"], schedules.total_updates(cfg["train"]))
+    generator = _plugin("generator", config.generator)
+    optimizer = build_optimizer(params, config.optimizer, how)
+    scheduler = schedules.build(optimizer, config.optimizer, schedules.total_updates(config.train))
+    objective = _plugin("objective", config.objective)
+    if is_peft(policy):  # a LoRA policy the config did not announce (an adapter checkpoint)
+        _refuse(plans.make(config, world, how, lora=True).problems)
     run = Run(
-        cfg=cfg,
         config=config,
         run_id=run_id,
-        save_dtype=saved_dtype(cfg["model"], config.output.save_dtype),
+        save_dtype=saved_dtype(config.model, config.output.save_dtype),
         rank=rank,
         world=world,
         device=device,
         tokenizer=tokenizer,
         policy=policy,
         reference=reference,
-        reward=build_reward(cfg["reward"]),
-        baseline=_plugin("baseline", cfg["baseline"]),
+        reward=build_reward(config.reward),
         kl=kl,
         generator=generator,
-        objective=_plugin("objective", cfg["objective"]),
-        stream=stream,
-        eval_rows=eval_rows,
+        objective=objective,
+        draw=_draw(config, generator, tokenizer),
+        targets=plan.targets.build(config, policy),  # a critic, before a checkpoint loads
+        stream=_stream(config, tokenizer, _prompt_limit(config, policy), rank == 0),
+        eval_rows=_eval_rows(config, tokenizer, policy),
         optimizer=optimizer,
         scheduler=scheduler,
-        engine=_engine(cfg, policy, reference, params, optimizer, scheduler, world, how),
-        sampling=SamplingParams.from_config(cfg["sampling"]),
+        engine=_engine(config, policy, reference, params, optimizer, scheduler, world, how),
+        sampling=SamplingParams.from_config(config.sampling),
         autocast=numerics(device, config.model.dtype),
-        metrics=None,
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
         memory_limit=memory_limit_mb(device),
-        callbacks=Callbacks(cfg["callbacks"], rank == 0),
+        callbacks=Callbacks(config.callbacks, rank == 0),
     )
-    _attach(run, how)
-    inflight = persist.resume(run, resume, force) if resume else None
+    if run.health:
+        run.health.settings = run_settings(config)  # its advice names them
+    inflight = saving.resume(run, resume, force) if resume else None
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
-    _launch(run, inflight)
+    run.sampler = plan.sampler.start(run, inflight)
     if run.main:
         if resume:  # drop the metric lines of steps that will be run again
-            truncate_metrics(run.dir, run.start_step)
+            truncate_metrics(run.dir, run.progress.start)
         run.metrics = MetricsWriter(
             run.dir,
             config.train.steps,
             config.output.progress,
-            tracking.Trackers.start(cfg, run_id, run.start_step),
+            tracking.Trackers.start(config, run_id, run.progress.start),
         )
-        run.callbacks.begin(run.dir, unresolved(cfg), run.start_step)
+        run.callbacks.begin(run.dir, unresolved(config.as_dict()), run.progress.start)
     return run
 
 
-def _processes(cfg: dict) -> tuple[torch.device, int, int]:
-    """This process's device, rank and the number of processes (each rank its own GPU), and
-    the checks that need only those and the config."""
-    train, runtime = cfg["train"], cfg["runtime"]
-    if runtime["threads"]:
-        torch.set_num_threads(runtime["threads"])
-    device, rank, world = dist.init(pick_device(runtime["device"]))
-    torch.manual_seed(train["seed"])
-    if train["prompts_per_step"] % world:
-        raise UserError(
-            f"train.prompts_per_step: {train['prompts_per_step']} is not divisible "
-            f"by the {world} processes"
-        )
-    if world > 1 and (train["prompts_per_step"] // world) % train["mini_batches"]:
-        raise UserError(
-            f"train.mini_batches: {train['mini_batches']} does not divide the "
-            f"{train['prompts_per_step'] // world} prompts each of the {world} processes holds"
-        )
-    problems = column_problems(cfg["data"]) + tracking.problems(cfg["output"])
-    problems += hub.problems(cfg["output"])
-    problems += episode_problems(cfg) + groups.problems(cfg) + overlap_problems(cfg, world)
+def _refuse(problems: list[str]) -> None:
     if problems:
         raise UserError(problems[0])
-    return device, rank, world
 
 
-def _claim(cfg: dict, rank: int, resume: str | bool | None, overwrite: bool) -> str:
-    """Claim the run directory (rank 0, see rundir) and write the config as written there
-    (``${env:NAME}``, never the value); returns the run's id on every rank."""
-    out = cfg["output"]["dir"]
+def _processes(config: Config) -> tuple[torch.device, int, int, str, plans.Plan]:
+    """This process's device, rank and the number of processes (each rank its own GPU),
+    how they share the model, and the run's plan; refuses what only those and the config
+    can tell."""
+    train, runtime = config.train, config.runtime
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
+    device, rank, world = dist.init(pick_device(runtime.device))
+    torch.manual_seed(train.seed)
+    if train.prompts_per_step % world:
+        raise UserError(
+            f"train.prompts_per_step: {train.prompts_per_step} is not divisible "
+            f"by the {world} processes"
+        )
+    if world > 1 and (train.prompts_per_step // world) % train.mini_batches:
+        raise UserError(
+            f"train.mini_batches: {train.mini_batches} does not divide the "
+            f"{train.prompts_per_step // world} prompts each of the {world} processes holds"
+        )
+    how = parallel.strategy(config, world)
+    plan = plans.make(config, world, how)
+    problems = column_problems(config.data) + tracking.problems(config.output)
+    _refuse(problems + hub.problems(config.output) + episode_problems(config) + plan.problems)
+    return device, rank, world, how, plan
+
+
+def _claim(cfg: dict, out: str, rank: int, resume: str | bool | None, overwrite: bool) -> str:
+    """Claim the run directory ``out`` (rank 0, see rundir) and write the config as written
+    there (``${env:NAME}``, never the value); returns the run's id on every rank."""
     run_id = (
         rundir.claim(out, bool(resume), overwrite, rundir.input_paths(cfg) if overwrite else [])
         if rank == 0
@@ -297,11 +314,11 @@ def _reference(kl: KLController, policy: Any, config: Config, device: torch.devi
     return copy.deepcopy(policy).to(where).eval().requires_grad_(False)
 
 
-def _prompt_limit(cfg: dict, policy: Any) -> int:
+def _prompt_limit(config: Config, policy: Any) -> int:
     """The longest prompt in tokens: data.max_prompt_tokens, or the model's context minus the
     completion budget; a budget that leaves no room is refused."""
-    budget_key, budget = completion_budget(cfg)
-    limit = cfg["data"]["max_prompt_tokens"] or (context_length(policy) or 10**9) - budget
+    budget_key, budget = config.completion_budget
+    limit = config.data.max_prompt_tokens or (context_length(policy) or 10**9) - budget
     if limit < 1:
         raise UserError(
             f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
@@ -309,92 +326,52 @@ def _prompt_limit(cfg: dict, policy: Any) -> int:
     return limit
 
 
-def _eval_rows(cfg: dict, tokenizer, policy) -> list[dict] | None:
+def _eval_rows(config: Config, tokenizer, policy) -> list[dict] | None:
     """The held-out rows validation reads, as ``grpo eval`` reads them (None when validation
     is off)."""
-    ec = cfg["eval"]
-    if not (ec["data"] and ec["every_n_steps"]):
+    ec = config.eval
+    if not (ec.data and ec.every_n_steps):
         return None
-    return held_out_rows(cfg, tokenizer, policy)[0]
+    return held_out_rows(config, tokenizer, policy)[0]
 
 
-def _attach(run: Run, how: str) -> None:
-    """What the run's parts need of each other once it exists: the health monitor the run's
-    settings (its advice names them), a critic (PPO, built before a checkpoint loads), an
-    environment's episode runner."""
-    cfg = run.cfg
-    if run.health:
-        run.health.settings = run_settings(cfg)
-    if run.baseline.needs_values:
-        problem = critic_problem(cfg, run.world, how, is_peft(run.policy), run.objective)
-        if problem:
-            raise UserError(problem)
-        run.baseline.attach(run.policy)
-    if cfg["environment"]:
-        run.episodes = EpisodeRunner(
-            _plugin("environment", cfg["environment"]), run.generator, run.tokenizer, cfg
-        )
+def _draw(config: Config, generator: Generator, tokenizer) -> Completions:
+    """What a rollout row is: an episode when an environment is configured, else a
+    completion."""
+    if config.environment is None:
+        return Completions(generator)
+    env = _plugin("environment", config.environment)
+    runner = EpisodeRunner(env, generator, tokenizer, config.environment, config.data)
+    return Episodes(runner, config.environment.failure)
 
 
-def _launch(run: Run, inflight: dict | None) -> None:
-    """Start the generator process when generation runs beside training, primed with a
-    checkpoint's in-flight rollouts; a checkpoint that holds some needs it."""
-    if not enabled(run.cfg):
-        if inflight:
-            raise UserError(
-                f"--resume: the checkpoint holds {len(inflight['steps'])} rollouts of an "
-                f"asynchronous run; resume with its sampling.max_staleness"
-            )
-        return
-    if run.baseline.needs_greedy:
-        raise UserError(
-            f"baseline.name: {run.cfg['baseline']['name']} (greedy completions) is not "
-            f"supported with asynchronous generation (sampling.generation: process)"
-        )
-    run.remote = RemoteGenerator(run.cfg, run.sampling, run.policy, run.start_step, inflight)
-
-
-def critic_problem(
-    cfg: dict, world: int, how: str, lora: bool, objective: Objective | None = None
-) -> str | None:
-    """Why a baseline with a critic (``needs_values``: PPO) cannot run as configured, in one
-    line; None when it can. Its critic is a whole copy of the policy in this process."""
-    name = f"baseline.name: {cfg['baseline']['name']}"
-    if world > 1 or how != "none" or cfg["deepspeed"]:
-        return f"{name} (a critic) runs in one process only, not sharded or data parallel"
-    if lora or cfg["model"]["lora"]:
-        return f"{name} (a critic) is not supported with model.lora"
-    if objective is not None and not objective.token_advantages:
-        return (
-            f"{name} gives per-token advantages; objective {cfg['objective']['name']!r} "
-            f"does not take them"
-        )
-    return None
-
-
-def _engine(cfg: dict, policy, reference, params, opt, sched, world: int, how: str) -> TorchUpdate:
+def _engine(
+    config: Config, policy, reference, params, opt, sched, world: int, how: str
+) -> TorchUpdate:
     """Plain torch (one process, or FSDP2 for ddp/fsdp), or a DeepSpeed engine."""
-    tc = cfg["train"]
+    tc, max_norm = config.train, config.optimizer.max_grad_norm
     if how != "deepspeed":
         return TorchUpdate(
             policy,
             params,
             opt,
             sched,
-            cfg["optimizer"]["max_grad_norm"],
-            how == "fsdp" and cfg["distributed"]["reshard_after_forward"],
+            max_norm,
+            how == "fsdp" and config.distributed.reshard_after_forward,
         )
-    per = tc["prompts_per_step"] // world // tc["mini_batches"]  # groups per update, here
+    per = tc.prompts_per_step // world // tc.mini_batches  # groups per update, here
+    ds = deepspeed_config(config.deepspeed)
+    assert ds is not None  # parallel.strategy: deepspeed only with a deepspeed section
     return DeepSpeedUpdate(
         policy,
         params,
         opt,
         sched,
-        deepspeed_config(cfg["deepspeed"]),
-        -(-per // tc["micro_batch_groups"]),
-        tc["micro_batch_groups"] * cfg["sampling"]["group_size"],
-        cfg["optimizer"]["max_grad_norm"],
-        None if cfg["model"]["reference_device"] == "cpu" else reference,
+        ds,
+        -(-per // tc.micro_batch_groups),
+        tc.micro_batch_groups * config.sampling.group_size,
+        max_norm,
+        None if config.model.reference_device == "cpu" else reference,
     )
 
 
@@ -408,11 +385,11 @@ def finish(run: Run) -> dict:
     """Check the ranks agree, write the final model and the summary; returns the summary."""
     in_sync = dist.weights_in_sync(run.engine.parameter_sums())
     if not in_sync and run.main:
-        print("\nwarning: ranks ended with different weights", file=sys.stderr)
-    first, last = run.first or {}, run.last or {}
+        log.warning("\nwarning: ranks ended with different weights")
+    first, last, oc = run.progress.first or {}, run.progress.last or {}, run.config.output
     summary = {
         "run_dir": run.dir,
-        "steps": run.steps_run,
+        "steps": run.progress.steps_run,
         "seconds": time.time() - run.started,
         "world_size": run.world,
         "ranks_in_sync": in_sync,
@@ -428,34 +405,30 @@ def finish(run: Run) -> dict:
         "health": run.health.summary() if run.health else [],
     }
     # every rank takes part in gathering a sharded model; rank 0 holds it
-    whole = run.engine.full_state_dict() if run.cfg["output"]["save_model"] else None
-    if run.main and run.cfg["output"]["save_model"]:
+    whole = run.engine.full_state_dict() if oc.save_model else None
+    if run.main and oc.save_model:
         final = os.path.join(run.dir, "final")
         save_model(run.policy, run.tokenizer, final, run.save_dtype, whole)  # LoRA: adapter
-        if is_peft(run.policy) and run.cfg["model"]["lora"]["save_merged"]:
+        lora = run.config.model.lora
+        if is_peft(run.policy) and lora and lora["save_merged"]:
             save_model(
                 run.policy.merge_and_unload(),
                 run.tokenizer,
                 os.path.join(final, "merged"),
                 run.save_dtype,
             )
-    run.reward.close()
-    if run.episodes is not None:
-        run.episodes.close()
-    if run.remote is not None:
-        run.remote.close()
+    run.close()
     if run.main:
-        run.metrics.close()
         _write_summary(run.dir, summary)
         rundir.release(run.dir)
     dist.barrier()
-    oc = run.config.output
-    if run.main and oc.push_to_hub:  # last: a failed upload leaves the run complete
+    # last: a failed upload leaves the run complete (hub.problems: pushing needs an id)
+    if run.main and oc.push_to_hub and oc.hub_model_id:
         summary["hub_commit"] = hub.push(
             os.path.join(run.dir, "final"),
             oc.hub_model_id,
             oc.hub_private,
-            f"grpo-core run {run.run_id}: {run.steps_run} steps",
+            f"grpo-core run {run.run_id}: {run.progress.steps_run} steps",
         )
         _write_summary(run.dir, summary)
     return summary

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from typing import Any
 
 import torch
 
@@ -45,6 +46,7 @@ def build_model(
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
+    rope: dict[str, Any] = {"rope_theta": rope_theta} if rope_theta is not None else {}
     cfg = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -57,7 +59,7 @@ def build_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        **({"rope_theta": rope_theta} if rope_theta is not None else {}),
+        **rope,
     )
     model = Qwen2ForCausalLM(cfg)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

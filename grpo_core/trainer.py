@@ -1,21 +1,22 @@
 """The GRPO training loop, top to bottom.
 
-Each step: sample G completions for each of P prompts, score them, turn the [P, G] rewards
-into advantages with the baseline plugin, then take ``inner_iterations`` optimizer steps on
-the objective plugin's policy term (plus KL to a frozen reference and an entropy bonus),
-accumulating gradients over micro-batches of whole groups; then observe and save. Each phase
-is one call (grpo_core.phases); the run's state is set up once (grpo_core.run).
+Each step: the sampler draws G completions for each of P prompts and scores them; the source
+of targets turns the rewards into advantages (a group baseline, or a critic); then
+``inner_iterations`` passes of optimizer updates on the objective plugin's policy term (plus
+KL to a frozen reference and an entropy bonus), over mini-batches of whole groups; then
+observe and save. The sampler and the source of targets are chosen once at start
+(grpo_core.plan); what every step does is grpo_core.phases; the run's state is set up once
+(grpo_core.run).
 """
 
 from __future__ import annotations
 
 import time
 
-from grpo_core import dynamic, phases
+from grpo_core import phases, saving
 from grpo_core.errors import TrainingError
 from grpo_core.interrupt import StopRequests
 from grpo_core.run import finish, start
-from grpo_core.store import persist
 
 __all__ = ["train", "TrainingError"]
 
@@ -28,25 +29,21 @@ def train(
     SIGTERM stops it after the current step with a checkpoint (grpo_core.interrupt)."""
     run = start(cfg, resume, force, overwrite)
     with StopRequests() as stops:
-        for step in range(run.start_step, run.config.train.steps):
+        for step in range(run.progress.start, run.config.train.steps):
             t0 = time.time()
-            if run.config.groups.dynamic_sampling:  # 1-2, until the batch has signal (DAPO)
-                sampled, judged = dynamic.sample_with_signal(run, step)
-            else:
-                sampled = phases.sample(run, step)  # 1. G completions per prompt
-                judged = phases.score(run, step, sampled)  # 2. rewards (+ resampling, greedy)
-            targets = phases.advantages(run, judged)  # 3. reference, KL placement, baseline
-            updated = phases.update(run, step, judged, targets)  # 4. mu passes of the objective
-            phases.observe(run, step, sampled, judged, targets, updated, t0)  # 5. metrics, eval
-            asked = run.callbacks.step_end(step, run.last, run.device)  # a callback's stop
+            sampled, scored = run.sampler.next(run, step)  # 1-2. G completions each, rewards
+            targets = run.targets.compute(run, scored)  # 3. reference, KL, baseline or critic
+            updated = phases.update(run, step, scored, targets)  # 4. mu passes of the objective
+            record = phases.observe(run, step, sampled, scored, targets, updated, t0)  # 5. metrics
+            asked = run.callbacks.step_end(step, record, run.device)  # a callback's stop
             last = asked or step + 1 == run.config.train.steps
-            signum = 0 if last else persist.stop_signal(run, stops.signum)
+            signum = 0 if last else saving.stop_signal(run, stops.signum)
             # 6. a checkpoint every output.checkpoint_every steps, and on a signal
-            saved = persist.save(run, step, now=bool(signum))
+            saved = saving.save(run, step, now=bool(signum))
             if saved:
                 run.callbacks.saved(step + 1, saved)
             if signum:
-                raise persist.stopped(run, step, saved, signum)
+                raise saving.stopped(run, step, saved, signum)
             if asked:
                 break
     summary = finish(run)

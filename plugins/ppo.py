@@ -1,5 +1,5 @@
 """PPO with a critic (Schulman et al. 2017; for language models Ouyang et al. 2022): the
-baseline ``ppo`` learns per-token values with a value model of its own (a copy of the
+critic ``ppo`` learns per-token values with a value model of its own (a copy of the
 policy's decoder with a scalar head, its own AdamW), and turns each completion's reward into
 per-token advantages by GAE. The estimators are grpo_core.loss.critic's pure functions."""
 
@@ -9,17 +9,16 @@ import torch
 
 from grpo_core import hookspecs
 from grpo_core.hookspecs import hookimpl
-from grpo_core.loss.critic import ValueModel, gae, masked_whiten, terminal_rewards, value_loss
+from grpo_core.loss.critic import gae, masked_whiten, terminal_rewards, value_loss
+from grpo_core.model.value import ValueModel
 from grpo_core.rollout import Rollout
 
-GRPO_CORE_API = (2,)
+GRPO_CORE_API = (4,)
 
 
-class PPO(hookspecs.Baseline):
+class PPO(hookspecs.Critic):
     """GAE(gamma, lambda) advantages from a learnt critic, whitened over the batch's tokens;
     the critic fitted to the returns with PPO's clipped value loss."""
-
-    needs_values = True
 
     def __init__(
         self,
@@ -84,9 +83,6 @@ class PPO(hookspecs.Baseline):
             "critic/returns": float((returns * mask).sum()) / tokens,
         }
 
-    def advantages(self, rewards, greedy_rewards=None):
-        raise ValueError("ppo gives per-token advantages from its critic (token_targets)")
-
     def state_dict(self) -> dict:
         return {"critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict()}
 
@@ -96,7 +92,7 @@ class PPO(hookspecs.Baseline):
 
 
 @hookimpl
-def baseline(register):
+def critic(register):
     register(
         "ppo",
         PPO,

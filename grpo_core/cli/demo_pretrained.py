@@ -16,11 +16,14 @@ import importlib.util
 import json
 import os
 import time
+from dataclasses import replace
 
 import torch
 
 from grpo_core import config as config_mod
 from grpo_core.cli import word_problems
+from grpo_core.config.file import with_values
+from grpo_core.config.view import Config, view
 from grpo_core.errors import UserError
 from grpo_core.tiny import write_jsonl
 
@@ -105,7 +108,7 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
 
 
 def accuracies(
-    cfg: dict, model_path: str | None, *row_sets: list[dict] | None
+    config: Config, model_path: str | None, *row_sets: list[dict] | None
 ) -> list[float | None]:
     """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
     set of rows (None for a set that is None), evaluated as validation during training
@@ -116,20 +119,24 @@ def accuracies(
     from grpo_core.reward.isolation import build_reward
     from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
-    model_cfg = dict(cfg["model"])
+    model_section = config.model
     if model_path is not None:  # a trained, saved model: no GGUF file, no new adapters
-        model_cfg.update(
-            name_or_path=model_path, gguf_file=None, lora=None, gradient_checkpointing=False
+        model_section = replace(
+            model_section,
+            name_or_path=model_path,
+            gguf_file=None,
+            lora=None,
+            gradient_checkpointing=False,
         )
-    if cfg["runtime"]["threads"]:  # training's thread count, as grpo eval takes it
-        torch.set_num_threads(cfg["runtime"]["threads"])
-    device = pick_device(cfg["runtime"]["device"])
-    tokenizer = load_tokenizer(model_cfg)
-    model = load_model(model_cfg, device).eval()
-    resolve_sampling(model, dict(cfg["sampling"]), announce=False)
-    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
+    if config.runtime.threads:  # training's thread count, as grpo eval takes it
+        torch.set_num_threads(config.runtime.threads)
+    device = pick_device(config.runtime.device)
+    tokenizer = load_tokenizer(model_section)
+    model = load_model(model_section, device).eval()
+    resolve_sampling(model, config.sampling, announce=False)
+    gen = grpo_core.create("generator", config.generator.name, config.generator.options)
     gen.setup(model, tokenizer, device)
-    reward = build_reward(cfg["reward"])
+    reward = build_reward(config.reward)
     out: list[float | None] = []
     try:
         for rows in row_sets:
@@ -138,7 +145,7 @@ def accuracies(
                 continue
             # as validation during training: its settings, seed, batches and autocast
             report, _ = evaluate_configured(
-                model, tokenizer, gen, rows, cfg, reward, device, progress=True
+                model, tokenizer, gen, rows, config, reward, device, progress=True
             )
             out.append(report["accuracy"])
     finally:
@@ -148,7 +155,7 @@ def accuracies(
 
 def gsm8k_rows(path: str, n: int) -> list[dict]:
     """The first ``n`` GSM8K test problems as demo rows (the gold answer after ``####``)."""
-    rows = []
+    rows: list[dict] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip() and len(rows) < n:
@@ -185,14 +192,16 @@ def run(
         f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",
         flush=True,
     )
-    before, gsm_before = accuracies(cfg, None, heldout, gsm8k)
+    config = view(cfg)
+    before, gsm_before = accuracies(config, None, heldout, gsm8k)
     from grpo_core.trainer import train
 
-    if cfg["model"]["lora"]:  # evaluate (and hand over) the merged weights, not the adapter
-        cfg["model"]["lora"]["save_merged"] = True
+    lora = bool(config.model.lora)
+    if lora:  # evaluate (and hand over) the merged weights, not the adapter
+        cfg = with_values(cfg, {"model.lora.save_merged": True})
     result = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
-    final = os.path.join(result["run_dir"], "final", *(["merged"] if cfg["model"]["lora"] else []))
-    after, gsm_after = accuracies(cfg, final, heldout, gsm8k)
+    final = os.path.join(result["run_dir"], "final", *(["merged"] if lora else []))
+    after, gsm_after = accuracies(config, final, heldout, gsm8k)
     summary = {
         "heldout_before": before,
         "heldout_after": after,
@@ -207,6 +216,7 @@ def run(
     }
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
+    assert before is not None and after is not None  # held-out rows given: numbers
     plot_curve(result["run_dir"], before, after, os.path.join(out, "curve.png"))
     print(
         f"\nheld-out greedy accuracy {before:.2f} -> {after:.2f} on {len(heldout)} problems "

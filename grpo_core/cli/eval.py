@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import torch
 
 import grpo_core
 from grpo_core import config as config_mod
+from grpo_core.config.view import view
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.observe.evaluate import evaluate_configured, held_out_rows, write
@@ -20,10 +22,10 @@ def evaluate_cli(args) -> int:
     """``grpo eval``: the config gives the reward, data layout, generator and the held-out
     evaluation (its ``eval`` section: problems, samples, temperature, batch, threshold),
     evaluated exactly as validation during training evaluates; flags replace those."""
-    cfg = config_mod.load(args.config, args.set)
-    if args.model:
-        cfg["model"]["name_or_path"] = args.model
-        cfg["model"]["gguf_file"] = None  # a trained model is a directory, not the GGUF file
+    config = view(config_mod.load(args.config, args.set))
+    if args.model:  # a trained model is a directory, not the GGUF file
+        model_section = replace(config.model, name_or_path=args.model, gguf_file=None)
+        config = replace(config, model=model_section)
     if args.n is not None and args.n < 1:
         raise UserError("--n: expected a number >= 1")
     if args.temperature is not None and not (0 <= args.temperature < float("inf")):
@@ -35,45 +37,45 @@ def evaluate_cli(args) -> int:
             f"--max-problems: found {args.max_problems}, expected a number >= 1 "
             f"(leave it out for all problems)"
         )
-    if cfg["runtime"]["threads"]:  # training's thread count: a CPU sum's order can follow it
-        torch.set_num_threads(cfg["runtime"]["threads"])
-    device = pick_device(cfg["runtime"]["device"])
-    tokenizer = load_tokenizer(cfg["model"])
-    model = load_model(cfg["model"], device).eval()
-    resolve_sampling(model, cfg["sampling"], announce=True)
-    gen = grpo_core.create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
+    if config.runtime.threads:  # training's thread count: a CPU sum's order can follow it
+        torch.set_num_threads(config.runtime.threads)
+    device = pick_device(config.runtime.device)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, device).eval()
+    resolve_sampling(model, config.sampling, announce=True)
+    gen = grpo_core.create("generator", config.generator.name, config.generator.options)
     gen.setup(model, tokenizer, device)
-    reward_fn = build_reward(cfg["reward"])
+    reward_fn = build_reward(config.reward)
     episodes = None
-    if cfg["environment"]:  # episodes, scored on their last turn as in training
+    env = config.environment
+    if env:  # episodes, scored on their last turn as in training
         if not gen.supports_episodes:
             raise UserError(
-                f"generator.name: {cfg['generator']['name']!r} cannot sample "
+                f"generator.name: {config.generator.name!r} cannot sample "
                 f"multi-turn episodes; use hf or vllm"
             )
         episodes = EpisodeRunner(
-            grpo_core.create(
-                "environment", cfg["environment"]["name"], cfg["environment"]["options"]
-            ),
+            grpo_core.create("environment", env.name, env.options),
             gen,
             tokenizer,
-            cfg,
+            env,
+            config.data,
         )
     rows, long = held_out_rows(
-        cfg,
+        config,
         tokenizer,
         model,
         args.data,
         args.split,
         args.max_problems,
-        key="--data" if args.data else "eval.data" if cfg["eval"]["data"] else "data.path",
+        key="--data" if args.data else "eval.data" if config.eval.data else "data.path",
     )
     report, records = evaluate_configured(  # as validation during training evaluates
         model,
         tokenizer,
         gen,
         rows,
-        cfg,
+        config,
         reward_fn,
         device,
         episodes=episodes,
@@ -83,9 +85,9 @@ def evaluate_cli(args) -> int:
     )
     if episodes is not None:
         episodes.close()
-    report["model"] = cfg["model"]["name_or_path"]
+    report["model"] = config.model.name_or_path
     report["long_prompts"] = long
-    out = args.out or os.path.join(cfg["output"]["dir"], "eval")
+    out = args.out or os.path.join(config.output.dir, "eval")
     write(out, report, records)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}/report.json and {out}/completions.jsonl")

@@ -14,6 +14,9 @@ import time
 
 import torch
 
+from grpo_core.config.file import with_values
+from grpo_core.config.view import ModelSection
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 2**20
 
@@ -57,10 +60,16 @@ def _demo_config(work: str, steps: int, device: str = "cuda", **changes) -> dict
     """The CPU demo's own settings, on the GPU (bf16 autocast, float32 master weights)."""
     from grpo_core.cli.demo import demo_config
 
-    cfg = demo_config(work, steps, "grpo")
-    cfg["runtime"] = {"device": device}
-    cfg["optimizer"]["lr_schedule"] = "constant"
-    cfg["output"].update(progress=False, samples_every=0, save_model=False)
+    cfg = with_values(
+        demo_config(work, steps, "grpo"),
+        {
+            "runtime": {"device": device},
+            "optimizer.lr_schedule": "constant",
+            "output.progress": False,
+            "output.samples_every": 0,
+            "output.save_model": False,
+        },
+    )
     cfg.update(changes)
     return cfg
 
@@ -92,10 +101,10 @@ def _prompts(count: int, tok) -> list[list[int]]:
     return [tok(r["prompt"])["input_ids"] for r in addition_rows()[0][:count]]
 
 
-def _model_config(model_dir: str) -> dict:
-    from grpo_core.config import CORE_SCHEMA, fill_defaults
+def _model_config(model_dir: str) -> ModelSection:
+    from grpo_core.config import section
 
-    return fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": model_dir}})["model"]
+    return section("model", {"name_or_path": model_dir})
 
 
 def _loaded(model_dir: str, device: str = "cuda"):
@@ -197,7 +206,7 @@ def vllm_rows(
     recomputation of the same completions (bf16 autocast, as in training): mean and max
     |delta| over completion tokens."""
     import grpo_core
-    from grpo_core.loss.logprobs import completion_logprobs
+    from grpo_core.model.logprobs import completion_logprobs
     from grpo_core.rollout import SamplingParams
 
     if importlib.util.find_spec("vllm") is None:
@@ -284,9 +293,10 @@ def distributed(work: str, strategy: str, steps: int = 3) -> dict:
         if strategy == "zero3"
         else {"distributed": {"strategy": strategy}}
     )
-    cfg = _demo_config(work, steps, **extra)
-    cfg["output"]["dir"] = out
-    cfg["train"]["prompts_per_step"] = 2 * gpus
+    cfg = with_values(
+        _demo_config(work, steps, **extra),
+        {"output.dir": out, "train.prompts_per_step": 2 * gpus},
+    )
     path = os.path.join(work, f"{strategy}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)

@@ -50,6 +50,7 @@ def gpu_tests(f: dict) -> list[Check]:
     bad = _missing("GPU-marked tests", part, want)
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     ok = part["exit_code"] == 0
     return [Check("GPU-marked tests", "pass" if ok else "fail", f"exit {part['exit_code']}", want)]
 
@@ -60,6 +61,7 @@ def training(f: dict) -> list[Check]:
     bad = _missing("demo training", part, "non-empty completions, reward rising")
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     shortest = min(part["completion_len"])
     rewards, k = part["rewards"], REWARD_WINDOW
     start, end = sum(rewards[:k]) / len(rewards[:k]), sum(rewards[-k:]) / len(rewards[-k:])
@@ -115,6 +117,7 @@ def generation_floor(f: dict) -> list[Check]:
         if bad:
             rows.append(bad)
             continue
+        assert bound is not None and speed is not None  # _missing said so
         g = max(bound, key=int)
         share = speed[g] / bound[g]
         rows.append(
@@ -137,7 +140,10 @@ def side_by_side(f: dict) -> list[Check]:
     and its decode step against the bound."""
     part = f.get("side_by_side")
     bad = _missing(STEP_VS_TRL, part, "bench/gpu_step.py ran")
-    return [bad] if bad else [_step_vs_trl(part), _decode_vs_bound(part)]
+    if bad:
+        return [bad]
+    assert part is not None  # _missing said so
+    return [_step_vs_trl(part), _decode_vs_bound(part)]
 
 
 def _step_vs_trl(part: dict) -> Check:
@@ -160,6 +166,7 @@ def _decode_vs_bound(part: dict) -> Check:
     bad = _missing(DECODE_VS_BOUND, ours, want) or _missing(DECODE_VS_BOUND, bound, want)
     if bad:
         return bad
+    assert bound is not None  # _missing said so
     share = bound["bound_ms"] / ours["decode_step_ms"]
     return Check(
         DECODE_VS_BOUND,
@@ -197,6 +204,7 @@ def memory(f: dict) -> list[Check]:
     bad = _missing("peak memory vs plan-memory", part, want)
     if bad:
         return [bad]
+    assert part is not None  # else _missing gave a row
     ratio = part["measured_mib"] / part["planned_mib"]
     return [
         Check(

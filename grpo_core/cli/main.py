@@ -18,12 +18,12 @@ from grpo_core.interrupt import Stopped
 
 def _config(args, preflight: bool = False) -> dict:
     """The config, validated; with ``preflight`` also checked against the files, data and
-    machine it names (grpo_core.config.preflight)."""
+    machine it names (grpo_core.preflight)."""
     from grpo_core import config
 
     cfg = config.load(args.config, args.set)
     if preflight:
-        from grpo_core.config import preflight as checks
+        from grpo_core import preflight as checks
 
         checks.check(cfg)
     return cfg
@@ -133,7 +133,9 @@ def cmd_plan_memory(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo", description="critic-free RL for language models")
+    p = argparse.ArgumentParser(
+        prog="grpo", description="RL for language models from group-sampled rewards"
+    )
     p.add_argument(
         "--debug",
         action="store_true",

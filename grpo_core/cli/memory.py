@@ -16,13 +16,15 @@ Measured against real runs in docs/benchmarks.md (tests/memory_probe.py).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from grpo_core.config.file import read_file
+from grpo_core.config.view import OptimizerSection
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.loss.logprobs import SHARE_MIN_SAVED_TOKENS
+from grpo_core.model.logprobs import SHARE_MIN_SAVED_TOKENS
 from grpo_core.observe.flops import Shape
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(
         hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, tied=True
     ),
@@ -64,7 +66,7 @@ def load_shape(spec: str) -> Shape:
         c = read_file(path)  # bounded like a config: /dev/zero, a FIFO, garbage are refused
     except ConfigError as exc:
         raise UserError(f"--model: {exc.problems[0]}") from None
-    sizes = {}
+    sizes: dict[str, int] = {}
     for key in (
         "hidden_size",
         "num_hidden_layers",
@@ -72,11 +74,10 @@ def load_shape(spec: str) -> Shape:
         "intermediate_size",
         "vocab_size",
     ):
-        sizes[key] = c.get(key)
-        if not isinstance(sizes[key], int) or isinstance(sizes[key], bool) or sizes[key] < 1:
-            raise UserError(
-                f"--model: {path}: {key} is {sizes[key]!r}, expected a positive integer"
-            )
+        value = c.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"--model: {path}: {key} is {value!r}, expected a positive integer")
+        sizes[key] = value
     kv = c.get("num_key_value_heads", sizes["num_attention_heads"])
     if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1:
         raise UserError(
@@ -167,7 +168,7 @@ def trained_tokens(
     completions: int, group_size: int, prompt_tokens: int, new_tokens: int, checkpointing: bool
 ) -> int:
     """Tokens one micro-batch's forward runs through the decoder: each prompt once when the
-    trainer shares prompts (grpo_core.loss.logprobs.share_prompts: enough prompt tokens saved, no
+    trainer shares prompts (grpo_core.model.logprobs.share_prompts: enough prompt tokens saved, no
     checkpointing), else every completion with its own prompt."""
     groups = max(1, completions // group_size)
     if not checkpointing and (completions - groups) * prompt_tokens >= SHARE_MIN_SAVED_TOKENS:
@@ -220,48 +221,45 @@ def _settings(args) -> dict:
     return got
 
 
-def optimizer_moments(oc: dict) -> float:
+def optimizer_moments(oc: OptimizerSection) -> float:
     """State tensors the configured optimizer keeps per trainable weight: AdamW 2 (m, v),
     SGD 1 with momentum and 0 without, Adafactor 0 (its factored second moment holds a row
     and a column per matrix, negligible beside the matrix)."""
-    if oc["name"] == "sgd":
-        return 1.0 if oc["momentum"] else 0.0
-    return 0.0 if oc["name"] == "adafactor" else 2.0
+    if oc.name == "sgd":
+        return 1.0 if oc.momentum else 0.0
+    return 0.0 if oc.name == "adafactor" else 2.0
 
 
 def _from_config(path: str) -> dict:
     """The planner's inputs that the run config at ``path`` sets, so that a plan matches
     the run it is for: its model, batch shape, strategy, reference and vLLM engine."""
     from grpo_core import config as config_mod
+    from grpo_core.config.view import view
     from grpo_core.registry import registry
 
-    cfg = config_mod.load(path, [])
-    kl = registry().get("kl", cfg["kl"]["name"]).factory(**cfg["kl"]["options"])
-    strategy = cfg["distributed"]["strategy"]
-    zero = (
-        ((cfg["deepspeed"] or {}).get("zero_optimization") or {}).get("stage", 0)
-        if isinstance(cfg["deepspeed"], dict)
-        else 0
-    )
+    config = view(config_mod.load(path, []))
+    kl = registry().get("kl", config.kl.name).factory(**config.kl.options)
+    strategy = config.distributed.strategy
+    ds = config.deepspeed
+    zero = (ds.get("zero_optimization") or {}).get("stage", 0) if isinstance(ds, dict) else 0
+    mc, sc = config.model, config.sampling
     got = dict(
-        model=cfg["model"]["name_or_path"],
-        group_size=cfg["sampling"]["group_size"],
-        prompts=cfg["train"]["prompts_per_step"],
-        max_new_tokens=cfg["sampling"]["max_new_tokens"],
-        micro_batch=cfg["train"]["micro_batch_groups"] * cfg["sampling"]["group_size"],
-        dtype=cfg["model"]["dtype"],
-        strategy=(f"zero{zero}" if cfg["deepspeed"] else None)
-        if strategy in ("auto", "deepspeed")
-        else strategy,
-        lora_rank=(cfg["model"]["lora"] or {}).get("r", 0),
-        gradient_checkpointing=cfg["model"]["gradient_checkpointing"],
-        reference=kl.needs_reference() and cfg["model"]["reference_device"] != "cpu",
-        generation_batch_size=cfg["sampling"]["generation_batch_size"],
-        logprob_chunk=cfg["runtime"]["logprob_chunk"],
-        moments=optimizer_moments(cfg["optimizer"]),
+        model=mc.name_or_path,
+        group_size=sc.group_size,
+        prompts=config.train.prompts_per_step,
+        max_new_tokens=sc.max_new_tokens,
+        micro_batch=config.train.micro_batch_groups * sc.group_size,
+        dtype=mc.dtype,
+        strategy=(f"zero{zero}" if ds else None) if strategy in ("auto", "deepspeed") else strategy,
+        lora_rank=(mc.lora or {}).get("r", 0),
+        gradient_checkpointing=mc.gradient_checkpointing,
+        reference=kl.needs_reference() and mc.reference_device != "cpu",
+        generation_batch_size=sc.generation_batch_size,
+        logprob_chunk=config.runtime.logprob_chunk,
+        moments=optimizer_moments(config.optimizer),
     )
-    if cfg["generator"]["name"] == "vllm":
-        engine = cfg["generator"]["options"]
+    if config.generator.name == "vllm":
+        engine = config.generator.options
         got.update(
             vllm_memory_utilization=engine["gpu_memory_utilization"], vllm_sleep=engine["sleep"]
         )

@@ -178,18 +178,21 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
         record("kind", False, f"{kind!r} is not one of {list(KINDS)}")
         return _report(kind, name, results)
     info = registry().plugins.get((kind, name))
-    if not record(
-        "registered",
-        info is not None,
-        f"from {info.distribution} {info.version}"
-        if info
-        else f"no {kind} plugin {name!r}; installed: {registry().names(kind)}",
+    if (
+        not record(
+            "registered",
+            info is not None,
+            f"from {info.distribution} {info.version}"
+            if info
+            else f"no {kind} plugin {name!r}; installed: {registry().names(kind)}",
+        )
+        or info is None
     ):
         return _report(kind, name, results)
     _check_schema(info.schema, record)
     built, plugin = _check_builds(kind, name, options, record)
-    if not built or kind == "generator":  # a generator needs a model: the contract is all
-        return _report(kind, name, results)  # that is checked
+    if not built or kind in ("generator", "critic"):  # they need a model: the contract is
+        return _report(kind, name, results)  # all that is checked
     if kind == "logger":
         record("start, log, log_samples, close in a temporary directory", *_try_logger(plugin))
         return _report(kind, name, results)

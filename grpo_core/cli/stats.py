@@ -219,7 +219,7 @@ def pairwise(groups: dict[str, list[float]], test: str, alpha: float = 0.05) -> 
     permutation and Welch p-values, Holm's adjustment of ``test``'s p (``permutation`` or
     ``welch``) over the pairs, and a verdict: which is higher when the adjusted p is below
     ``alpha``, else not distinguishable (saying when only the unadjusted p is below it)."""
-    rows = []
+    rows: list[dict] = []
     for a, b in itertools.combinations(groups, 2):
         x, y = groups[a], groups[b]
         lo, hi = bootstrap_diff_ci(x, y)

@@ -25,6 +25,7 @@ import yaml
 
 from grpo_core import tiny
 from grpo_core.cli import demo
+from grpo_core.config.file import with_values
 
 #: task -> (largest a, largest b, training rows, held-out rows, warm-start steps)
 TASKS: dict[str, tuple[int, int, int, int, int]] = {
@@ -69,18 +70,21 @@ def task_config(task: str, out: str, steps: int, baseline: str = "grpo") -> dict
     on its 200 held-out problems after the last step (``eval/accuracy``)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-    cfg = demo.demo_config(out, steps, baseline)
-    cfg["runtime"]["threads"] = 1
-    cfg["reward"]["options"]["workers"] = 1
-    cfg["output"].update({"progress": False, "checkpoint_every": 0, "save_model": False})
+    values: dict = {
+        "runtime.threads": 1,
+        "reward.options.workers": 1,
+        "output.progress": False,
+        "output.checkpoint_every": 0,
+        "output.save_model": False,
+    }
     if task != "demo":  # greedy accuracy on the held-out problems, once, after the last step
-        cfg["eval"] = {
+        values["eval"] = {
             "data": os.path.join(out, "data"),
             "split": "test",
             "every_n_steps": steps,
             "temperature": 0.0,
         }
-    return cfg
+    return with_values(demo.demo_config(out, steps, baseline), values)
 
 
 def main(argv: list[str] | None = None) -> int:

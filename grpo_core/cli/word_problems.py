@@ -144,7 +144,7 @@ def problems(
     in ``exclude``."""
     rng = random.Random(seed)
     seen: set[str] = set(exclude)
-    rows = []
+    rows: list[dict] = []
     while len(rows) < n:
         kinds = templates or (ONE_STEP if len(rows) % 2 == 0 else TWO_STEP)
         question, answer = rng.choice(kinds)(rng, rng.choice(NAMES), rng.choice(ITEMS))

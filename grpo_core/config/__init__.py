@@ -6,6 +6,11 @@ schema, so composite plugins (a weighted reward of rewards) are checked all the 
 Keys that moved between sections (``MOVED`` below) are read at their old place too, with a
 one-line notice naming the new place. ``${env:NAME}`` in a string is replaced by the
 environment variable's value here, at load (see ``configfile.resolve_env``).
+
+:func:`validate` returns the effective config as a dict (what a run writes to disk, with
+``${env:NAME}`` put back); code past ``config/`` reads it only through the typed view,
+:func:`grpo_core.config.view.view` (tests/unit/test_config_currency.py keeps it so), and a
+single section through :func:`section`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jsonschema
 from grpo_core.config import trl_names
 from grpo_core.config.file import Resolved, apply_overrides, read_file, resolve_env, yaml_words
 from grpo_core.config.schema import CORE_SCHEMA
+from grpo_core.config.view import build_section
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.hookspecs import Component
 from grpo_core.registry import registry, unknown_name_message
@@ -94,6 +100,20 @@ def migrate(config: dict) -> dict:
             node[last] = value
     if problems:
         raise ConfigError(problems)
+    return _critic_from_baseline(config)
+
+
+def _critic_from_baseline(config: dict) -> dict:
+    """``baseline: {name: ppo, options}`` (PPO's critic, once a baseline) becomes
+    ``critic: {name: ppo, options}`` beside the group baseline, with a notice."""
+    base = config.get("baseline")
+    if not (isinstance(base, dict) and base.get("name") == "ppo"):
+        return config
+    if config.get("critic"):
+        raise ConfigError(["baseline.name: ppo is now critic.name: ppo; keep only critic"])
+    _notice("baseline.name: ppo", "critic.name: ppo")
+    config["critic"] = {"name": "ppo", "options": base.get("options") or {}}
+    config["baseline"] = {"name": "grpo"}
     return config
 
 
@@ -268,6 +288,22 @@ def validate_options(schema: dict, options: dict | None, where: str) -> dict:
     if problems:
         raise ConfigError(problems)
     return options
+
+
+def section(name: str, value: dict | None = None) -> Any:
+    """One section of the typed view from a partial dict of it (``section("model",
+    {"name_or_path": p})``): defaults filled and every value checked, as in :func:`validate`,
+    for code and tests that need one section (a model to load, rows to batch) without a
+    whole run's config."""
+    schema = CORE_SCHEMA["properties"][name]
+    problems: list[str] = []
+    value = fill_defaults(schema, copy.deepcopy(value or {}))
+    _validate_node(schema, value, name, problems)
+    if not problems:
+        value = _walk_plugins(schema, value, name, problems)
+    if problems:
+        raise ConfigError(problems)
+    return build_section(name, value)
 
 
 def load(path: str, overrides: list[str] | None = None) -> dict:

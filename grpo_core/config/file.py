@@ -272,6 +272,22 @@ def apply_overrides(config: dict, overrides: list[str], moved=lambda key: key) -
     return config
 
 
+def with_values(config: dict, values: dict[str, Any]) -> dict:
+    """A copy of ``config`` (as written, before validation) with each dotted key path of
+    ``values`` set (``{"train.seed": 3}``), sections made where missing: how code that
+    writes a config for a run (a comparison, a probe) changes it."""
+    config = copy.deepcopy(config)
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = config
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = copy.deepcopy(value)
+    return config
+
+
 def scalar(raw: str) -> Any:
     """Read an override value as YAML, but take ``3e-3`` as a number (YAML 1.1 would not)."""
     try:
@@ -320,11 +336,10 @@ def resolve_env(value: Any, where: str = "", problems: list[str] | None = None) 
     variable's value (as text; a string may hold several, among other text). Strings that
     held a reference become :class:`Resolved`. A variable that is not set, or a malformed
     reference, adds one line to ``problems`` (raised as a ConfigError when none is given)."""
-    own = problems is None
-    problems = [] if own else problems
-    out = _resolve(value, where, problems)
-    if own and problems:
-        raise ConfigError(problems)
+    found: list[str] = [] if problems is None else problems
+    out = _resolve(value, where, found)
+    if problems is None and found:
+        raise ConfigError(found)
     return out
 
 

@@ -827,6 +827,15 @@ CORE_SCHEMA: dict = {
             "baseline": plugin_ref(
                 "baseline", default="grpo", description="Phase 3: rewards to advantages."
             ),
+            "critic": {
+                **plugin_ref(
+                    "critic",
+                    description="Phase 3: a learned value function whose estimates give "
+                    "the advantages (PPO); null: the baseline's group statistics.",
+                ),
+                "type": ["object", "null"],
+                "default": None,
+            },
             "kl": KL,
             "objective": OBJECTIVE,
             "optimizer": OPTIMIZER,

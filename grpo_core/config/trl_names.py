@@ -15,7 +15,7 @@ import copy
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpo_core.errors import ConfigError
@@ -406,7 +406,8 @@ def changed_fields(args: Any) -> dict[str, Any]:
     compared with a config TRL builds from the same few fields its defaults are derived from
     (batch sizes, devices, precision), which are compared with the declared defaults."""
     declared = {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        # default_factory is set where default is not (the condition below)
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         for f in dataclasses.fields(args)
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
@@ -417,7 +418,7 @@ def changed_fields(args: Any) -> dict[str, Any]:
         for f in dataclasses.fields(args)
         if f.name not in base and not _same(getattr(args, f.name), getattr(reference, f.name))
     }
-    derived = {"bf16": not base.get("fp16", False)}
+    derived: dict[str, Any] = {"bf16": not base.get("fp16", False)}
     derived["steps_per_generation"] = base.get("gradient_accumulation_steps")
     for key, value in base.items():
         default = derived.get(key, declared.get(key))
@@ -592,7 +593,7 @@ def _weights(config: dict, flat: dict, rewards: list[str] | None) -> list[str]:
 
 #: how TRL's values read here, for the names mapped one to one
 _OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw"}
-_VALUES = {
+_VALUES: dict[str, Callable[[Any], Any]] = {
     "use_vllm": lambda v: "vllm" if v else "hf",
     "optim": lambda v: _OPTIMIZERS.get(str(v), str(v)),
     "lr_scheduler_type": str,
@@ -684,7 +685,7 @@ def markdown(trl_fields: dict[str, Any], trl_version: str, schema: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _defaults(trl_fields: dict[str, Any], schema: dict) -> list[tuple[str, ...]]:
+def _defaults(trl_fields: dict[str, Any], schema: dict) -> list[tuple[str, str, str]]:
     """Rows (our key, our default, TRL's) where the same setting has different defaults."""
     rows = []
     for ours, theirs in SAME_MEANING.items():
@@ -706,7 +707,7 @@ def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     return [
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

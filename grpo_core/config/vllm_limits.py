@@ -1,5 +1,5 @@
 """What the ``vllm`` generator cannot do, found from the config alone (vLLM need not be
-importable: ``grpo validate`` runs anywhere), one line each. grpo_core.config.preflight
+importable: ``grpo validate`` runs anywhere), one line each. grpo_core.preflight
 reports them; plugins/generators/vllm.py is written on the assumption that none of them holds."""
 
 from __future__ import annotations
@@ -7,13 +7,16 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+from grpo_core.config.view import Config
+
 #: the first vLLM whose engine returns log-probs of the processed distribution (logprobs_mode)
 PROCESSED_LOGPROBS_SINCE = (0, 10, 2)
 
 
 def _version(text: str) -> tuple[int, ...]:
     """The leading numbers of a version string: '0.10.2rc1+cu128' -> (0, 10, 2)."""
-    return tuple(int(n) for n in re.findall(r"\d+", re.match(r"[\d.]*", text).group())[:3])
+    lead = re.match(r"[\d.]*", text)  # matches every text, if only with ""
+    return tuple(int(n) for n in re.findall(r"\d+", lead.group() if lead else "")[:3])
 
 
 def installed_version() -> str | None:
@@ -24,13 +27,13 @@ def installed_version() -> str | None:
         return None
 
 
-def problems(cfg: dict, world: int, installed: str | None) -> list[str]:
+def problems(config: Config, world: int, installed: str | None) -> list[str]:
     """The combinations a colocated vLLM engine cannot run. ``world``: the processes this
     launch starts (WORLD_SIZE); ``installed``: vLLM's version, None when it is not there."""
-    if cfg["generator"]["name"] != "vllm":
+    if config.generator.name != "vllm":
         return []
     found = []
-    if cfg["model"]["lora"]:
+    if config.model.lora:
         found.append(
             "model.lora: not supported with generator vllm (the adapter's weight "
             "names do not map onto the engine's, so its weights could not be synced); "
@@ -42,13 +45,13 @@ def problems(cfg: dict, world: int, installed: str | None) -> list[str]:
             f"distribution (no logprobs_mode before 0.10.2), which would bias the "
             f"importance weights; install vllm >= 0.10.2"
         )
-    return found + _tensor_parallel(cfg, world)
+    return found + _tensor_parallel(config, world)
 
 
-def _tensor_parallel(cfg: dict, world: int) -> list[str]:
+def _tensor_parallel(config: Config, world: int) -> list[str]:
     """An engine of tensor_parallel_size t spans t training processes (vLLM's
     external_launcher): each rank holds a shard and all t submit the same requests."""
-    tp = cfg["generator"]["options"].get("tensor_parallel_size", 1)
+    tp = config.generator.options.get("tensor_parallel_size", 1)
     if tp == 1:
         return []
     key = "generator.options.tensor_parallel_size"
@@ -59,12 +62,12 @@ def _tensor_parallel(cfg: dict, world: int) -> list[str]:
             f"engine's shards are the ranks'); this launch starts {world}: launch a "
             f"multiple of {tp} with torchrun"
         )
-    if cfg["environment"]:
+    if config.environment:
         found.append(
             f"{key}: {tp} with an environment is not supported (a turn's requests "
             f"differ between the ranks that share an engine); use 1"
         )
-    if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
+    if config.eval.data and config.eval.every_n_steps:
         found.append(
             f"{key}: {tp} with validation (eval.every_n_steps) is not supported "
             f"(validation generates on rank 0 alone, an engine needs all its {tp} "

@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 import random
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from grpo_core.config.view import DataSection
 from grpo_core.data.sources import read_rows  # noqa: F401  (its home before grpo_core.data.sources)
 from grpo_core.errors import UserError
 from grpo_core.rollout import Rollout
@@ -21,17 +22,17 @@ RESERVED_COLUMNS = ("completion_tokens", "completion_ids", "group_ids", "trainer
 EPISODE_COLUMNS = ("messages",)
 
 
-def column_map(data_cfg: dict) -> dict[str, str]:
+def column_map(data: DataSection) -> dict[str, str]:
     """``data.columns`` as {dataset field: reward argument}: a list passes each field under its
     own name; a mapping renames (``{solution: answer}`` hands the ``solution`` field to a
     reward that reads ``answer``), so a data set works without editing it."""
-    cols = data_cfg["columns"]
+    cols = data.columns
     return dict(cols) if isinstance(cols, dict) else {c: c for c in cols}
 
 
-def column_problems(data_cfg: dict) -> list[str]:
+def column_problems(data: DataSection) -> list[str]:
     """What is wrong with ``data.columns`` whatever the data holds (one line each)."""
-    args = list(column_map(data_cfg).values())
+    args = list(column_map(data).values())
     problems = []
     twice = sorted({a for a in args if args.count(a) > 1})
     if twice:
@@ -89,13 +90,15 @@ def _prompt_problem(prompt) -> str | None:
     return f"found {type(prompt).__name__}, expected text or a list of chat messages"
 
 
-def fit_prompts(rows: list[dict], tokenizer, data_cfg: dict, limit: int) -> tuple[list[dict], int]:
+def fit_prompts(
+    rows: list[dict], tokenizer, data: DataSection, limit: int
+) -> tuple[list[dict], int]:
     """Apply ``data.long_prompts`` to prompts longer than ``limit`` tokens (after the chat
     template): ``drop`` them, ``error`` on the first, or ``truncate_left`` (keep the end,
     where the question usually is). Returns the rows kept and how many were long."""
     kept, long = [], 0
     for i, row in enumerate(rows):
-        fitted, was_long = fit_prompt(row, i, tokenizer, data_cfg, limit)
+        fitted, was_long = fit_prompt(row, i, tokenizer, data, limit)
         long += was_long
         if fitted is not None:
             kept.append(fitted)
@@ -105,16 +108,16 @@ def fit_prompts(rows: list[dict], tokenizer, data_cfg: dict, limit: int) -> tupl
 
 
 def fit_prompt(
-    row: dict, i: int, tokenizer, data_cfg: dict, limit: int
+    row: dict, i: int, tokenizer, data: DataSection, limit: int
 ) -> tuple[dict | None, bool]:
     """One row of :func:`fit_prompts`: (the row as kept or None when dropped, whether it was
     long)."""
     text = render_prompt(
         tokenizer,
-        row[data_cfg["prompt_field"]],
-        data_cfg["chat_template"],
-        data_cfg["system_prompt"],
-        data_cfg.get("chat_template_kwargs"),
+        row[data.prompt_field],
+        data.chat_template,
+        data.system_prompt,
+        data.chat_template_kwargs,
     )
     if len(text) <= chars_bound(tokenizer, limit):
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -123,13 +126,13 @@ def fit_prompt(
         size = f"{n} tokens"
     else:  # over the limit for certain: never tokenized whole (memory grows with its length)
         size = f"{len(text)} characters (more than {limit} tokens)"
-    if data_cfg["long_prompts"] == "error":
+    if data.long_prompts == "error":
         raise UserError(
             f"data: row {i} has a prompt of {size}, over the limit of "
             f"{limit} (data.max_prompt_tokens, or the model's context minus "
             f"sampling.max_new_tokens); set data.long_prompts: drop"
         )
-    return ({**row, TRUNCATE: limit} if data_cfg["long_prompts"] == "truncate_left" else None), True
+    return ({**row, TRUNCATE: limit} if data.long_prompts == "truncate_left" else None), True
 
 
 #: a row field set by ``fit_prompts``: keep only this many tokens from the prompt's end
@@ -199,7 +202,8 @@ class PromptStream:
     def __init__(self, rows: list[dict], seed: int, shuffle: bool = True, long_prompts: int = 0):
         self.rows, self.n, self.seed, self.shuffle = rows, len(rows), seed, shuffle
         self.position, self.long_prompts = 0, long_prompts
-        self._epoch, self._order = -1, []
+        self._epoch = -1
+        self._order: list[int] = []
 
     def _index(self, k: int) -> int:
         epoch, offset = divmod(k, self.n)
@@ -245,7 +249,8 @@ class StreamedPrompts:
         self.open_epoch, self.fit, self.fields, self.name = open_epoch, fit, fields, name
         self.position, self.long_prompts = 0, 0
         self.epoch_rows: int | None = None  # known once the first epoch has been read
-        self._it, self._epoch, self._offset, self._dropped = None, 0, 0, 0
+        self._it: Iterator[dict] | None = None
+        self._epoch, self._offset, self._dropped = 0, 0, 0
 
     def _open(self) -> None:
         """Position the source at ``position``: its epoch, then that many rows into it."""
@@ -263,6 +268,7 @@ class StreamedPrompts:
     def _next_row(self) -> dict:
         if self._it is None:
             self._open()
+        assert self._it is not None  # _open set it
         row = next(self._it, None)
         if row is None:  # end of the source: the next epoch
             if not self._offset:
@@ -326,21 +332,21 @@ class Batch:
         )
 
 
-def make_batch(rows: list[dict], data_cfg: dict, tokenizer) -> Batch:
+def make_batch(rows: list[dict], data: DataSection, tokenizer) -> Batch:
     """Render and tokenize dataset rows (``data`` config section) into a :class:`Batch`."""
-    field = data_cfg["prompt_field"]
+    field = data.prompt_field
     prompts = [
         render_prompt(
             tokenizer,
             r[field],
-            data_cfg["chat_template"],
-            data_cfg["system_prompt"],
-            data_cfg.get("chat_template_kwargs"),
+            data.chat_template,
+            data.system_prompt,
+            data.chat_template_kwargs,
         )
         for r in rows
     ]
     ids = [prompt_ids(tokenizer, p, r.get(TRUNCATE)) for p, r in zip(prompts, rows)]
-    columns = {arg: [r[f] for r in rows] for f, arg in column_map(data_cfg).items()}
+    columns = {arg: [r[f] for r in rows] for f, arg in column_map(data).items()}
     return Batch([r[field] for r in rows], prompts, ids, columns)
 
 

@@ -73,7 +73,9 @@ def all_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def sum_named(values: dict[str, float], device: torch.device | str = "cpu") -> dict[str, float]:
+def sum_named(
+    values: dict[str, float | torch.Tensor], device: torch.device | str = "cpu"
+) -> dict[str, float]:
     """Sum each named number over ranks, in one all-reduce; identity on one process."""
     names = sorted(values)
     t = torch.tensor([float(values[k]) for k in names], dtype=torch.float64, device=device)

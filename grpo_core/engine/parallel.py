@@ -21,21 +21,22 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as td
 
+from grpo_core.config.view import Config, DistributedSection
 from grpo_core.errors import UserError
 
 
-def strategy(cfg: dict, world: int) -> str:
+def strategy(config: Config, world: int) -> str:
     """The strategy a run uses: the configured one, or for ``auto`` DeepSpeed when a
     ``deepspeed`` config is given, data parallel on several processes, else none."""
-    chosen = cfg["distributed"]["strategy"]
+    chosen = config.distributed.strategy
     if chosen == "auto":
-        return "deepspeed" if cfg["deepspeed"] else ("ddp" if world > 1 else "none")
-    if chosen == "deepspeed" and not cfg["deepspeed"]:
+        return "deepspeed" if config.deepspeed else ("ddp" if world > 1 else "none")
+    if chosen == "deepspeed" and not config.deepspeed:
         raise UserError("distributed.strategy: deepspeed needs a deepspeed config section")
     return chosen
 
 
-def _layer_types(model) -> tuple[type, ...]:
+def _layer_types(model) -> tuple[type[torch.nn.Module], ...]:
     """The transformer block classes (the model's own ``_no_split_modules``)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     for m in model.modules():  # a peft model keeps the list on its base model
@@ -49,7 +50,7 @@ def _layer_types(model) -> tuple[type, ...]:
     return found
 
 
-def shard(model, how: str, dist_cfg: dict, device: torch.device) -> None:
+def shard(model, how: str, distributed: DistributedSection, device: torch.device) -> None:
     """Apply FSDP2 in place: each decoder layer, then the root. ``how``: ddp or fsdp."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -61,13 +62,13 @@ def shard(model, how: str, dist_cfg: dict, device: torch.device) -> None:
     else:
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
     options: dict = {"mesh": mesh}
-    if device.type == "cuda" and dist_cfg["mixed_precision"]:
+    if device.type == "cuda" and distributed.mixed_precision:
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
         )
-    if how == "fsdp" and dist_cfg["cpu_offload"]:
+    if how == "fsdp" and distributed.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
-    reshard = how == "fsdp" and dist_cfg["reshard_after_forward"]
+    reshard = how == "fsdp" and distributed.reshard_after_forward
     layers = _layer_types(model)
     for module in list(model.modules()):
         if isinstance(module, layers):

@@ -14,19 +14,20 @@ import math
 import torch
 
 from grpo_core.config.schema import SCHEDULES  # noqa: F401  (the names offered)
+from grpo_core.config.view import OptimizerSection, TrainSection
 from grpo_core.errors import UserError
 
 
 def build(
-    optimizer: torch.optim.Optimizer, opt_cfg: dict, total: int
+    optimizer: torch.optim.Optimizer, section: OptimizerSection, total: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The ``optimizer`` section's schedule over ``total`` optimizer updates; a schedule
     missing one of its own options (``warmup_stable_decay`` without ``num_decay_steps``,
     ``cosine_with_min_lr`` without ``min_lr_rate``) is a one-line error."""
     from transformers import get_scheduler
 
-    name = opt_cfg["lr_schedule"]
-    options = dict(opt_cfg["scheduler_options"])
+    name = section.lr_schedule
+    options = dict(section.scheduler_options)
     if options and name in ("constant", "constant_with_warmup"):  # transformers ignores them
         raise UserError(
             f"optimizer.scheduler_options: lr_schedule {name} takes no options "
@@ -36,7 +37,7 @@ def build(
         sched = get_scheduler(
             "constant_with_warmup" if name == "constant" else name,
             optimizer,
-            num_warmup_steps=warmup(opt_cfg, total),
+            num_warmup_steps=warmup(section, total),
             num_training_steps=total,
             scheduler_specific_kwargs=options,
         )
@@ -51,31 +52,31 @@ def build(
     return sched
 
 
-def total_updates(train_cfg: dict) -> int:
+def total_updates(train: TrainSection) -> int:
     """Optimizer updates in a whole run: per step, ``mini_batches`` in each of
     ``inner_iterations`` passes."""
-    return train_cfg["steps"] * train_cfg["inner_iterations"] * train_cfg["mini_batches"]
+    return train.steps * train.inner_iterations * train.mini_batches
 
 
-def warmup(opt_cfg: dict, total: int) -> int:
+def warmup(section: OptimizerSection, total: int) -> int:
     """Warm-up updates: ``warmup_steps``, or ``warmup_ratio`` of the ``total`` updates."""
-    ratio = opt_cfg.get("warmup_ratio")
+    ratio = section.warmup_ratio
     if ratio is None:
-        return opt_cfg["warmup_steps"]
-    if opt_cfg["warmup_steps"]:
+        return section.warmup_steps
+    if section.warmup_steps:
         raise UserError(
             f"optimizer.warmup_ratio: {ratio} set beside optimizer.warmup_steps "
-            f"{opt_cfg['warmup_steps']}; keep one"
+            f"{section.warmup_steps}; keep one"
         )
     return math.ceil(ratio * total)
 
 
-def problems(opt_cfg: dict, total: int) -> list[str]:
+def problems(section: OptimizerSection, total: int) -> list[str]:
     """Why the schedule cannot be built (checked on a throwaway optimizer, before a model
     loads)."""
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=opt_cfg["lr"])
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=section.lr)
     try:
-        build(opt, opt_cfg, total)
+        build(opt, section, total)
     except UserError as exc:
         return [str(exc)]
     return []

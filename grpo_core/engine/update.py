@@ -14,10 +14,11 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
+from grpo_core.config.view import OptimizerSection
 from grpo_core.engine import dist, parallel
 
 
-def build_optimizer(params: list, oc: dict, how: str = "none") -> torch.optim.Optimizer:
+def build_optimizer(params: list, oc: OptimizerSection, how: str = "none") -> torch.optim.Optimizer:
     """The ``optimizer`` section's optimizer over ``params``, by ``optimizer.name``:
 
     adamw: AdamW; in one process its fused kernel (one pass over each parameter instead of a
@@ -26,31 +27,29 @@ def build_optimizer(params: list, oc: dict, how: str = "none") -> torch.optim.Op
     sgd: plain SGD with ``momentum`` and (coupled, L2) ``weight_decay``; no moment state.
     adafactor: transformers' Adafactor at the configured learning rate (no relative step, no
       parameter scaling): factored second moments, much less state than AdamW's."""
-    if oc["name"] == "sgd":
-        return torch.optim.SGD(
-            params, lr=oc["lr"], momentum=oc["momentum"], weight_decay=oc["weight_decay"]
-        )
-    if oc["name"] == "adafactor":
+    if oc.name == "sgd":
+        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+    if oc.name == "adafactor":
         from transformers.optimization import Adafactor
 
         return Adafactor(
             params,
-            lr=oc["lr"],
-            weight_decay=oc["weight_decay"],
+            lr=oc.lr,
+            weight_decay=oc.weight_decay,
             scale_parameter=False,
             relative_step=False,
             warmup_init=False,
         )
     fused = (
         how == "none"
-        and oc["fused"]
+        and oc.fused
         and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
     )
     return torch.optim.AdamW(
         params,
-        lr=oc["lr"],
-        betas=tuple(oc["betas"]),
-        weight_decay=oc["weight_decay"],
+        lr=oc.lr,
+        betas=tuple(oc.betas),
+        weight_decay=oc.weight_decay,
         fused=True if fused else None,
     )
 

@@ -184,7 +184,7 @@ class DeepSpeedUpdate(TorchUpdate):
 def logprobs_through_head(
     model, inputs: dict, ro: Rollout, temperature: float, entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``grpo_core.loss.logprobs.completion_logprobs`` from one call of the whole model on
+    """``grpo_core.model.logprobs.completion_logprobs`` from one call of the whole model on
     ``inputs`` (each prompt + completion), its own LM head making the [B, T, V] logits: under
     ZeRO-3 a module's weights are whole only inside that module's call and its backward. No
     prompt sharing, no chunks. [B, T] each."""

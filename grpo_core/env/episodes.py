@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from grpo_core.config.view import Config, DataSection, EnvironmentSection
 from grpo_core.data.prompts import EPISODE_COLUMNS, Batch
 from grpo_core.engine import dist
 from grpo_core.env.observations import EnvironmentFailure, Renderer, first_messages
@@ -50,13 +51,21 @@ class EpisodeRunner:
     ``environment`` section; keeps the time spent in environment calls and the first failure
     of the step for the metrics and the warning."""
 
-    def __init__(self, env: Environment, generator: Generator, tokenizer, cfg: dict):
+    def __init__(
+        self,
+        env: Environment,
+        generator: Generator,
+        tokenizer,
+        environment: EnvironmentSection,
+        data: DataSection,
+    ):
         self.env, self.gen, self.tok = env, generator, tokenizer
-        self.ec, self.system = cfg["environment"], cfg["data"]["system_prompt"]
-        self.renderer = Renderer(tokenizer, env, cfg["data"]["chat_template"])
+        self.ec, self.system = environment, data.system_prompt
+        self.renderer = Renderer(tokenizer, env, data.chat_template)
         pad = tokenizer.pad_token_id
         self.pad = pad if pad is not None else tokenizer.eos_token_id
-        self.seconds, self.problem = 0.0, None
+        self.seconds = 0.0
+        self.problem: str | None = None  # the step's first environment failure
 
     def sample(
         self,
@@ -85,7 +94,7 @@ class EpisodeRunner:
         return self._rollout(batch.prompt_ids, n, out), [o[3] for o in out]
 
     def _chunk(self, prompt_ids, raws, rows, n, sampling, seed, row_offset):
-        B, total, ec = len(rows) * n, self.ec["max_total_tokens"], self.ec
+        B, total, ec = len(rows) * n, self.ec.max_total_tokens, self.ec
         tr = [Transcript(first_messages(raws[b // n], self.system)) for b in range(B)]
         ids: list[list[int]] = [[] for _ in range(B)]
         flags: list[list[int]] = [[] for _ in range(B)]
@@ -120,14 +129,14 @@ class EpisodeRunner:
         return list(zip(ids, flags, lps, tr))
 
     def _react(
-        self, t: Transcript, state: Any, turn: Turn, used: int, ec: dict
+        self, t: Transcript, state: Any, turn: Turn, used: int, ec: EnvironmentSection
     ) -> list[int] | None:
         """Record a model turn and get the environment's answer: the context tokens to
         append, or None when the episode is over."""
         text = self.tok.decode(turn.ids, skip_special_tokens=True)
         t.messages.append({"role": "assistant", "content": text})
         t.final, t.turns, t.model_tokens = text, t.turns + 1, t.model_tokens + len(turn.ids)
-        if turn.finish == "length" and used >= ec["max_total_tokens"]:
+        if turn.finish == "length" and used >= ec.max_total_tokens:
             t.cut = "tokens"
             return None
         ok, obs = self._call(t, "step", self.env.step, state, text)
@@ -145,13 +154,13 @@ class EpisodeRunner:
             if obs.text:
                 t.messages.append(message)
             return None
-        if t.turns >= ec["max_turns"]:
+        if t.turns >= ec.max_turns:
             t.cut = "turns"
             return None
         ctx = self.renderer.tokens(
             obs.text, turn.ids[-1] if turn.finish == "eos" and turn.ids else None
         )
-        if used + len(ctx) >= ec["max_total_tokens"]:  # no room left for a model token
+        if used + len(ctx) >= ec.max_total_tokens:  # no room left for a model token
             t.cut = "tokens"
             return None
         t.messages.append(message)
@@ -162,20 +171,20 @@ class EpisodeRunner:
         """An environment call under ``environment.timeout`` and ``environment.failure``."""
         t0 = time.time()
         try:
-            out = call_bounded(fn, args, {}, self.ec["timeout"], "environment.timeout")
+            out = call_bounded(fn, args, {}, self.ec.timeout, "environment.timeout")
             if what == "step" and not isinstance(out, Observation):
                 raise TypeError(f"returned {type(out).__name__}, expected an Observation")
             return True, out
         except Exception as exc:  # a plugin's bug or hang, reported by name below
             problem = (
-                f"environment {self.ec['name']!r} {what} "
+                f"environment {self.ec.name!r} {what} "
                 f"{'' if isinstance(exc, TimeoutError) else type(exc).__name__ + ': '}"
                 f"{str(exc)[:200]}"
             )
-            if self.ec["failure"] == "raise":
+            if self.ec.failure == "raise":
                 raise EnvironmentFailure(problem + " (environment.failure: raise)") from exc
             self.problem = self.problem or problem
-            t.cut, t.dropped = "failed", self.ec["failure"] == "drop"
+            t.cut, t.dropped = "failed", self.ec.failure == "drop"
             return False, None
         finally:
             self.seconds += time.time() - t0
@@ -235,40 +244,32 @@ def episode_metrics(
     }
 
 
-def completion_budget(cfg: dict) -> tuple[str, int]:
-    """The longest completion in tokens and the key that sets it: a whole episode's after
-    the prompt when an environment runs, else one completion's."""
-    if cfg["environment"]:
-        return "environment.max_total_tokens", cfg["environment"]["max_total_tokens"]
-    return "sampling.max_new_tokens", cfg["sampling"]["max_new_tokens"]
-
-
-def problems(cfg: dict) -> list[str]:
+def problems(config: Config) -> list[str]:
     """What the configured run cannot do with an environment (yet): one line each, naming
     the key. Read from the plugins' declarations, so ``grpo validate`` reports them."""
     from grpo_core.registry import registry
 
-    if not cfg.get("environment"):
+    if not config.environment:
         return []
     found = [
         f"data.columns: {c!r} is a reserved name the trainer passes to rewards with an "
         f"environment; rename the dataset field"
         for c in EPISODE_COLUMNS
-        if c in cfg["data"]["columns"]
+        if c in config.data.columns
     ]
-    gen = registry().get("generator", cfg["generator"]["name"]).factory
+    gen = registry().get("generator", config.generator.name).factory
     if not (isinstance(gen, type) and issubclass(gen, Generator) and gen.supports_episodes):
         found.append(
-            f"generator.name: {cfg['generator']['name']!r} cannot sample "
+            f"generator.name: {config.generator.name!r} cannot sample "
             f"multi-turn episodes; use hf or vllm"
         )
-    base = registry().get("baseline", cfg["baseline"]["name"]).factory
+    base = registry().get("baseline", config.baseline.name).factory
     if isinstance(base, type) and issubclass(base, Baseline) and base.needs_greedy:
         found.append(
-            f"baseline.name: {cfg['baseline']['name']!r} needs greedy completions, "
+            f"baseline.name: {config.baseline.name!r} needs greedy completions, "
             f"not yet drawn for environment episodes"
         )
-    if cfg["groups"]["resample_zero_std_max"]:
+    if config.groups.resample_zero_std_max:
         found.append(
             "groups.resample_zero_std_max: resampling flat groups is not yet "
             "supported with an environment; set it to 0"

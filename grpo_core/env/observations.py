@@ -51,6 +51,7 @@ class Renderer:
 
     def tokens(self, text: str, eos: int | None) -> list[int]:
         """The context after a model turn (``eos``: the EOS token it ended with, if any)."""
+        out: str | None
         if not self.chat:
             out = self.env.delimiters[0] + text + self.env.delimiters[1]
         else:

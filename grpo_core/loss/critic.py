@@ -1,4 +1,5 @@
-"""PPO's critic: a value model and the estimators around it, each a pure tensor function.
+"""PPO's critic: the estimators around a value model, each a pure tensor function (the
+model itself: grpo_core.model.value).
 
 Shapes: ``B`` completions, ``T`` completion positions; ``mask`` [B, T] is 1 on the model's
 tokens (0 on padding and on an environment's tokens). ``values[b, t]`` is V(s_t), the value
@@ -15,12 +16,7 @@ the value loss is clipped around the values the rollout was scored with.
 
 from __future__ import annotations
 
-import copy
-
 import torch
-
-from grpo_core.loss.logprobs import repeated_inputs
-from grpo_core.rollout import Rollout
 
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,24 +78,3 @@ def value_loss(
         return 0.5 * plain, torch.zeros_like(plain, dtype=torch.bool)
     clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns).pow(2)
     return 0.5 * torch.maximum(plain, clipped), clipped > plain
-
-
-class ValueModel(torch.nn.Module):
-    """A copy of the policy's decoder with a scalar head: V(s_t) at every completion
-    position. The head starts at zero (every value 0), so the first advantages are the
-    discounted rewards and no random head adds noise."""
-
-    def __init__(self, policy):
-        super().__init__()
-        self.decoder = copy.deepcopy(policy.get_decoder()).train().requires_grad_(True)
-        width = policy.get_output_embeddings().weight.shape[1]
-        ref = next(self.decoder.parameters())
-        self.head = torch.nn.Linear(width, 1, device=ref.device, dtype=ref.dtype)
-        torch.nn.init.zeros_(self.head.weight)
-        torch.nn.init.zeros_(self.head.bias)
-
-    def forward(self, ro: Rollout) -> torch.Tensor:
-        """[B, T] float32 values, 0 on padding."""
-        T, Lp = ro.completion_ids.shape[1], ro.prompt_ids.shape[1]
-        h = self.decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1 : Lp - 1 + T]
-        return self.head(h).squeeze(-1).float() * ro.completion_mask

@@ -1,61 +1,15 @@
 """Groups: completions of one prompt, kept together from sampling to the loss.
 
 A rollout's rows carry their group index; these helpers lay rows out on the ``[P, G]`` grid
-that baselines see, find groups with no learning signal, cut the batch into micro-batches of
-whole groups, and draw extra completions for flat groups (DAPO's dynamic sampling).
+that baselines see, find groups with no learning signal, share extra completions by the
+groups' std, and cut the batch into micro-batches of whole groups.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 
 import torch
-
-from grpo_core.data.prompts import Batch
-from grpo_core.hookspecs import Generator
-from grpo_core.reward.call import Scored
-from grpo_core.rollout import Rollout, SamplingParams, merge
-
-
-def problems(cfg: dict) -> list[str]:
-    """Settings of the ``groups`` section that cannot be combined (one line each)."""
-    gc, found = cfg["groups"], []
-    if gc["dynamic_sampling"] and gc["resample_zero_std_max"]:
-        found.append(
-            "groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
-            "replaces flat groups with new prompts instead; set one of them"
-        )
-    first = gc["adaptive_first"]
-    if first is not None:
-        if first >= cfg["sampling"]["group_size"]:
-            found.append(
-                f"groups.adaptive_first: {first} leaves no completions to allocate "
-                f"(sampling.group_size: {cfg['sampling']['group_size']})"
-            )
-        if gc["resample_zero_std_max"] or gc["dynamic_sampling"] or cfg["environment"]:
-            found.append(
-                "groups.adaptive_first: not with groups.resample_zero_std_max, "
-                "groups.dynamic_sampling or an environment"
-            )
-    return found + _mini_batch_problems(cfg["train"])
-
-
-def _mini_batch_problems(tc: dict) -> list[str]:
-    """train.mini_batches must cut the step's prompts into equal runs of whole groups."""
-    if tc["prompts_per_step"] % tc["mini_batches"]:
-        return [
-            f"train.mini_batches: {tc['mini_batches']} does not divide "
-            f"train.prompts_per_step ({tc['prompts_per_step']}); each mini-batch holds "
-            f"the same number of whole groups"
-        ]
-    return []
-
-
-def first_group_size(cfg: dict) -> int:
-    """Completions drawn for each prompt in the first pass: all G, or ``adaptive_first``."""
-    return cfg["groups"]["adaptive_first"] or cfg["sampling"]["group_size"]
 
 
 def allocate(std: torch.Tensor, budget: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,45 +85,3 @@ def mini_batches(group: torch.Tensor, P: int, count: int, per: int) -> list[list
     size = P // count
     cuts = [list(micro_batches(group, s + size, per, start=s)) for s in range(0, P, size)]
     return [c for c in cuts if c]
-
-
-def resample(
-    gen: Generator,
-    score: Callable[[Batch, Rollout], Scored],
-    batch: Batch,
-    ro: Rollout,
-    scored: Scored,
-    flat: torch.Tensor,
-    n: int,
-    sampling: SamplingParams,
-    seed: int,
-    row_offset: int,
-) -> tuple[Rollout, Scored, int]:
-    """Draw ``n`` more completions for each flat group (``flat`` [P] bool), score them and
-    append them; returns the new rollout, its scores and how many completions were added."""
-    idx = torch.nonzero(flat).squeeze(1).tolist()
-    sub = batch.select(idx)
-    extra = gen.generate(
-        sub.prompt_ids, n, sampling, seed=seed ^ 0x5BD1E995, row_offset=row_offset
-    ).to(ro.group.device)
-    extra_scored = score(sub, extra)
-    extra = replace(
-        extra,
-        prompt_ids=ro.prompt_ids,
-        prompt_mask=ro.prompt_mask,
-        group=torch.tensor(idx, device=ro.group.device)[extra.group],
-    )
-
-    def cat(a: dict, b: dict, fill) -> dict:
-        return {k: list(v) + list(b.get(k, [fill] * extra.size)) for k, v in a.items()}
-
-    return (
-        merge(ro, extra),
-        Scored(
-            torch.cat([scored.rewards, extra_scored.rewards]),
-            cat(scored.dimensions, extra_scored.dimensions, math.nan),
-            cat(scored.extras, extra_scored.extras, None),
-            scored.problem or extra_scored.problem,
-        ),
-        extra.size,
-    )

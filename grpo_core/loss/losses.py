@@ -137,6 +137,7 @@ def objective_loss(
     loss, parts = policy, {"loss/policy": policy}
     kl = None
     if ref_logp is not None:
+        assert logp is not None, "the KL term needs the policy's log-probs"
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         parts["loss/kl"] = kl_coef * aggregate(kl, mask, aggregation, norm)
         loss = loss + parts["loss/kl"]

@@ -18,9 +18,10 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
+from grpo_core.config.view import Config, DataSection
 from grpo_core.data.prompts import check_fields, column_map, fit_prompts, make_batch, reward_inputs
 from grpo_core.data.sources import read_rows
-from grpo_core.env.episodes import EpisodeRunner, completion_budget
+from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Reward
 from grpo_core.observe.metrics import terminal_width
@@ -48,7 +49,7 @@ def evaluate(
     tokenizer,
     generator: Generator,
     rows: list[dict],
-    data_cfg: dict,
+    data: DataSection,
     reward_fn: Reward,
     n: int = 1,
     temperature: float = 0.0,
@@ -87,7 +88,7 @@ def evaluate(
     )
     for s in range(0, len(rows), batch_prompts):
         chunk = rows[s : s + batch_prompts]
-        batch = make_batch(chunk, data_cfg, tokenizer)
+        batch = make_batch(chunk, data, tokenizer)
         if episodes is None:
             ro, transcripts = (
                 generator.generate(batch.prompt_ids, n, sampling, seed=seed, row_offset=s * n),
@@ -146,7 +147,7 @@ def evaluate_configured(
     tokenizer,
     generator: Generator,
     rows: list[dict],
-    cfg: dict,
+    config: Config,
     reward_fn: Reward,
     device: torch.device,
     episodes: EpisodeRunner | None = None,
@@ -154,29 +155,29 @@ def evaluate_configured(
     n: int | None = None,
     temperature: float | None = None,
 ) -> tuple[dict, list[dict]]:
-    """:func:`evaluate` as the config ``cfg`` sets it: the ``eval`` section's samples per
-    problem, temperature, batch, pass threshold and correctness dimension (``n`` and
-    ``temperature`` replace the first two when given), the ``sampling`` section's settings
-    and token budget (nulls resolved from the model, as training resolves them), the fixed
-    evaluation seed, and training's numerics (:func:`grpo_core.store.models.numerics`:
-    bfloat16 autocast on a GPU with ``model.dtype: auto``). Validation during training and
-    the evaluation of a saved model both call this, so they compute the same thing."""
-    ec, sampling = cfg["eval"], dict(cfg["sampling"])
-    resolve_sampling(model, sampling, announce=False)
-    with torch.no_grad(), numerics(device, cfg["model"]["dtype"]):
+    """:func:`evaluate` as ``config`` sets it: the ``eval`` section's samples per problem,
+    temperature, batch, pass threshold and correctness dimension (``n`` and ``temperature``
+    replace the first two when given), the ``sampling`` section's settings and token budget
+    (nulls resolved from the model, as training resolves them), the fixed evaluation seed,
+    and training's numerics (:func:`grpo_core.store.models.numerics`: bfloat16 autocast on a
+    GPU with ``model.dtype: auto``). Validation during training and the evaluation of a saved
+    model both call this, so they compute the same thing."""
+    ec = config.eval
+    sampling = resolve_sampling(model, config.sampling, announce=False)
+    with torch.no_grad(), numerics(device, config.model.dtype):
         return evaluate(
             model,
             tokenizer,
             generator,
             rows,
-            cfg["data"],
+            config.data,
             reward_fn,
-            n=ec["n"] if n is None else n,
-            temperature=ec["temperature"] if temperature is None else temperature,
-            max_new_tokens=sampling["max_new_tokens"],
-            batch_prompts=ec["batch_prompts"],
-            pass_threshold=ec["pass_threshold"],
-            correct_dimension=ec["correct_dimension"],
+            n=ec.n if n is None else n,
+            temperature=ec.temperature if temperature is None else temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            batch_prompts=ec.batch_prompts,
+            pass_threshold=ec.pass_threshold,
+            correct_dimension=ec.correct_dimension,
             progress=progress,
             episodes=episodes,
             settings=SamplingParams.from_config(sampling),
@@ -184,7 +185,7 @@ def evaluate_configured(
 
 
 def held_out_rows(
-    cfg: dict,
+    config: Config,
     tokenizer,
     model,
     path: str | None = None,
@@ -197,19 +198,19 @@ def held_out_rows(
     fitted to training's prompt limit by ``data.long_prompts`` (a model is judged on prompts
     it could have trained on), then the first ``max_problems`` (default
     ``eval.max_problems``). ``key``: the setting named in an error about the source."""
-    ec, dc = cfg["eval"], cfg["data"]
-    path = path or ec["data"] or dc["path"]
-    same = path == dc["path"]  # the training set's source keeps its configuration, data_files
+    ec, dc = config.eval, config.data
+    path = path or ec.data or dc.path
+    same = path == dc.path  # the training set's source keeps its configuration, data_files
     rows = read_rows(
         path,
-        split or ec["split"],
-        dc["name"] if same else None,
-        dc["data_files"] if same else None,
+        split or ec.split,
+        dc.name if same else None,
+        dc.data_files if same else None,
         key=key,
     )
-    check_fields(rows, [dc["prompt_field"], *column_map(dc)], path)
-    budget_key, budget = completion_budget(cfg)
-    limit = dc["max_prompt_tokens"] or (context_length(model) or 10**9) - budget
+    check_fields(rows, [dc.prompt_field, *column_map(dc)], path)
+    budget_key, budget = config.completion_budget
+    limit = dc.max_prompt_tokens or (context_length(model) or 10**9) - budget
     if limit < 1:
         raise UserError(
             f"{budget_key}: {budget} leaves no room for a prompt in the model's context"
@@ -218,10 +219,10 @@ def held_out_rows(
     if long:
         print(
             f"warning: {long} of {len(rows)} held-out prompts are longer than {limit} tokens; "
-            f"data.long_prompts: {dc['long_prompts']}",
+            f"data.long_prompts: {dc.long_prompts}",
             file=sys.stderr,
         )
-    cut = max_problems or ec["max_problems"]
+    cut = max_problems or ec.max_problems
     return kept[:cut] if cut else kept, long
 
 

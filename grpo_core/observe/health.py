@@ -216,9 +216,9 @@ class HealthMonitor:
         check stops firing, until the recent mean of the series it names is back at its
         level (pitfalls.Release)."""
         keys = {f[0] for f in found}
-        for key, message, figure, *release in found:
-            if key in LATCHING and release and key not in self.latched:
-                self.latched[key] = (message, figure, release[0])
+        for key, message, figure, *rest in found:
+            if key in LATCHING and rest and key not in self.latched:
+                self.latched[key] = (message, figure, rest[0])
         for key, (_, _, release) in list(self.latched.items()):
             recent = self.series(release.series, max(2, pitfalls.span(self) // 2))
             level = statistics.fmean(recent) if recent else math.nan

@@ -119,7 +119,7 @@ def terminal_width() -> dict:
     """tqdm's size settings: follow the terminal's size as it changes, or 100 x 24 where the
     terminal reports no size (a bare pseudo-terminal), in which tqdm would draw nothing."""
     try:
-        size = os.get_terminal_size(sys.__stderr__.fileno())
+        size = os.get_terminal_size(sys.__stderr__.fileno())  # type: ignore[union-attr]  # None: caught below
         known = size.columns > 0 and size.lines > 0
     except (AttributeError, OSError, ValueError):
         known = False

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
+from grpo_core.config.view import Config
 from grpo_core.registry import registry
 
 
@@ -52,27 +53,25 @@ def span(m: HealthMonitor) -> int:
     return min(m.window, int(m.t["hack_steps"]))
 
 
-def run_settings(cfg: dict) -> dict:
+def run_settings(config: Config) -> dict:
     """What the advice needs from a validated config (sampling settings already resolved):
     lr and gradient clipping, sampling temperature and token budget, the KL coefficient's
     option name, and a weighted reward's components (weight, ``requires``, the best score
     its class declares)."""
-    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(
-        cfg["kl"]["name"]
-    )
+    coef_key = {"fixed": "coef", "adaptive": "init_coef", "schedule": "start"}.get(config.kl.name)
     components = {}
-    if cfg["reward"]["name"] == "weighted":
-        for c in cfg["reward"]["options"]["components"]:
+    if config.reward.name == "weighted":
+        for c in config.reward.options["components"]:
             components[c.get("as") or c["name"]] = {
                 "weight": c.get("weight", 1.0),
                 "requires": c.get("requires", []),
                 "max": _declared_best(c["name"]),
             }
     return {
-        "lr": cfg["optimizer"]["lr"],
-        "max_grad_norm": cfg["optimizer"]["max_grad_norm"],
-        "temperature": cfg["sampling"]["temperature"],
-        "max_new_tokens": cfg["sampling"]["max_new_tokens"],
+        "lr": config.optimizer.lr,
+        "max_grad_norm": config.optimizer.max_grad_norm,
+        "temperature": config.sampling.temperature,
+        "max_new_tokens": config.sampling.max_new_tokens,
         "kl_option": f"kl.options.{coef_key}" if coef_key else "the KL coefficient",
         "components": components,
     }
@@ -250,9 +249,11 @@ def lr_collapse(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
     a jump) and larger than any the run showed across steps with no update (at a low
     temperature the entropy estimate alone jumps that much)."""
     n, recent = m.t["collapse_steps"], m.records[-m.window :]
-    rw, ent = [x.get("reward") for x in recent], [x.get("entropy") for x in recent]
-    if converged or not all(_finite(a) and _finite(b) for a, b in zip(rw, ent)):
+    pairs = [(x.get("reward"), x.get("entropy")) for x in recent]
+    if converged or not all(_finite(a) and _finite(b) for a, b in pairs):
         return
+    # every value is a finite number here (checked just above)
+    rw, ent = cast(list[float], [a for a, _ in pairs]), cast(list[float], [b for _, b in pairs])
     noise = _entropy_noise(m.records)
     for k in range(1, len(recent) - n + 1):
         step, lr = _update(m, recent[k - 1])
@@ -294,7 +295,9 @@ def _update(m: HealthMonitor, r: dict) -> tuple[float | None, float | None]:
     clipped at ``optimizer.max_grad_norm``) and that learning rate; None when no update was
     made (grad norm 0: every group flat; or the update skipped)."""
     norm, lr = r.get("grad_norm"), r.get("lr", m.settings.get("lr"))
-    if not _finite(norm) or norm <= 0 or r.get("skipped_updates"):
+    if not isinstance(norm, (int, float)) or not _finite(norm) or norm <= 0:
+        return None, lr
+    if r.get("skipped_updates"):
         return None, lr
     clip = m.settings.get("max_grad_norm")
     return (lr or 0.0) * (min(norm, clip) if clip else norm), lr

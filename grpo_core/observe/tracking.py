@@ -12,6 +12,7 @@ import sys
 
 from grpo_core.building import create
 from grpo_core.config.file import unresolved
+from grpo_core.config.view import Config, OutputSection
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Logger
 from grpo_core.registry import registry
@@ -46,35 +47,35 @@ def metric_name(name: str, naming: str) -> str:
     return f"train/{trl}" if naming == "trl_train" else trl
 
 
-def logger_refs(output_cfg: dict) -> list[tuple[str, dict]]:
+def logger_refs(output: OutputSection) -> list[tuple[str, dict]]:
     """(config key, {name, options}) of each logger the run uses: ``output.loggers`` when
     set; otherwise tensorboard when installed (``output.tensorboard: auto``) and wandb when
     ``output.wandb_project`` names a project, as before loggers were plugins."""
-    if output_cfg["loggers"] is not None:
-        return [(f"output.loggers[{i}]", ref) for i, ref in enumerate(output_cfg["loggers"])]
+    if output.loggers is not None:
+        return [(f"output.loggers[{i}]", ref) for i, ref in enumerate(output.loggers)]
     refs = []
-    if output_cfg["tensorboard"] == "auto" and _installed("tensorboard"):
+    if output.tensorboard == "auto" and _installed("tensorboard"):
         refs.append(("output.tensorboard", {"name": "tensorboard", "options": {}}))
-    if output_cfg["wandb_project"]:
+    if output.wandb_project:
         refs.append(
             (
                 "output.wandb_project",
-                {"name": "wandb", "options": {"project": output_cfg["wandb_project"]}},
+                {"name": "wandb", "options": {"project": output.wandb_project}},
             )
         )
     return refs
 
 
-def problems(output_cfg: dict) -> list[str]:
+def problems(output: OutputSection) -> list[str]:
     """What stops the configured loggers before a model loads: a package not installed (one
     line naming it), the older keys set beside ``output.loggers``."""
     out = []
-    if output_cfg["loggers"] is not None and output_cfg["wandb_project"]:
+    if output.loggers is not None and output.wandb_project:
         out.append(
             "output.wandb_project: not read when output.loggers is set; list "
             "{name: wandb, options: {project: ...}} there instead"
         )
-    for where, ref in logger_refs(output_cfg):
+    for where, ref in logger_refs(output):
         info = registry().plugins.get(("logger", ref["name"]))
         if info is None or not (
             isinstance(info.factory, type) and issubclass(info.factory, Logger)
@@ -104,18 +105,18 @@ class Trackers:
         self.failed: set[str] = set()  # loggers that failed once: warned about, still called
 
     @classmethod
-    def start(cls, cfg: dict, run_id: str, start_step: int) -> Trackers:
-        """Build and start each logger of ``cfg``'s ``output`` section (checked first: a
+    def start(cls, config: Config, run_id: str, start_step: int) -> Trackers:
+        """Build and start each logger of the config's ``output`` section (checked first: a
         missing package is a one-line error naming it)."""
-        bad = problems(cfg["output"])
+        bad = problems(config.output)
         if bad:
             raise UserError(bad[0])
-        written = unresolved(cfg)  # trackers get ${env:NAME}, never a value
+        written = unresolved(config.as_dict())  # trackers get ${env:NAME}, never a value
         loggers = []
-        for where, ref in logger_refs(cfg["output"]):
+        for where, ref in logger_refs(config.output):
             lg = create("logger", ref["name"], ref.get("options"))
             try:
-                lg.start(cfg["output"]["dir"], run_id, written, start_step)
+                lg.start(config.output.dir, run_id, written, start_step)
             except UserError:
                 raise
             except Exception as exc:  # a tracker that cannot start (login, server) stops here
@@ -124,7 +125,7 @@ class Trackers:
                     f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
                 ) from exc
             loggers.append((ref["name"], lg))
-        return cls(loggers, cfg["output"]["metric_names"])
+        return cls(loggers, config.output.metric_names)
 
     def log(self, record: dict) -> None:
         """A step's scalars (numbers other than ``step``), renamed for the trackers."""

@@ -17,6 +17,6 @@ on either side has a timeout (``sampling.generation_timeout``); see docs/async.m
 
 from __future__ import annotations
 
-from grpo_core.overlap.remote import RemoteGenerator, enabled, problems
+from grpo_core.overlap.remote import RemoteGenerator
 
-__all__ = ["RemoteGenerator", "enabled", "problems"]
+__all__ = ["RemoteGenerator"]

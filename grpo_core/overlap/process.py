@@ -40,13 +40,13 @@ class GeneratorProcess:
         from grpo_core.building import create
         from grpo_core.store.models import load_model, load_tokenizer, pick_device
 
-        cfg = spec["cfg"]
-        if cfg["runtime"]["threads"]:
-            torch.set_num_threads(cfg["runtime"]["threads"])
-        device = pick_device(cfg["runtime"]["device"])
-        self.model = load_model(cfg["model"], device).requires_grad_(False)
-        self.generator = create("generator", cfg["generator"]["name"], cfg["generator"]["options"])
-        self.generator.setup(self.model, load_tokenizer(cfg["model"]), device)
+        config = spec["config"]
+        if config.runtime.threads:
+            torch.set_num_threads(config.runtime.threads)
+        device = pick_device(config.runtime.device)
+        self.model = load_model(config.model, device).requires_grad_(False)
+        self.generator = create("generator", config.generator.name, config.generator.options)
+        self.generator.setup(self.model, load_tokenizer(config.model), device)
         self.ring = WeightRing(spec["entries"], spec["slot_bytes"], spec["k"] + 1, spec["path"])
         self.conn, self.sampling, self.group = conn, spec["sampling"], spec["group_size"]
         self.k, self.base, self.timeout = spec["k"], spec["base"], spec["timeout"]

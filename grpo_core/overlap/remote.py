@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from grpo_core.config.view import Config
 from grpo_core.errors import TrainingError
 from grpo_core.overlap import channel
 from grpo_core.overlap.weights import WeightRing, layout
@@ -24,34 +25,6 @@ from grpo_core.rollout import Rollout, SamplingParams
 
 #: seconds the generator process may take to load its model and say it is ready
 BOOT_TIMEOUT = 300.0
-
-
-def enabled(cfg: dict) -> bool:
-    """Whether generation runs in its own process: ``sampling.generation: process``, or
-    ``auto`` with ``sampling.max_staleness`` >= 1."""
-    sc = cfg["sampling"]
-    return sc["generation"] == "process" or (sc["generation"] == "auto" and sc["max_staleness"] > 0)
-
-
-def problems(cfg: dict, world: int) -> list[str]:
-    """Why the configured generation cannot run in its own process, one line each."""
-    sc, gc = cfg["sampling"], cfg["groups"]
-    if sc["generation"] == "inline" and sc["max_staleness"]:
-        return ["sampling.max_staleness: >= 1 needs sampling.generation: process or auto"]
-    if not enabled(cfg):
-        return []
-    why = "is not supported with asynchronous generation (sampling.generation: process)"
-    refused = [
-        (world > 1, f"several processes: {why}; run one process"),
-        (cfg["generator"]["name"] != "hf", f"generator.name: {cfg['generator']['name']} {why}"),
-        (bool(cfg["environment"]), f"environment: {why}"),
-        (bool(cfg["model"]["lora"]), f"model.lora: {why}"),
-        (bool(cfg["deepspeed"]), f"deepspeed: {why}"),
-        (gc["dynamic_sampling"], f"groups.dynamic_sampling: {why}"),
-        (bool(gc["resample_zero_std_max"]), f"groups.resample_zero_std_max: {why}"),
-        (gc["adaptive_first"] is not None, f"groups.adaptive_first: {why}"),
-    ]
-    return [line for bad, line in refused if bad]
 
 
 @dataclass(frozen=True)
@@ -106,14 +79,14 @@ class RemoteGenerator:
 
     def __init__(
         self,
-        cfg: dict,
+        config: Config,
         sampling: SamplingParams,
         model: torch.nn.Module,
         base: int,
         restored: dict | None = None,
     ):
-        sc = cfg["sampling"]
-        self.k, self.timeout = sc["max_staleness"], sc["generation_timeout"]
+        sc = config.sampling
+        self.k, self.timeout = sc.max_staleness, sc.generation_timeout
         entries, slot_bytes = layout(model)
         self.ring = WeightRing(entries, slot_bytes, self.k + 1)
         self.rows: dict[int, list[dict]] = {}  # submitted, not arrived
@@ -124,9 +97,9 @@ class RemoteGenerator:
         self.proc, self.conn = _spawn()
         self._finalizer = weakref.finalize(self, _end, self.proc, self.conn, self.ring)
         spec = {
-            "cfg": cfg,
+            "config": config,
             "sampling": sampling,
-            "group_size": sc["group_size"],
+            "group_size": sc.group_size,
             "k": self.k,
             "base": base,
             "timeout": self.timeout,

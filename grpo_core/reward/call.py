@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from grpo_core.config.view import RewardSection
 from grpo_core.data.prompts import Batch, reward_inputs
 from grpo_core.errors import UserError
 from grpo_core.faults import Fault, describe
@@ -39,7 +40,9 @@ class RewardFailure(UserError):
 
 
 @dataclass
-class Scored:
+class Rewards:
+    """A rollout's rewards as the reward plugin gave them (phase 2's raw result)."""
+
     rewards: torch.Tensor  # [B] float32; NaN = missing (dropped)
     dimensions: dict = field(default_factory=dict)  # name -> [B] list
     extras: dict = field(default_factory=dict)
@@ -79,7 +82,7 @@ def score(
     group: torch.Tensor,
     policy: str = "raise",
     timeout: float | None = None,
-) -> Scored:
+) -> Rewards:
     """Score completions; ``group`` [B] maps each completion to its prompt's group."""
     B = len(completions)
     try:
@@ -89,6 +92,7 @@ def score(
         return _fail(
             f"reward {name!r} raised {fault.within(f'reward {name!r}')}", B, group, policy, fault
         )
+    problem: str | None
     if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__iter__"):
         problem = (
             f"reward {name!r} returned a {type(out).__name__}, expected a list of {B} "
@@ -129,8 +133,8 @@ def score(
         side = dim_problem or extra_problem
         if side:
             problem = f"{problem}; {side}" if problem else f"reward {name!r}: {side}"
-        return Scored(rewards, dims, extras, problem)
-    return Scored(rewards, problem=problem)
+        return Rewards(rewards, dims, extras, problem)
+    return Rewards(rewards, problem=problem)
 
 
 def _per_item(named: dict, B: int, numeric: bool) -> tuple[dict, str | None]:
@@ -174,13 +178,13 @@ def _number(v) -> float:
 
 def score_rollout(
     fn: Reward,
-    reward_cfg: dict,
+    section: RewardSection,
     tokenizer,
     batch: Batch,
     ro: Rollout,
     transcripts: list | None = None,
     progress: tuple[int, int] | None = None,
-) -> Scored:
+) -> Rewards:
     """Decode a rollout and score it as the ``reward`` config section says (failure policy,
     time limit). Episodes (``transcripts``) that failed under ``environment.failure: drop``
     get no reward (NaN: left out of their group's statistics and of the loss). ``progress``:
@@ -188,15 +192,15 @@ def score_rollout(
     prompts, texts, columns = reward_inputs(tokenizer, batch, ro, transcripts)
     if progress is not None:
         columns["trainer_state"] = {"global_step": progress[0], "max_steps": progress[1]}
-    timeout = None if isinstance(fn, IsolatedReward) else reward_cfg["timeout"]  # it kills
+    timeout = None if isinstance(fn, IsolatedReward) else section.timeout  # it kills
     scored = score(
         fn,
-        reward_cfg["name"],
+        section.name,
         prompts,
         texts,
         columns,
         ro.group.cpu(),
-        reward_cfg["failure"],
+        section.failure,
         timeout,
     )
     dropped = [i for i, t in enumerate(transcripts or []) if t.dropped]
@@ -222,29 +226,29 @@ def overlong_penalty(
     return ((free - lengths.float()) / buffer).clamp(-1.0, 0.0) * factor
 
 
-def with_overlong(scored: Scored, ro: Rollout, overlong: dict | None, budget: int) -> Scored:
-    """``scored`` with the soft overlong penalty (the ``reward.overlong`` section; None: off)
+def with_overlong(got: Rewards, ro: Rollout, overlong: dict | None, budget: int) -> Rewards:
+    """``got`` with the soft overlong penalty (the ``reward.overlong`` section; None: off)
     added to each reward and kept as the dimension ``overlong``; ``budget``: L_max when the
     section leaves ``max_tokens`` null (the completion budget)."""
     if not overlong:
-        return scored
+        return got
     lengths = ro.action_mask.sum(-1).cpu()
     pen = overlong_penalty(
         lengths, overlong["max_tokens"] or budget, overlong["buffer"], overlong["factor"]
     )
-    return Scored(
-        scored.rewards + pen,
-        {**scored.dimensions, "overlong": pen.tolist()},
-        scored.extras,
-        scored.problem,
+    return Rewards(
+        got.rewards + pen,
+        {**got.dimensions, "overlong": pen.tolist()},
+        got.extras,
+        got.problem,
     )
 
 
 def _fail(
     problem: str, B: int, group: torch.Tensor, policy: str, fault: Fault | None = None
-) -> Scored:
+) -> Rewards:
     """Every completion failed (the call raised or gave the wrong length)."""
-    return Scored(
+    return Rewards(
         _apply(problem, torch.zeros(B), torch.arange(B), group, policy, fault), problem=problem
     )
 

@@ -205,9 +205,10 @@ def reference(fn: Callable[..., Any]) -> str:
     qualname = getattr(fn, "__qualname__", "")
     if module is None or module.__name__ == "__main__" or getattr(module, qualname, None) is not fn:
         return f"{IN_PROCESS}:{getattr(fn, '__name__', 'function')}"
-    if "." in module.__name__ or not getattr(module, "__file__", None):
+    path = getattr(module, "__file__", None)
+    if "." in module.__name__ or not path:
         return f"{module.__name__}:{qualname}"
-    return f"{os.path.abspath(module.__file__)}:{qualname}"
+    return f"{os.path.abspath(path)}:{qualname}"
 
 
 def resolve(name: str) -> PluginInfo:
@@ -261,6 +262,8 @@ def _from_file(path: str, name: str) -> Any:
     if key in sys.modules:
         return sys.modules[key]
     spec = importlib.util.spec_from_file_location(key, full)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"reward {name!r}: {path} cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from grpo_core import faults
 from grpo_core.building import create
+from grpo_core.config.view import RewardSection
 from grpo_core.errors import PluginError
 from grpo_core.hookspecs import Reward
 from grpo_core.registry import registry
@@ -27,27 +28,23 @@ from grpo_core.workers import WorkerCrashed, WorkerError, WorkerPool, WorkerTime
 BUILD_TIMEOUT = 600.0
 
 
-def build_reward(reward_cfg: dict) -> Reward:
+def build_reward(section: RewardSection) -> Reward:
     """The configured reward, where its time limit can be enforced (see the module doc)."""
-    info = registry().get("reward", reward_cfg["name"])
+    info = registry().get("reward", section.name)
     inline = (
         isinstance(info.factory, type) and issubclass(info.factory, Reward) and info.factory.inline
     )
-    payload, stays, why = functions.shipped(reward_cfg)
-    if why and reward_cfg["isolation"] == "process" and not inline:
+    payload, stays, why = functions.shipped({"name": section.name, "options": section.options})
+    if why and section.isolation == "process" and not inline:
         print(
             f"notice: the reward runs in the trainer's process, not a worker process "
             f"({why}); reward.timeout can abandon a call there but not stop it",
             file=sys.stderr,
         )
-    if reward_cfg["isolation"] == "inline" or inline or stays:
-        return create("reward", reward_cfg["name"], reward_cfg["options"])
+    if section.isolation == "inline" or inline or stays:
+        return create("reward", section.name, section.options)
     return IsolatedReward(
-        reward_cfg["name"],
-        reward_cfg["options"],
-        reward_cfg["timeout"],
-        reward_cfg["memory_mb"],
-        payload,
+        section.name, section.options, section.timeout, section.memory_mb, payload
     )
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,7 +92,7 @@ def _digest(path: str) -> str:
 
 
 def rng_state() -> dict:
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (name, keys, pos, ...)
     return {
         "python": repr(random.getstate()),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],

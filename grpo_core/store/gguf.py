@@ -20,6 +20,7 @@ import tempfile
 
 import torch
 
+from grpo_core.config.view import ModelSection
 from grpo_core.errors import UserError
 
 #: bump when the converted directory's layout changes, so older caches are not reused
@@ -35,23 +36,23 @@ def cache_root() -> str:
     return os.path.join(base, "grpo_core")
 
 
-def gguf_path(model_cfg: dict) -> str | None:
+def gguf_path(model: ModelSection) -> str | None:
     """The GGUF file the config names (None when it names none): ``gguf_file`` inside
     ``name_or_path`` when that directory holds it, else ``gguf_file`` as a path."""
-    name = model_cfg.get("gguf_file")
+    name = model.gguf_file
     if not name:
         return None
-    inside = os.path.join(model_cfg["name_or_path"], name)
+    inside = os.path.join(model.name_or_path, name)
     return inside if os.path.isfile(inside) or not os.path.isfile(name) else name
 
 
-def model_dir(model_cfg: dict) -> str:
+def model_dir(model: ModelSection) -> str:
     """The directory (or hub id) transformers loads the model and tokenizer from: the
     converted cache of ``model.gguf_file`` when one is set (converting it now if needed),
     else ``model.name_or_path``."""
-    path = gguf_path(model_cfg)
+    path = gguf_path(model)
     if path is None:
-        return model_cfg["name_or_path"]
+        return model.name_or_path
     if not os.path.isfile(path):
         raise UserError(
             f"model.gguf_file: {path} not found (expected a .gguf file, by name "

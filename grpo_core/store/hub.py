@@ -5,17 +5,18 @@ then ``final/`` uploaded in one commit. The token is huggingface_hub's own (``HF
 
 from __future__ import annotations
 
+from grpo_core.config.view import OutputSection
 from grpo_core.errors import UserError
 
 
-def problems(output_cfg: dict) -> list[str]:
+def problems(output: OutputSection) -> list[str]:
     """Settings that cannot push (one line each), found before a model loads."""
-    if not output_cfg["push_to_hub"]:
+    if not output.push_to_hub:
         return []
     found = []
-    if not output_cfg["hub_model_id"]:
+    if not output.hub_model_id:
         found.append("output.hub_model_id: needed with output.push_to_hub (user/name)")
-    if not output_cfg["save_model"]:
+    if not output.save_model:
         found.append("output.push_to_hub: needs output.save_model: true (it pushes final/)")
     return found
 

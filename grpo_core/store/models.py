@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import sys
+from typing import Any
 
 import torch
 
+from grpo_core.config.view import ModelSection, SamplingSection
 from grpo_core.errors import UserError
 from grpo_core.rollout import MODEL_DEFAULTED, NEUTRAL
 from grpo_core.store.gguf import model_dir
@@ -24,12 +27,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_tokenizer(model_cfg: dict):
+def load_tokenizer(model: ModelSection):
     from transformers import AutoTokenizer
 
-    path = model_dir(model_cfg)
+    path = model_dir(model)
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg["trust_remote_code"])
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
     except Exception as exc:  # whatever a broken directory raises, it is the input's fault
         raise UserError(
             f"model.name_or_path: cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}"
@@ -39,15 +42,15 @@ def load_tokenizer(model_cfg: dict):
     return tok
 
 
-def load_model(model_cfg: dict, device: torch.device):
+def load_model(section: ModelSection, device: torch.device):
     """The causal LM, in float32 on CPU (and as master weights on GPU) unless a dtype is set."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    path = model_dir(model_cfg)
-    dtype = DTYPES.get(model_cfg["dtype"], torch.float32)
-    if os.path.isdir(path) and not model_cfg["allow_unsafe_weights"]:
+    path = model_dir(section)
+    dtype = DTYPES.get(section.dtype, torch.float32)
+    if os.path.isdir(path) and not section.allow_unsafe_weights:
         files = os.listdir(path)
         if not any(f.endswith(".safetensors") for f in files) and any(
             f.endswith((".bin", ".pt", ".pth")) for f in files
@@ -56,21 +59,21 @@ def load_model(model_cfg: dict, device: torch.device):
                 f"model.name_or_path: {path} has only pickle weights (.bin); "
                 f"convert to safetensors or set model.allow_unsafe_weights: true"
             )
-    extra = {}
-    attention = model_cfg.get("attn_implementation")
+    extra: dict = {}
+    attention = section.attn_implementation
     if attention:
         problem = attention_problem(attention, device.type)
         if problem:
             raise UserError(problem)
         extra["attn_implementation"] = attention
-    if model_cfg.get("quantization"):
-        extra["quantization_config"] = _quantization(model_cfg["quantization"], device)
+    if section.quantization:
+        extra["quantization_config"] = _quantization(section.quantization, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,
-            trust_remote_code=model_cfg["trust_remote_code"],
-            use_safetensors=None if model_cfg["allow_unsafe_weights"] else True,
+            trust_remote_code=section.trust_remote_code,
+            use_safetensors=None if section.allow_unsafe_weights else True,
             **extra,
         )
     except Exception as exc:  # corrupt weights raise safetensors', torch's or OS errors
@@ -78,15 +81,15 @@ def load_model(model_cfg: dict, device: torch.device):
             f"model.name_or_path: cannot load a model from {path!r}: {str(exc).splitlines()[0]}"
         ) from exc
     if "quantization_config" not in extra:
-        model = model.to(device)
-    if model_cfg.get("gradient_checkpointing"):
+        model = model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to misread
+    if section.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if model_cfg.get("lora"):
-        model = add_lora(model, model_cfg["lora"])
+    if section.lora:
+        model = add_lora(model, section.lora)
     return model
 
 
@@ -156,7 +159,7 @@ def is_peft(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
 
 
-def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
+def saved_dtype(model: ModelSection, choice: str) -> torch.dtype:
     """The dtype weights are written in: ``auto`` keeps the base model's own (a bfloat16
     checkpoint stays bfloat16, though training keeps float32 master weights)."""
     if choice != "auto":
@@ -164,12 +167,12 @@ def saved_dtype(model_cfg: dict, choice: str) -> torch.dtype:
     from transformers import AutoConfig
 
     try:
-        cfg = AutoConfig.from_pretrained(
-            model_dir(model_cfg), trust_remote_code=model_cfg["trust_remote_code"]
+        hf_config = AutoConfig.from_pretrained(
+            model_dir(model), trust_remote_code=model.trust_remote_code
         )
     except (OSError, ValueError):
         return torch.float32
-    dtype = getattr(cfg, "dtype", None)
+    dtype = getattr(hf_config, "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
@@ -218,7 +221,7 @@ _VALID = {
 }
 
 
-def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
+def sampling_defaults(model, sampling: SamplingSection) -> dict[str, float | int]:
     """The values of the model's generation_config for the sampling settings the config
     leaves null: only those the model sets (differing from transformers' own defaults, as
     vLLM reads them) and in range; a config value always wins."""
@@ -228,7 +231,7 @@ def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
     for key in MODEL_DEFAULTED:
         value = given.get(key)
         if (
-            sampling_cfg.get(key) is None
+            getattr(sampling, key) is None
             and isinstance(value, (int, float))
             and not isinstance(value, bool)
             and _VALID[key](value)
@@ -237,14 +240,16 @@ def sampling_defaults(model, sampling_cfg: dict) -> dict[str, float | int]:
     return taken
 
 
-def resolve_sampling(model, sampling_cfg: dict, announce: bool) -> None:
-    """Fill the config's null sampling settings in place, once the model is loaded: the
+def resolve_sampling(model, sampling: SamplingSection, announce: bool) -> SamplingSection:
+    """The sampling section with its null settings filled, once the model is loaded: the
     model's generation_config value when it sets one, else the neutral value. With
     ``announce`` (rank 0), one ``note:`` line on stderr names the values taken from the model."""
-    taken = sampling_defaults(model, sampling_cfg)
-    for key in MODEL_DEFAULTED:
-        if sampling_cfg.get(key) is None:
-            sampling_cfg[key] = taken.get(key, NEUTRAL[key])
+    taken = sampling_defaults(model, sampling)
+    filled: dict[str, Any] = {
+        key: taken.get(key, NEUTRAL[key])
+        for key in MODEL_DEFAULTED
+        if getattr(sampling, key) is None
+    }
     if taken and announce:
         said = ", ".join(f"{k}={v}" for k, v in taken.items())
         print(
@@ -252,6 +257,7 @@ def resolve_sampling(model, sampling_cfg: dict, announce: bool) -> None:
             f"in the config's sampling section to override)",
             file=sys.stderr,
         )
+    return dataclasses.replace(sampling, **filled)
 
 
 def _tied_names(model) -> set[str]:

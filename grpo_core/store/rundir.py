@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 
 from grpo_core.errors import UserError
 
@@ -102,7 +103,7 @@ def problems(path: str) -> list[str]:
 
 
 def claim(
-    path: str, resume: bool = False, overwrite: bool = False, inputs: list[tuple[str, str]] = ()
+    path: str, resume: bool = False, overwrite: bool = False, inputs: Sequence[tuple[str, str]] = ()
 ) -> str:
     """Make ``path`` this run's directory (locked); returns the run's id.
 
@@ -157,7 +158,7 @@ def _make_dir(path: str) -> str:
     return path
 
 
-def _empty(path: str, others: list[str], inputs: list[tuple[str, str]]) -> None:
+def _empty(path: str, others: list[str], inputs: Sequence[tuple[str, str]]) -> None:
     """Deletes ``others`` (the entries of the run directory ``path`` but its lock), unless one
     of the run's ``inputs`` lies inside it: then a UserError, and nothing is deleted."""
     inside = [(key, p) for key, p in inputs if _within(p, path)]

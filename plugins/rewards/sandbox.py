@@ -49,11 +49,11 @@ PROGRAM = "main.py"  # the program's file name in its working directory
 LAUNCHER = r"""
 import json, os, resource, sys
 
-def limit(cfg):
+def limit(spec):
     r = resource
-    for name, value in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", cfg["fsize"]),
-                        ("RLIMIT_NOFILE", cfg["nofile"]), ("RLIMIT_AS", cfg["memory"]),
-                        ("RLIMIT_CPU", cfg["cpu"]), ("RLIMIT_NPROC", 0)):
+    for name, value in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", spec["fsize"]),
+                        ("RLIMIT_NOFILE", spec["nofile"]), ("RLIMIT_AS", spec["memory"]),
+                        ("RLIMIT_CPU", spec["cpu"]), ("RLIMIT_NPROC", 0)):
         res = getattr(r, name)
         hard = r.getrlimit(res)[1]
         cap = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, SIGKILL a second on
@@ -110,19 +110,19 @@ def guard(home, roots):
     return hook
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    spec = json.loads(sys.argv[1])
     token = b""
-    while len(token) < cfg["token"]:
-        part = os.read(0, cfg["token"] - len(token))
+    while len(token) < spec["token"]:
+        part = os.read(0, spec["token"] - len(token))
         if not part:
             break
         token += part
     home = os.path.realpath(os.getcwd())
     roots = [os.path.realpath(os.path.dirname(os.__file__)), "/dev/null", "/dev/urandom"]
-    limit(cfg)
+    limit(spec)
     with open("main.py", encoding="utf-8") as f:
         source = f.read()
-    if cfg["guard"]:
+    if spec["guard"]:
         sys.addaudithook(guard(home, roots))
     code = compile(source, "main.py", "exec")
     exec(code, {"__name__": "__main__", "__builtins__": __builtins__})

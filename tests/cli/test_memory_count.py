@@ -22,6 +22,7 @@ def test_plan_memory_on_a_tiny_model(tiny_model):
 
 def test_the_optimizer_state_follows_the_configured_optimizer():
     from grpo_core.cli.memory import optimizer_moments, plan
+    from grpo_core.config import section
     from grpo_core.observe.flops import Shape
 
     shape = Shape(64, 2, 4, 4, 128, 100, True)
@@ -31,8 +32,11 @@ def test_the_optimizer_state_follows_the_configured_optimizer():
     assert sizes == {2.0: 8.0 * P, 1.0: 4.0 * P, 0.0: 0.0}
     # DeepSpeed keeps an fp32 master copy besides the fp32 moments
     assert plan(shape, 4, 4, 16, 16, strategy="zero1", moments=0.0)["optimizer"] == 4.0 * P
-    base = {"momentum": 0.0}
-    assert optimizer_moments({**base, "name": "adamw"}) == 2.0
-    assert optimizer_moments({**base, "name": "sgd"}) == 0.0
-    assert optimizer_moments({"name": "sgd", "momentum": 0.9}) == 1.0
-    assert optimizer_moments({**base, "name": "adafactor"}) == 0.0
+
+    def oc(**kw):
+        return section("optimizer", {"momentum": 0.0, **kw})
+
+    assert optimizer_moments(oc(name="adamw")) == 2.0
+    assert optimizer_moments(oc(name="sgd")) == 0.0
+    assert optimizer_moments(oc(name="sgd", momentum=0.9)) == 1.0
+    assert optimizer_moments(oc(name="adafactor")) == 0.0

@@ -24,6 +24,7 @@ from test_validate import problems
 
 from grpo_core import config
 from grpo_core.config import vllm_limits
+from grpo_core.config.view import view
 
 
 def vllm_config(tiny_model, addition_data, tmp_path, **options) -> dict:
@@ -109,7 +110,7 @@ def test_a_vllm_without_processed_logprobs_is_refused(
     tiny_model, addition_data, tmp_path, version, refused
 ):
     cfg = config.validate(vllm_config(tiny_model, addition_data, tmp_path))
-    found = vllm_limits.problems(cfg, 1, version)
+    found = vllm_limits.problems(view(cfg), 1, version)
     assert [p for p in found if "unprocessed distribution" in p] == (
         [
             f"generator.name: vllm {version} returns log-probs of the unprocessed distribution "
@@ -124,7 +125,7 @@ def test_a_vllm_without_processed_logprobs_is_refused(
 def test_the_hf_generator_is_never_refused_for_vllms_limits(tiny_model, addition_data, tmp_path):
     cfg = make_config(tiny_model, addition_data, str(tmp_path / "run"))
     cfg["model"]["lora"] = {"r": 8}
-    assert vllm_limits.problems(config.validate(cfg), 3, "0.1.0") == []
+    assert vllm_limits.problems(view(config.validate(cfg)), 3, "0.1.0") == []
 
 
 def test_engine_arguments():

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from test_distributed import cfg_for, one_process, torchrun
 
 from grpo_core import config
-from grpo_core.dynamic import has_signal
 from grpo_core.errors import UserError
+from grpo_core.samplers.dynamic import has_signal
 from grpo_core.trainer import train
 
 NAN = float("nan")

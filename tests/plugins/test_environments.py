@@ -3,6 +3,7 @@ templates, and the built-in environments."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 import threading
@@ -15,13 +16,14 @@ from helpers import make_config, run_grpo, write_config
 
 import grpo_core
 from grpo_core import config
+from grpo_core.config.view import EnvironmentSection, RewardSection
 from grpo_core.data.prompts import make_batch
 from grpo_core.env.episodes import EpisodeRunner, episode_metrics
 from grpo_core.env.observations import EnvironmentFailure, Renderer
 from grpo_core.hookspecs import Environment, Observation, hookimpl
 from grpo_core.loss.groups import micro_batches
-from grpo_core.loss.logprobs import completion_logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model.logprobs import completion_logprobs
 from grpo_core.registry import registry
 from grpo_core.reward.call import score_rollout
 from grpo_core.rollout import Rollout, SamplingParams, merge
@@ -31,12 +33,16 @@ ROWS = [
     {"prompt": "5+7=", "answer": "12"},
     {"prompt": "100+1=", "answer": "101"},
 ]
-DATA = {
-    "prompt_field": "prompt",
-    "columns": ["answer"],
-    "chat_template": "auto",
-    "system_prompt": None,
-}
+DATA = config.section(
+    "data",
+    {
+        "path": "unused.jsonl",
+        "prompt_field": "prompt",
+        "columns": ["answer"],
+        "chat_template": "auto",
+        "system_prompt": None,
+    },
+)
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -80,16 +86,24 @@ class Script(Environment):
         )
 
 
-def environment_section(**kw) -> dict:
-    return {
-        "name": "script",
-        "options": {},
-        "max_turns": 4,
-        "max_total_tokens": 64,
-        "timeout": 5.0,
-        "failure": "raise",
-        **kw,
-    }
+def reward_section(name: str) -> RewardSection:
+    """A reward section built directly (its name need not be a registered plugin)."""
+    return RewardSection(name, {}, "raise", None, "inline", None, None)
+
+
+def environment_section(**kw) -> EnvironmentSection:
+    # built directly: "script" is this file's environment class, not a registered plugin
+    return EnvironmentSection(
+        **{
+            "name": "script",
+            "options": {},
+            "max_turns": 4,
+            "max_total_tokens": 64,
+            "timeout": 5.0,
+            "failure": "raise",
+            **kw,
+        }
+    )
 
 
 def setup(model_path, env, dtype=torch.float32, template=None, **ec):
@@ -101,7 +115,7 @@ def setup(model_path, env, dtype=torch.float32, template=None, **ec):
     model = AutoModelForCausalLM.from_pretrained(model_path).to(dtype)
     gen = grpo_core.create("generator", "hf")
     gen.setup(model, tok, torch.device("cpu"))
-    runner = EpisodeRunner(env, gen, tok, {"environment": environment_section(**ec), "data": DATA})
+    runner = EpisodeRunner(env, gen, tok, environment_section(**ec), DATA)
     return model, tok, gen, runner
 
 
@@ -169,7 +183,7 @@ def test_environment_tokens_get_zero_gradient_kl_and_entropy(tiny_model):
     ro, _ = sample(runner, tok)
     env_pos = (ro.completion_mask == 1) & (ro.action_mask == 0)
     assert int(env_pos.sum()) > 10
-    mask = ro.action_mask.float()  # what phases.advantages / update use
+    mask = ro.action_mask.float()  # what phases.targets / update use
     logp, ent = completion_logprobs(model, ro, 1.0, 16, entropy=True)
     logp.retain_grad()
     ent.retain_grad()
@@ -273,7 +287,7 @@ def test_an_environment_that_raises_follows_the_failure_policy(tiny_model):
         reward = grpo_core.create("reward", "math")
         scored = score_rollout(
             reward,
-            {"name": "math", "timeout": None, "failure": "raise"},
+            reward_section("math"),
             tok,
             make_batch(ROWS, DATA, tok),
             ro,
@@ -331,7 +345,7 @@ def test_rewards_get_the_final_turn_and_the_trajectory(tiny_model):
 
     score_rollout(
         grpo_core.FunctionReward(spy),
-        {"name": "spy", "timeout": None, "failure": "raise"},
+        reward_section("spy"),
         tok,
         make_batch(ROWS, DATA, tok),
         ro,
@@ -399,7 +413,7 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
             tiny_model,
             addition_data,
             str(tmp_path / "run"),
-            environment=environment_section(),
+            environment=dataclasses.asdict(environment_section()),
             sampling={"group_size": 4, "max_new_tokens": 6},
             reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
             kl={"name": "fixed", "options": {"coef": 0.1}},
@@ -417,9 +431,8 @@ def test_training_masks_environment_tokens_and_logs_episodes(tiny_model, additio
     spy.aggregation = objective.aggregation
     run.objective = spy
     t0 = time.time()
-    s = phases.sample(run, 0)
-    j = phases.score(run, 0, s)
-    a = phases.advantages(run, j)
+    s, j = run.sampler.next(run, 0)
+    a = run.targets.compute(run, j)
     u = phases.update(run, 0, j, a)
     record = phases.observe(run, 0, s, j, a, u, t0)
     finish(run)
@@ -532,9 +545,7 @@ def test_vllm_episodes_follow_the_turn_contract(tiny_model):
         "generator", "vllm", {"gpu_memory_utilization": 0.2, "enforce_eager": True}
     )
     gen.setup(model, tok, torch.device("cuda"))
-    runner = EpisodeRunner(
-        Script(turns=(1, 2, 3)), gen, tok, {"environment": environment_section(), "data": DATA}
-    )
+    runner = EpisodeRunner(Script(turns=(1, 2, 3)), gen, tok, environment_section(), DATA)
     ro, tr = sample(runner, tok)
     assert sorted({t.turns for t in tr}) == [1, 2, 3]
     assert int(ro.completion_mask.sum()) > int(ro.action_mask.sum()) > 0

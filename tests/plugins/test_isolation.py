@@ -3,6 +3,7 @@ past ``reward.timeout``, even when it is stuck in C code holding the GIL."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -108,10 +109,11 @@ def test_a_reward_that_exits_its_process_fails_under_the_policy(
 def test_declarations_cross_the_process_boundary(tiny_model, addition_data, tmp_path):
     """The isolated math reward still declares its best score: solved groups are counted."""
     from grpo_core import config
+    from grpo_core.config.view import view
     from grpo_core.reward.isolation import IsolatedReward, build_reward
 
-    cfg = config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run")))
-    reward = build_reward(cfg["reward"])
+    cfg = view(config.validate(make_config(tiny_model, addition_data, str(tmp_path / "run"))))
+    reward = build_reward(cfg.reward)
     try:
         assert isinstance(reward, IsolatedReward) and reward.max_value == 1.0
         out = reward(
@@ -120,6 +122,6 @@ def test_declarations_cross_the_process_boundary(tiny_model, addition_data, tmp_
         assert list(out) == [1.0, 0.0] and out.extras["extracted"] == ["2", "3"]
     finally:
         reward.close()
-    inline = build_reward({**cfg["reward"], "isolation": "inline"})
+    inline = build_reward(dataclasses.replace(cfg.reward, isolation="inline"))
     assert not isinstance(inline, IsolatedReward)
     inline.close()

@@ -225,13 +225,16 @@ def test_a_logger_without_its_package_stops_before_the_model_loads(
 
 
 def test_older_keys_still_choose_the_loggers(tmp_path, capsys):
+    from dataclasses import replace
+
+    from grpo_core.config.view import view
     from grpo_core.observe.tracking import logger_refs
 
-    base = config.validate(make_config("m", "d.jsonl", str(tmp_path)))["output"]
-    names = [r["name"] for _, r in logger_refs({**base, "wandb_project": "p"})]
+    base = view(config.validate(make_config("m", "d.jsonl", str(tmp_path)))).output
+    names = [r["name"] for _, r in logger_refs(replace(base, wandb_project="p"))]
     assert names == (["tensorboard"] if installed("tensorboard") else []) + ["wandb"]
-    assert logger_refs({**base, "tensorboard": "off"}) == []
-    assert logger_refs({**base, "loggers": [{"name": "mlflow", "options": {}}]}) == [
+    assert logger_refs(replace(base, tensorboard="off")) == []
+    assert logger_refs(replace(base, loggers=[{"name": "mlflow", "options": {}}])) == [
         ("output.loggers[0]", {"name": "mlflow", "options": {}})
     ]
     cfg = make_config(

@@ -25,7 +25,7 @@ BUILTINS = {
     ("baseline", "dr_grpo"),
     ("baseline", "mixed"),
     ("baseline", "reinforce_pp"),
-    ("baseline", "ppo"),
+    ("critic", "ppo"),
     ("kl", "fixed"),
     ("kl", "adaptive"),
     ("kl", "schedule"),

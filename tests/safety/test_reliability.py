@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -321,13 +322,7 @@ def test_pickle_weights_refused_unless_opted_in(tiny_model, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(dst))
     os.remove(dst / "model.safetensors")
     torch.save(model.state_dict(), dst / "pytorch_model.bin")
-    cfg = {
-        "name_or_path": str(dst),
-        "dtype": "auto",
-        "trust_remote_code": False,
-        "allow_unsafe_weights": False,
-        "gradient_checkpointing": False,
-    }
+    cfg = config.section("model", {"name_or_path": str(dst)})
     with pytest.raises(UserError, match="only pickle weights"):
         load_model(cfg, torch.device("cpu"))
-    load_model({**cfg, "allow_unsafe_weights": True}, torch.device("cpu"))
+    load_model(dataclasses.replace(cfg, allow_unsafe_weights=True), torch.device("cpu"))

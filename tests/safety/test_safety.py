@@ -4,6 +4,7 @@ ending in one line. Real runs (the tiny model), real subprocesses, signals and H
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -253,21 +254,23 @@ class CountingTokenizer:
 
 
 def test_a_huge_prompt_is_never_tokenized_whole(tiny_model):
-    tok = CountingTokenizer(
-        load_tokenizer({"name_or_path": tiny_model, "trust_remote_code": False})
-    )
+    tok = CountingTokenizer(load_tokenizer(config.section("model", {"name_or_path": tiny_model})))
     huge = "7 + " * 2_000_000  # 8 MB
     rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": huge, "answer": "3"}]
-    dc = {
-        "prompt_field": "prompt",
-        "chat_template": "auto",
-        "system_prompt": None,
-        "long_prompts": "drop",
-        "columns": ["answer"],
-    }
+    dc = config.section(
+        "data",
+        {
+            "path": "d.jsonl",
+            "prompt_field": "prompt",
+            "chat_template": "auto",
+            "system_prompt": None,
+            "long_prompts": "drop",
+            "columns": ["answer"],
+        },
+    )
     kept, long = fit_prompts(rows, tok, dc, 50)
     assert long == 1 and kept == rows[:1] and tok.longest < 100_000
-    kept, _ = fit_prompts(rows, tok, {**dc, "long_prompts": "truncate_left"}, 50)
+    kept, _ = fit_prompts(rows, tok, dataclasses.replace(dc, long_prompts="truncate_left"), 50)
     assert kept[1][TRUNCATE] == 50
     batch = make_batch(kept, dc, tok)
     assert len(batch.prompt_ids[1]) == 50 and tok.longest < 100_000

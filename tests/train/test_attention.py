@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import make_config
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
+from grpo_core.config.view import view
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.store.models import load_model
 
@@ -18,7 +18,7 @@ def test_the_kernel_reaches_the_model(tiny_model, addition_data, tmp_path, kerne
     cfg = config.validate(
         make_config(tiny_model, addition_data, str(tmp_path), model={"attn_implementation": kernel})
     )
-    model = load_model(cfg["model"], torch.device("cpu"))
+    model = load_model(view(cfg).model, torch.device("cpu"))
     assert model.config._attn_implementation == kernel
 
 
@@ -32,7 +32,7 @@ def test_flash_attention_on_the_cpu_is_refused_in_one_line(tiny_model, addition_
         )
     )
     with pytest.raises(UserError, match="^model.attn_implementation: flash_attention_2 needs"):
-        load_model(cfg["model"], torch.device("cpu"))
+        load_model(view(cfg).model, torch.device("cpu"))
     with pytest.raises(ConfigError) as err:
         preflight.check(cfg)
     assert "model.attn_implementation: flash_attention_2 needs" in str(err.value)

@@ -18,6 +18,7 @@ from helpers import ROOT, make_config, run_grpo, write_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.config import validate
+from grpo_core.config.view import Config, view
 from grpo_core.rollout import SamplingParams
 from grpo_core.sampling import apply_repetition_penalty, filter_logits, sample
 from grpo_core.store.models import load_model, resolve_sampling
@@ -197,17 +198,16 @@ def configured_model(tiny_model, tmp_path_factory, tiny):
     return path, int(first)
 
 
-def _model_cfg(path: str, **sampling) -> dict:
-    return validate(make_config(path, "unused.jsonl", "unused", sampling=sampling))
+def _model_cfg(path: str, **sampling) -> Config:
+    return view(validate(make_config(path, "unused.jsonl", "unused", sampling=sampling)))
 
 
 def test_generation_config_fills_what_the_config_leaves_null(configured_model, capsys):
     path, _ = configured_model
     cfg = _model_cfg(path, top_k=0)
-    model = load_model(cfg["model"], CPU)
-    resolve_sampling(model, cfg["sampling"], announce=True)
-    sc = cfg["sampling"]
-    assert (sc["temperature"], sc["top_p"], sc["top_k"], sc["min_p"], sc["repetition_penalty"]) == (
+    model = load_model(cfg.model, CPU)
+    sc = resolve_sampling(model, cfg.sampling, announce=True)
+    assert (sc.temperature, sc.top_p, sc.top_k, sc.min_p, sc.repetition_penalty) == (
         0.7,
         1.0,
         0,
@@ -228,8 +228,8 @@ def test_generation_config_fills_what_the_config_leaves_null(configured_model, c
 
 def test_a_model_without_sampling_defaults_gets_neutral_values_silently(tiny_model, capsys):
     cfg = _model_cfg(tiny_model, stop=["\n"])
-    resolve_sampling(load_model(cfg["model"], CPU), cfg["sampling"], announce=True)
-    assert SamplingParams.from_config(cfg["sampling"]) == SamplingParams(4, stop=("\n",))
+    sc = resolve_sampling(load_model(cfg.model, CPU), cfg.sampling, announce=True)
+    assert SamplingParams.from_config(sc) == SamplingParams(4, stop=("\n",))
     assert capsys.readouterr().err == ""
 
 

@@ -350,13 +350,13 @@ def test_vllm_sync_changes_the_engines_weights(tiny_model):
     from them (its log-probs match the trainer's recomputation of the same completions)."""
     pytest.importorskip("vllm", reason="vllm is not installed")
     import grpo_core
-    from grpo_core.config import CORE_SCHEMA, fill_defaults
-    from grpo_core.loss.logprobs import completion_logprobs
+    from grpo_core.config import section
+    from grpo_core.model.logprobs import completion_logprobs
     from grpo_core.rollout import SamplingParams
     from grpo_core.store.models import load_model, load_tokenizer
 
     cuda = torch.device("cuda")
-    mc = fill_defaults(CORE_SCHEMA, {"model": {"name_or_path": tiny_model}})["model"]
+    mc = section("model", {"name_or_path": tiny_model})
     model, tok = load_model(mc, cuda), load_tokenizer(mc)
     gen = grpo_core.create(
         "generator", "vllm", {"gpu_memory_utilization": 0.2, "enforce_eager": True, "sleep": False}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from test_prompt_sharing import make_rollout, model64  # noqa: F401 (a fixture)
 
-from grpo_core.loss.logprobs import completion_logprobs
+from grpo_core.model.logprobs import completion_logprobs
 
 
 def test_head_module_equals_the_chunked_head(model64):  # noqa: F811

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 import grpo_core
 from grpo_core import config
-from grpo_core.loss.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.rollout import SamplingParams
 from grpo_core.store.models import load_model, load_tokenizer
 from grpo_core.trainer import train
@@ -25,17 +25,7 @@ CPU = torch.device("cpu")
 
 
 def model_cfg(path, **kw):
-    return {
-        "name_or_path": path,
-        "dtype": "auto",
-        "trust_remote_code": False,
-        "allow_unsafe_weights": False,
-        "gradient_checkpointing": False,
-        "lora": None,
-        "quantization": None,
-        "reference_device": "same",
-        **kw,
-    }
+    return config.section("model", {"name_or_path": path, **kw})
 
 
 def rollout(model, tokenizer, n=4, batch_size=None, seed=11):

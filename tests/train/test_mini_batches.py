@@ -11,8 +11,7 @@ import pytest
 import torch
 from helpers import make_config
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
 from grpo_core.errors import ConfigError
 from grpo_core.loss.groups import mini_batches
 from grpo_core.trainer import train

@@ -1,4 +1,4 @@
-"""Padding-free log-prob passes (grpo_core.loss.packing): the packed layouts give the same
+"""Padding-free log-prob passes (grpo_core.model.packing): the packed layouts give the same
 log-probs, entropies, losses and gradients as the padded ones, for every loss aggregation,
 with KL and entropy terms, for the policy (with gradients) and for the reference and
 old-log-prob passes (without); their layouts and padding counts match a hand count."""
@@ -14,8 +14,8 @@ from grpo_core_plugins.objectives import clipped_ratio
 from test_prompt_sharing import AGGREGATIONS, make_rollout, model64  # noqa: F401 (a fixture)
 from transformers import AutoModelForCausalLM
 
-from grpo_core.loss import logprobs, packing
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model import logprobs, packing
 
 #: the longest reduction (terms summed into one value) anywhere in the passes: the
 #: vocabulary (258: log-sum-exp, and the head's gradient), the MLP width (64), a packed row

@@ -11,8 +11,7 @@ import torch
 from helpers import make_config
 from safetensors.torch import load_file
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.loss.critic import gae, masked_whiten, terminal_rewards, value_loss
 from grpo_core.trainer import train
@@ -146,4 +145,4 @@ def test_sharded_and_lora_runs_are_refused_in_one_line(tiny_model, addition_data
         preflight.check(
             cfg(tiny_model, addition_data, tmp_path / "fsdp", distributed={"strategy": "fsdp"})
         )
-    assert "baseline.name: ppo (a critic) runs in one process only" in str(err.value)
+    assert "critic.name: ppo (a critic) runs in one process only" in str(err.value)

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.qwen2 import modeling_qwen2
 
 import grpo_core
-from grpo_core.loss import logprobs
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model import logprobs
 from grpo_core.rollout import Rollout, SamplingParams
 
 SHARE, REPEAT = 0, 10**9  # SHARE_MIN_SAVED_TOKENS that force each path

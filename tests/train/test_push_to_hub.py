@@ -12,8 +12,7 @@ import pytest
 from fake_hub import FakeHub
 from helpers import make_config, run_grpo, write_config
 
-from grpo_core import config
-from grpo_core.config import preflight
+from grpo_core import config, preflight
 from grpo_core.errors import ConfigError
 
 HUB = {"push_to_hub": True, "hub_model_id": "someone/tiny-grpo", "progress": False}

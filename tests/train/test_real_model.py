@@ -56,9 +56,10 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(gguf, cache) -> str:
+    from grpo_core.config import section
     from grpo_core.store.gguf import model_dir
 
-    return model_dir({"name_or_path": gguf[0], "gguf_file": gguf[1]})
+    return model_dir(section("model", {"name_or_path": gguf[0], "gguf_file": gguf[1]}))
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,7 @@ def greedy(model_dir: str, prompt: str, max_new_tokens: int = 24) -> tuple[str, 
 
 
 def test_conversion_is_a_plain_float_model_written_once(gguf, converted):
+    from grpo_core.config import section
     from grpo_core.store.gguf import model_dir
 
     with open(os.path.join(converted, "config.json"), encoding="utf-8") as f:
@@ -146,8 +148,11 @@ def test_conversion_is_a_plain_float_model_written_once(gguf, converted):
     assert all(w.dtype == torch.float32 for w in weights.values())
     assert 130e6 < sum(w.numel() for w in weights.values()) < 140e6  # tied head stored once
     stamp = os.stat(os.path.join(converted, "model.safetensors")).st_mtime_ns
-    assert model_dir({"name_or_path": gguf[0], "gguf_file": gguf[1]}) == converted
-    assert model_dir({"name_or_path": "anything", "gguf_file": os.path.join(*gguf)}) == converted
+    assert model_dir(section("model", {"name_or_path": gguf[0], "gguf_file": gguf[1]})) == converted
+    assert (
+        model_dir(section("model", {"name_or_path": "anything", "gguf_file": os.path.join(*gguf)}))
+        == converted
+    )
     assert os.stat(os.path.join(converted, "model.safetensors")).st_mtime_ns == stamp
     assert not [d for d in os.listdir(os.path.dirname(converted)) if d.startswith(".")]
 
@@ -163,19 +168,20 @@ def test_the_end_of_turn_token_stops_a_greedy_answer(converted):
 
 
 def test_missing_truncated_and_foreign_files_are_one_line_errors(gguf, cache, tmp_path):
+    from grpo_core.config import section
     from grpo_core.store.gguf import model_dir
 
     with pytest.raises(UserError, match=r"model.gguf_file: .*nope.gguf not found"):
-        model_dir({"name_or_path": gguf[0], "gguf_file": "nope.gguf"})
+        model_dir(section("model", {"name_or_path": gguf[0], "gguf_file": "nope.gguf"}))
     cut = tmp_path / "cut.gguf"
     with open(os.path.join(*gguf), "rb") as f:
         cut.write_bytes(f.read(1 << 20))  # the first MiB only
     with pytest.raises(UserError, match=r"cannot load .*cut.gguf as a GGUF model"):
-        model_dir({"name_or_path": str(tmp_path), "gguf_file": "cut.gguf"})
+        model_dir(section("model", {"name_or_path": str(tmp_path), "gguf_file": "cut.gguf"}))
     foreign = tmp_path / "foreign.gguf"
     _write_gguf(str(foreign), arch="notamodel")
     with pytest.raises(UserError, match=r"cannot load .*foreign.gguf as a GGUF model"):
-        model_dir({"name_or_path": str(tmp_path), "gguf_file": "foreign.gguf"})
+        model_dir(section("model", {"name_or_path": str(tmp_path), "gguf_file": "foreign.gguf"}))
     assert not os.path.exists(os.path.join(cache, "gguf", "cut")) and not any(
         n.startswith(".") for n in os.listdir(os.path.join(cache, "gguf"))
     )

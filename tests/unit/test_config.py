@@ -292,6 +292,19 @@ def test_deprecated_and_new_key_together_is_an_error(tmp_path, capsys):
     )
 
 
+def test_a_ppo_baseline_is_read_as_the_ppo_critic(capsys, monkeypatch):
+    monkeypatch.setattr(config, "_noticed", set())  # once per process: start afresh
+    base = {"model": {"name_or_path": "m"}, "data": {"path": "d"}, "reward": {"name": "math"}}
+    cfg = config.validate({**base, "baseline": {"name": "ppo", "options": {}}})
+    assert cfg["baseline"]["name"] == "grpo" and cfg["critic"]["name"] == "ppo"
+    assert "config key baseline.name: ppo is deprecated; use critic.name: ppo" in (
+        capsys.readouterr().err
+    )
+    assert config.validate(base)["critic"] is None
+    with pytest.raises(ConfigError, match="baseline.name: ppo is now critic.name: ppo"):
+        config.validate({**base, "baseline": {"name": "ppo"}, "critic": {"name": "ppo"}})
+
+
 def test_old_layout_trains_and_resumes_as_the_new_one(tiny_model, addition_data, tmp_path):
     """A run configured with the old keys writes its config in the new layout, and a
     checkpoint it wrote resumes under the new-layout config."""

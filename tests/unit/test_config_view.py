@@ -1,15 +1,19 @@
-"""The typed view of the config (grpo_core.config.view) and the schema stay equal: one
-dataclass per section, one field per key, and a validated config reads the same through both."""
+"""The typed view of the config (grpo_core.config.view) and the schema stay equal: the section
+classes are generated from the schema (one dataclass per section, one field per key, typed
+from it), and a validated config reads the same through both."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import typing
 
 import pytest
 from helpers import make_config
 
 from grpo_core import config
+from grpo_core.config import codegen
 from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.config.view import Config, section_type, view
 
@@ -23,6 +27,27 @@ def test_every_section_and_key_of_the_schema_has_a_field():
             assert cls is None, name
             continue
         assert [f.name for f in dataclasses.fields(cls)] == list(schema["properties"]), name
+
+
+PYTHON = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict, "list": list}
+PYTHON["None"] = type(None)
+
+
+def test_the_sections_are_generated_from_the_schema():
+    with open(codegen.PATH, encoding="utf-8") as f:
+        written = f.read()
+    assert written == codegen.render(), "run: python -m grpo_core.config.codegen"
+
+
+def test_each_field_has_the_type_the_schema_gives():
+    assert codegen.annotation({"type": ["string", "null"]}) == "str | None"
+    assert codegen.annotation({"enum": [None, "4bit", "8bit"]}) == "str | None"
+    assert codegen.annotation({"type": ["null", "array", "object"]}) == "list | dict | None"
+    for name, cls in ((n, config.view.section_class(n)) for n in codegen.sections()):
+        hints = typing.get_type_hints(cls)
+        for key, sub in CORE_SCHEMA["properties"][name]["properties"].items():
+            kinds = [PYTHON[k] for k in codegen.annotation(sub).split(" | ")]
+            assert hints[key] == functools.reduce(operator.or_, kinds), f"{name}.{key}"
 
 
 def test_a_validated_config_reads_the_same_through_the_view():

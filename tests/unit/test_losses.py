@@ -8,8 +8,8 @@ import pytest
 import torch
 from grpo_core_plugins.objectives import clipped_ratio
 
-from grpo_core.loss.logprobs import token_logprobs
 from grpo_core.loss.losses import Normaliser, aggregate, kl_penalty, objective_loss
+from grpo_core.model.logprobs import token_logprobs
 
 # 2 prompts x 3 completions, T = 3; lengths 3, 2, 1 | 2, 3, 1
 MASK = torch.tensor(

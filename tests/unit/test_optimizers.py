@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from grpo_core import config
+from grpo_core.config.view import OptimizerSection, view
 from grpo_core.engine.update import build_optimizer
 from grpo_core.errors import ConfigError
 
 
-def _section(**options) -> dict:
+def _section(**options) -> OptimizerSection:
     cfg = config.validate(
         {"model": {"name_or_path": "m"}, "data": {"path": "d"}, "reward": {"name": "math"}}
     )
-    return {**cfg["optimizer"], **options}
+    return replace(view(cfg).optimizer, **options)
 
 
-def _steps(oc: dict, grads: list[list[float]]) -> tuple[torch.optim.Optimizer, list[float]]:
+def _steps(
+    oc: OptimizerSection, grads: list[list[float]]
+) -> tuple[torch.optim.Optimizer, list[float]]:
     p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = build_optimizer([p], oc)
     for g in grads:

@@ -4,6 +4,7 @@ schedule (bitwise) and a forced new peak learning rate."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,26 +12,29 @@ from helpers import make_config, write_config
 
 from grpo_core import config
 from grpo_core.cli.main import main
+from grpo_core.config.view import OptimizerSection, view
 from grpo_core.engine import schedules
 from grpo_core.errors import UserError
 
 LR = 0.1
 
 
-def opt_cfg(name: str, warmup: int = 0, **options) -> dict:
-    return config.validate(
-        make_config(
-            "m",
-            "d.jsonl",
-            "out",
-            optimizer={
-                "lr": LR,
-                "lr_schedule": name,
-                "warmup_steps": warmup,
-                "scheduler_options": options,
-            },
+def opt_cfg(name: str, warmup: int = 0, **options) -> OptimizerSection:
+    return view(
+        config.validate(
+            make_config(
+                "m",
+                "d.jsonl",
+                "out",
+                optimizer={
+                    "lr": LR,
+                    "lr_schedule": name,
+                    "warmup_steps": warmup,
+                    "scheduler_options": options,
+                },
+            )
         )
-    )["optimizer"]
+    ).optimizer
 
 
 def lrs(name: str, total: int = 10, warmup: int = 0, **options) -> list[float]:
@@ -105,7 +109,7 @@ def resumed(name: str, lr: float, at: int, total: int = 12, **options):
 
     def build(peak):
         opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=peak)
-        return opt, schedules.build(opt, {**opt_cfg(name, 2, **options), "lr": peak}, total)
+        return opt, schedules.build(opt, replace(opt_cfg(name, 2, **options), lr=peak), total)
 
     opt, sched = build(LR)
     for _ in range(at):

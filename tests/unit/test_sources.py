@@ -12,9 +12,8 @@ import torch
 from helpers import make_config, write_config
 from safetensors.torch import load_file
 
-from grpo_core import config
+from grpo_core import config, preflight
 from grpo_core.cli.main import main
-from grpo_core.config import preflight
 from grpo_core.data.prompts import StreamedPrompts, column_map, column_problems
 from grpo_core.data.sources import Source, open_stream, read_rows
 from grpo_core.errors import ConfigError, UserError
@@ -162,12 +161,15 @@ def test_preflight_accepts_the_new_forms_and_checks_the_mapping(tmp_path, monkey
 
 
 def test_column_mapping_rules():
-    assert column_map({"columns": ["answer"]}) == {"answer": "answer"}
-    assert column_map({"columns": {"solution": "answer"}}) == {"solution": "answer"}
-    assert column_problems({"columns": {"solution": "answer", "final": "answer"}}) == [
+    def data(columns):
+        return config.section("data", {"path": "d.jsonl", "columns": columns})
+
+    assert column_map(data(["answer"])) == {"answer": "answer"}
+    assert column_map(data({"solution": "answer"})) == {"solution": "answer"}
+    assert column_problems(data({"solution": "answer", "final": "answer"})) == [
         "data.columns: several fields are passed as ['answer']; a reward argument takes one field"
     ]
-    assert "reserved names" in column_problems({"columns": {"n": "group_ids"}})[0]
+    assert "reserved names" in column_problems(data({"n": "group_ids"}))[0]
 
 
 def stream_of(path: str, seed: int | None, drop=lambda row: False) -> StreamedPrompts:

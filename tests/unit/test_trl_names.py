@@ -3,6 +3,7 @@ TRL-style mapping loads, and `1e-3` in a YAML file is a number."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -13,6 +14,7 @@ from grpo_core import config
 from grpo_core.cli.main import main
 from grpo_core.config import trl_names
 from grpo_core.config.file import parse_yaml, read_file
+from grpo_core.config.view import view
 from grpo_core.errors import ConfigError
 
 PROMPTS = os.path.join(ROOT, "tests", "data", "prompts.jsonl")
@@ -385,14 +387,14 @@ def test_warmup_ratio_is_a_share_of_the_updates():
         {**parse_yaml(BASE), "optimizer": {"warmup_ratio": 0.25, "lr_schedule": "linear"}}
     )
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    sched = build(opt, cfg["optimizer"], 10)  # ceil(2.5) = 3 warm-up updates
+    sched = build(opt, view(cfg).optimizer, 10)  # ceil(2.5) = 3 warm-up updates
     lrs = []
     for _ in range(4):
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
-    both = {**cfg["optimizer"], "warmup_steps": 2}
+    both = dataclasses.replace(view(cfg).optimizer, warmup_steps=2)
     assert problems(both, 10) == [
         "optimizer.warmup_ratio: 0.25 set beside optimizer.warmup_steps 2; keep one"
     ]
@@ -403,14 +405,15 @@ def test_chat_template_kwargs_reach_the_template(tiny_model):
     from grpo_core.store.models import load_tokenizer
 
     cfg = config.validate({**parse_yaml(BASE), "model": {"name_or_path": tiny_model}})
-    tokenizer = load_tokenizer(cfg["model"])
+    tokenizer = load_tokenizer(view(cfg).model)
     tokenizer.chat_template = (
         "{% if enable_thinking is defined and not enable_thinking %}"
         "/no_think {% endif %}{{ messages[-1]['content'] }}"
     )
     rows = [{"prompt": "1+1=", "answer": "2"}]
-    plain = make_batch(rows, cfg["data"], tokenizer)
+    data = view(cfg).data
+    plain = make_batch(rows, data, tokenizer)
     off = make_batch(
-        rows, {**cfg["data"], "chat_template_kwargs": {"enable_thinking": False}}, tokenizer
+        rows, dataclasses.replace(data, chat_template_kwargs={"enable_thinking": False}), tokenizer
     )
     assert plain.prompts == ["1+1="] and off.prompts == ["/no_think 1+1="]

@@ -12,16 +12,14 @@ import sys
 import torch
 
 from grpo_core.config import trl_checks, vllm_limits
+from grpo_core.config.view import Config, ModelSection, RewardSection, view
 from grpo_core.data.prompts import check_fields, column_map, column_problems, fit_prompt
 from grpo_core.data.sources import Source, check_local, looks_like_hub_id, open_stream, read_rows
 from grpo_core.engine import dist, schedules
-from grpo_core.env.episodes import completion_budget
 from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.hookspecs import Baseline, Environment
-from grpo_core.loss import groups
+from grpo_core.hookspecs import Environment
 from grpo_core.observe import tracking
-from grpo_core.overlap import problems as overlap_problems
 from grpo_core.registry import registry
 from grpo_core.store import hub, rundir
 from grpo_core.store.gguf import gguf_path
@@ -33,60 +31,59 @@ SAMPLE_ROWS = 50
 
 def check(cfg: dict) -> None:
     """Raise ConfigError listing every problem found in a (schema-valid) config."""
-    problems = _model(cfg["model"], cfg["data"]["chat_template"]) + _runtime(cfg)
-    problems += [f"output.dir: {p}" for p in rundir.problems(cfg["output"]["dir"])]
-    problems += tracking.problems(cfg["output"]) + column_problems(cfg["data"])
-    problems += hub.problems(cfg["output"])
-    problems += trl_checks.problems(cfg)
-    problems += episode_problems(cfg) + groups.problems(cfg) + _critic(cfg)
-    problems += schedules.problems(cfg["optimizer"], schedules.total_updates(cfg["train"]))
-    passed = column_map(cfg["data"])  # dataset field -> the name the reward gets
-    missing = [c for c in reward_columns(cfg["reward"]) if c not in passed.values()]
+    config = view(cfg)
+    problems = _model(config.model, config.data.chat_template) + _runtime(config)
+    problems += [f"output.dir: {p}" for p in rundir.problems(config.output.dir)]
+    problems += tracking.problems(config.output) + column_problems(config.data)
+    problems += hub.problems(config.output) + trl_checks.problems(cfg)
+    problems += episode_problems(config) + _plan(config)
+    problems += schedules.problems(config.optimizer, schedules.total_updates(config.train))
+    passed = column_map(config.data)  # dataset field -> the name the reward gets
+    missing = [c for c in reward_columns(config.reward) if c not in passed.values()]
     if missing:
         problems.append(
             f"data.columns: the reward reads {missing}; add them to data.columns "
             f"(a field of that name, or {{field: {missing[0]}}} to pass another "
             f"field under that name)"
         )
-    fields = [cfg["data"]["prompt_field"], *passed, *environment_columns(cfg)]
-    problems += _rows(cfg, cfg["data"]["path"], cfg["data"]["split"], "data.path", fields)
-    if cfg["eval"]["data"] and cfg["eval"]["every_n_steps"]:
-        problems += _rows(cfg, cfg["eval"]["data"], cfg["eval"]["split"], "eval.data", fields)
+    fields = [config.data.prompt_field, *passed, *environment_columns(config)]
+    problems += _rows(config, config.data.path, config.data.split, "data.path", fields)
+    ev = config.eval
+    if ev.data and ev.every_n_steps:
+        problems += _rows(config, ev.data, ev.split, "eval.data", fields)
     if problems:
         raise ConfigError(problems)
 
 
-def reward_columns(reward_cfg: dict) -> tuple[str, ...]:
+def reward_columns(reward: RewardSection) -> tuple[str, ...]:
     """The dataset columns the configured reward declares it reads."""
     from grpo_core.reward.functions import declared_columns
 
-    factory = registry().get("reward", reward_cfg["name"]).factory
-    return declared_columns(factory, reward_cfg["options"])
+    factory = registry().get("reward", reward.name).factory
+    return declared_columns(factory, reward.options)
 
 
-def _critic(cfg: dict) -> list[str]:
-    """A baseline that declares a critic (``needs_values``) in a layout it cannot run in."""
-    from grpo_core.run import critic_problem
+def _plan(config: Config) -> list[str]:
+    """What the strategies the run would take refuse (grpo_core.plan), for the processes
+    this launch starts, spread as configured."""
+    from grpo_core import plan
 
-    factory = registry().get("baseline", cfg["baseline"]["name"]).factory
-    if not (isinstance(factory, type) and issubclass(factory, Baseline) and factory.needs_values):
-        return []
-    strategy = cfg["distributed"]["strategy"]
-    problem = critic_problem(cfg, 1, "none" if strategy in ("auto", "none") else strategy, False)
-    return [problem] if problem else []
+    strategy = config.distributed.strategy
+    how = "none" if strategy in ("auto", "none") else strategy
+    return plan.make(config, dist.launched_world(), how).problems
 
 
-def environment_columns(cfg: dict) -> tuple[str, ...]:
+def environment_columns(config: Config) -> tuple[str, ...]:
     """The dataset fields the configured environment declares it reads (none without one)."""
-    env = cfg["environment"]
-    factory = registry().get("environment", env["name"]).factory if env else None
-    if isinstance(factory, type) and issubclass(factory, Environment):
-        return tuple(factory.columns_for(env["options"]))
+    env = config.environment
+    factory = registry().get("environment", env.name).factory if env else None
+    if env and isinstance(factory, type) and issubclass(factory, Environment):
+        return tuple(factory.columns_for(env.options))
     return ()
 
 
-def _model(model_cfg: dict, chat_template: str) -> list[str]:
-    gguf = gguf_path(model_cfg)
+def _model(model: ModelSection, chat_template: str) -> list[str]:
+    gguf = gguf_path(model)
     if gguf is not None:  # converted (and its chat template read) when the run loads it
         return (
             []
@@ -96,7 +93,7 @@ def _model(model_cfg: dict, chat_template: str) -> list[str]:
                 f"model.name_or_path or as a path)"
             ]
         )
-    path = model_cfg["name_or_path"]
+    path = model.name_or_path
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             return [f"model.name_or_path: {path} has no config.json (not a model directory)"]
@@ -140,30 +137,30 @@ def _template(path: str) -> list[str]:
     )
 
 
-def _runtime(cfg: dict) -> list[str]:
+def _runtime(config: Config) -> list[str]:
     """The machine can run this config: its device, quantization, generator, vLLM limits and
     DeepSpeed settings."""
     problems = []
     cuda = torch.cuda.is_available()
-    device = cfg["runtime"]["device"]
+    device = config.runtime.device
     if device == "cuda" and not cuda:
         problems.append("runtime.device: 'cuda', but CUDA is not available")
     on_gpu = cuda and device != "cpu"
-    if cfg["model"]["quantization"] and not on_gpu:
+    if config.model.quantization and not on_gpu:
         problems.append(
-            f"model.quantization: {cfg['model']['quantization']} base weights need a CUDA device"
+            f"model.quantization: {config.model.quantization} base weights need a CUDA device"
         )
-    attention = cfg["model"]["attn_implementation"]
+    attention = config.model.attn_implementation
     problem = attention and attention_problem(attention, "cuda" if on_gpu else "cpu")
     if problem:
         problems.append(problem)
-    if cfg["generator"]["name"] == "vllm" and not on_gpu:
+    if config.generator.name == "vllm" and not on_gpu:
         problems.append("generator.name: vllm needs a CUDA device; use the hf generator")
-    problems += vllm_limits.problems(cfg, dist.launched_world(), vllm_limits.installed_version())
-    problems += overlap_problems(cfg, dist.launched_world())
-    ds = _deepspeed_config(cfg["deepspeed"], problems)
+    world = dist.launched_world()
+    problems += vllm_limits.problems(config, world, vllm_limits.installed_version())
+    ds = _deepspeed_config(config.deepspeed, problems)
     if isinstance(ds, dict):
-        problems += _deepspeed(ds, cfg["generator"]["name"])
+        problems += _deepspeed(ds, config.generator.name)
     return problems
 
 
@@ -212,11 +209,11 @@ def _deepspeed(ds: dict, generator: str) -> list[str]:
     return problems
 
 
-def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list[str]:
+def _rows(config: Config, path: str, split: str, key: str, fields: list[str]) -> list[str]:
     """The data set can be read and its first rows have the fields (a local file, a
     directory, a saved dataset; streamed the way the run will read it)."""
-    dc = cfg["data"]  # the training set's source keeps its configuration and data_files
-    name, files = (dc["name"], dc["data_files"]) if path == dc["path"] else (None, None)
+    dc = config.data  # the training set's source keeps its configuration and data_files
+    name, files = (dc.name, dc.data_files) if path == dc.path else (None, None)
     if not os.path.exists(path):
         if not looks_like_hub_id(path):
             return [f"{key}: file not found: {path}"]
@@ -237,14 +234,14 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
     except UserError as exc:
         return [str(exc)]
     try:
-        if key == "data.path" and dc["streaming"]:
+        if key == "data.path" and dc.streaming:
             stream = open_stream(Source(path, split, name, files, key), None)
             rows = list(itertools.islice(stream, SAMPLE_ROWS))
         else:
             rows = read_rows(path, split, name, files, limit=SAMPLE_ROWS, key=key)
         check_fields(rows, fields, path)
         if key == "data.path":
-            long_rows(cfg, rows)
+            long_rows(config, rows)
     except UserError as exc:
         return [str(exc) if str(exc).startswith(key) else f"{key}: {exc}"]
     return []
@@ -254,18 +251,16 @@ def _rows(cfg: dict, path: str, split: str, key: str, fields: list[str]) -> list
 _LONG = {"drop": "leave them out", "truncate_left": "keep their last tokens"}
 
 
-def long_rows(cfg: dict, rows: list[dict]) -> None:
+def long_rows(config: Config, rows: list[dict]) -> None:
     """Say what ``train`` will do with the rows (of those read) whose prompts are over the
     prompt limit, as train decides it (raises under ``data.long_prompts: error``). Needs the
     tokenizer: only for a local model whose repository code need not run."""
-    mc, dc = cfg["model"], cfg["data"]
-    if mc["trust_remote_code"] or not os.path.isfile(
-        os.path.join(mc["name_or_path"], "config.json")
-    ):
+    mc, dc = config.model, config.data
+    if mc.trust_remote_code or not os.path.isfile(os.path.join(mc.name_or_path, "config.json")):
         return
-    budget_key, budget = completion_budget(cfg)
-    context = _context(mc["name_or_path"])
-    limit = dc["max_prompt_tokens"] or context - budget
+    budget_key, budget = config.completion_budget
+    context = _context(mc.name_or_path)
+    limit = dc.max_prompt_tokens or context - budget
     if limit < 1:
         return  # train names the setting that leaves no room
     tokenizer = load_tokenizer(mc)
@@ -273,13 +268,13 @@ def long_rows(cfg: dict, rows: list[dict]) -> None:
     if long:
         why = (
             "data.max_prompt_tokens"
-            if dc["max_prompt_tokens"]
+            if dc.max_prompt_tokens
             else f"the model's context {context} minus {budget_key} {budget}"
         )
         print(
             f"notice: data.path: {long} of the first {len(rows)} rows have prompts longer "
-            f"than {limit} tokens ({why}); train will {_LONG[dc['long_prompts']]} "
-            f"(data.long_prompts: {dc['long_prompts']})",
+            f"than {limit} tokens ({why}); train will {_LONG[dc.long_prompts]} "
+            f"(data.long_prompts: {dc.long_prompts})",
             file=sys.stderr,
         )
 

@@ -24,6 +24,7 @@ valid completion tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -132,7 +133,7 @@ class _Builder:
         alone = -2 - torch.arange(ids.numel()).view(ids.shape)
         seq = torch.where(real, _rows(self.seq, 0), alone)
         base = torch.where(real, _rows(self.base, 0), alone)
-        picks = torch.cat([p[0] * width + p[1] for p in self.picks], 0)
+        picks = torch.cat([p[0] * width + p[1] for p in cast(list[torch.Tensor], self.picks)], 0)
         return Packed(ids, _rows(self.pos, 0), seq, base, picks, int((~real).sum()))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from grpo_core.engine.zero import logprobs_through_head
-from grpo_core.loss.packing import (
+from grpo_core.model.packing import (
     choose_capacity,
     pack_tree,
     pack_varlen,
@@ -98,6 +98,7 @@ class _LMHeadLogProb(torch.autograd.Function):
             z.sub_(top[:, None])  # z' = z - max; lse = max + log sum exp z'
             logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1)
             if with_entropy:  # H = log S - sum exp(z') z' / S
+                assert exp_buf is not None  # allocated with_entropy
                 x = torch.exp(z, out=exp_buf[: e - s])
                 tot = x.sum(-1)
                 ent[s:e] = tot.log() - torch.bmm(x[:, None, :], z[:, :, None]).view(-1) / tot
@@ -380,7 +381,7 @@ def choose_layout(decoder, ro: Rollout, packing: str) -> tuple[str, int | None]:
     """How the decoder runs this batch: ``varlen`` or ``tree`` (packed; the tree's row
     capacity with it) or ``shared`` or ``repeated`` (padded). ``packing``: ``off`` padded;
     ``on`` packed; ``auto`` packed where that counts fewer positions and attention pairs
-    than padded (``grpo_core.loss.packing.tree_cost``, ``padded_cost``): with flash-attention
+    than padded (``grpo_core.model.packing.tree_cost``, ``padded_cost``): with flash-attention
     always (no mask, no padding), with a dense mask only where padding outweighs the
     attention a long row adds."""
     shared = share_prompts(decoder, ro)
@@ -401,7 +402,7 @@ def choose_layout(decoder, ro: Rollout, packing: str) -> tuple[str, int | None]:
 
 def _packed_hidden(run, decoder, ro: Rollout, layout: str, capacity: int | None):
     """[N, H]: the hidden state that predicts each valid completion token, from one decoder
-    call over a padding-free layout (grpo_core.loss.packing): a varlen row for
+    call over a padding-free layout (grpo_core.model.packing): a varlen row for
     flash-attention, else rows under a tree mask (boolean for SDPA, additive for the
     others)."""
     device, host = ro.completion_ids.device, ro.to("cpu")  # the layout is built on the host

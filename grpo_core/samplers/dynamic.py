@@ -1,0 +1,96 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): a step trains on ``prompts_per_step``
+groups that carry a learning signal. Groups whose rewards are all equal (or whose std is at
+most ``groups.min_std``) are filtered out and replaced by groups of new prompts, taken from
+the data order, until the batch is full or ``groups.max_rounds`` generation rounds have run.
+
+Round 1 is the ordinary step (the same prompts, seed and noise). Each later round takes from
+the stream exactly as many new prompts as the ranks together still need, each rank the share
+it lacks, in rank order; a completion draws the noise of its row in the round, so one process
+and several generate the same groups. The prompts consumed are counted by the stream's
+position, which the checkpoint records: a resumed run continues exactly. When the rounds run
+out, a rank still short completes its batch with the last round's filtered groups (as many
+as it lacks, exactly), which stay out of the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from grpo_core import phases
+from grpo_core.config.view import Config
+from grpo_core.engine import dist
+from grpo_core.loss.groups import group_std, group_std_zero
+from grpo_core.records import Sampled, Scored
+from grpo_core.samplers import Sampler
+
+if TYPE_CHECKING:
+    from grpo_core.run import Run
+
+
+def has_signal(rewards: torch.Tensor, min_std: float = 0.0) -> torch.Tensor:
+    """[P, G] rewards (NaN = missing) -> [P] bool: the group's valid rewards differ and their
+    population std is above ``min_std`` (DAPO keeps 0 < accuracy < 1: std > 0)."""
+    return ~group_std_zero(rewards) & (group_std(rewards) > min_std)
+
+
+def round_seed(seed: int, step: int, k: int) -> int:
+    """The sampling seed of round ``k`` of a step (round 0: the step's own seed)."""
+    return phases.step_seed(seed, step) ^ ((k * 0x9E3779B9) & 0xFFFFFFFF)
+
+
+class Dynamic(Sampler):
+    """Rounds of inline sampling until this rank holds ``run.prompts`` groups with signal."""
+
+    @classmethod
+    def chosen(cls, config: Config) -> bool:
+        return config.groups.dynamic_sampling
+
+    def next(self, run: Run, step: int) -> tuple[Sampled, Scored]:
+        """This rank's ``run.prompts`` groups, drawn over as many rounds as the batch needs
+        (at most ``groups.max_rounds``), with the metrics ``groups/filtered`` (groups left
+        out for want of signal), ``groups/generated``, ``groups/filler`` and
+        ``groups/rounds``, over all ranks."""
+        gc, P, G = run.config.groups, run.prompts, run.config.first_group_size
+        kept: list[tuple[Sampled, Scored]] = []
+        have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
+        while rounds < gc.max_rounds:
+            needs = [int(n[0]) for n in dist.gather_numbers([float(P - have)])]
+            if not sum(needs):
+                break
+            rows = run.stream.take(sum(needs))
+            start = sum(needs[: run.rank])
+            s = phases.generate(
+                run,
+                step,
+                rows[start : start + needs[run.rank]],
+                round_seed(run.config.train.seed, step, rounds),
+                start * G,
+            )
+            rounds += 1
+            if s is None:
+                continue
+            j = phases.score(run, step, s)
+            signal = has_signal(j.grid, gc.min_std)
+            idx = torch.nonzero(signal).squeeze(1).tolist()
+            if idx:
+                kept.append((s.select(idx), j.select(idx)))
+            have, generated = have + len(idx), generated + len(signal)
+            filtered += len(signal) - len(idx)
+            spare = (s, j, torch.nonzero(~signal).squeeze(1).tolist())
+        filler = P - have  # the last round's filtered groups, exactly as many as are missing
+        if filler:
+            assert spare is not None  # a round ran (groups.max_rounds >= 1)
+            s, j, idx = spare
+            kept.append((s.select(idx[:filler]), j.select(idx[:filler])))
+        counts = dist.sum_named(
+            {"groups/filtered": filtered, "groups/generated": generated, "groups/filler": filler}
+        )
+        scored = Scored.cat([j for _, j in kept])
+        return Sampled.cat([s for s, _ in kept]), replace(
+            scored,
+            filler=torch.arange(scored.prompts) >= P - filler,
+            groups={**counts, "groups/rounds": float(rounds)},
+        )
