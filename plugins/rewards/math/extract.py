@@ -21,6 +21,7 @@ import re
 from itertools import islice
 
 from grpo_core_plugins.rewards.math.normalise import _VULGAR, separators
+from grpo_core_plugins.rewards.math.numbers import plain_number
 from grpo_core_plugins.rewards.math.units import unit_name, unit_word
 
 MAX_SCAN = 20_000  # characters of the completion's tail that are searched
@@ -425,6 +426,7 @@ def _enclosing_span(tail: str, k: int) -> str | None:
 #: a number, then "or"/"and" right before the last expression: "5 or 6", "x = 2 or x = 5"
 _HEDGED = re.compile(r"\d[?)]?\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
 _CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
+_MERIDIEM = re.compile(r"[ \t]*([ap])\.?[ \t]?m\b\.?", re.IGNORECASE)  # after a clock time
 _UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
 
 
@@ -444,6 +446,9 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
     None when letters are glued to the number (``12abc``, ``5th``) or an operator follows it
     (``3 +``): then the number is not a whole expression."""
     stop = end + 1
+    meridiem = _MERIDIEM.match(tail, stop)
+    if meridiem and re.search(r"\d:\d\d$", tail[max(0, stop - 5) : stop]):
+        return stop, " " + meridiem.group(1).replace(".", "").lower() + "m"  # 3:45 a.m.
     while tail[stop : stop + 1] in ("%", "π", "∞", "²", "³"):
         stop += 1
     unit = _UNIT_AFTER.match(tail, stop)
@@ -486,14 +491,24 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     which matches one gold only when every item does); ``abc12def``, ``x^2``, ``n - 2`` and
     ``3 +`` give None (junk, or a part)."""
     tail = separators(text[-MAX_TAIL:]) if first else text
-    end = next(
-        (j for j in range(len(tail) - 1, -1, -1) if tail[j] in _DIGITS or tail[j] == "∞"), -1
-    )
+    end = _last_digit(tail, len(tail))
     if end < 0:
         return None
+    found = _expression_at(tail, end, first)
+    return found[1] if found else None
+
+
+def _last_digit(tail: str, before: int) -> int:
+    """Position of the last digit (or ``∞``) in ``tail[:before]``; -1 when there is none."""
+    return next((j for j in range(before - 1, -1, -1) if tail[j] in _DIGITS or tail[j] == "∞"), -1)
+
+
+def _expression_at(tail: str, end: int, first: bool = True) -> tuple[int, str] | None:
+    """(start, text) of the whole expression whose last digit is ``tail[end]``, or None when
+    that number is part of something else (see :func:`_last_expression`)."""
     span = _enclosing_span(tail, end)
     if span is not None:
-        return span or None
+        return (_span_start(tail, end), span) if span else None
     found = _expression_end(tail, end)
     if found is None:
         return None
@@ -520,9 +535,189 @@ def _last_expression(text: str, first: bool = True) -> str | None:
     if run.count("(") != run.count(")"):
         return None
     if hedge is None:
-        return run + unit
+        return start, run + unit
     before = _last_expression(tail[: hedge.start() + 1], first=False) if first else None
-    return f"{before} {'or' if hedge.group(1) else 'and'} {run}{unit}" if before else None
+    if not before:
+        return None
+    return hedge.start(), f"{before} {'or' if hedge.group(1) else 'and'} {run}{unit}"
+
+
+def _span_start(tail: str, k: int) -> int:
+    """Where the math span around position ``k`` opens (see :func:`_enclosing_span`)."""
+    return max(tail.rfind("$", 0, k), tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k), 0)
+
+
+#: ends of sentences: ". " (not the point of 3.5), "!", "?", a line break
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+#: a sentence that comments on an answer already stated instead of stating one: a check, an
+#: estimate, a restated given, a comparison, a back-reference ("That's about 48 a month")
+_COMMENT = re.compile(
+    r"\b(?:check\w*|verif\w*|confirm\w*|estimat\w*|approximately|roughly|about|around|"
+    r"nearly|almost|sanity|indeed|consistent|makes\s+sense|reasonable|matches|originally|"
+    r"initially|at\s+first|to\s+begin\s+with|started\s+with|recall|we\s+know|given|than)\b"
+    r"|^\W*(?:this|that|that's|which|these|those)\b",
+    re.IGNORECASE,
+)
+#: a sentence that concludes: it may state the answer
+_CONCLUSION = re.compile(
+    r"\b(?:so|thus|therefore|hence|total|answer|altogether|together|in\s+all|overall|finally|"
+    r"result|gives?|giving|means)\b|=",
+    re.IGNORECASE,
+)
+#: a sentence that states the final answer in so many words ("So she has 15 left.")
+_FINAL = re.compile(
+    r"^\W*(?:so|thus|therefore|hence|in\s+total|in\s+all|altogether|overall|finally|"
+    r"in\s+conclusion)\b|\b(?:answer|in\s+total|altogether)\b",
+    re.IGNORECASE,
+)
+_STATING = re.compile(r"\b(?:is|are|was|were|equals|be|becomes)\b|=", re.IGNORECASE)
+_INFINITY_WORD = re.compile(
+    r"\b(?:(negative|minus)\s+)?(?:positive\s+|plus\s+)?infini(?:ty|te)\b", re.IGNORECASE
+)
+_NO_LIMIT = re.compile(r"\b(?:does\s*n[o']t\s+exist|DNE)\b", re.IGNORECASE)
+
+
+def _sentences(tail: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of ``tail`` that holds a number, in order."""
+    out, start = [], 0
+    for m in [*_SENTENCE_END.finditer(tail), None]:
+        end = m.end() if m else len(tail)
+        if any(c in _DIGITS or c == "∞" for c in tail[start:end]) or _word_value(tail[start:end]):
+            out.append((start, end))
+        start = end
+    return out
+
+
+def _commentary(sentence: str) -> bool:
+    """Does the sentence comment on an answer (check, estimate, restated given) rather than
+    state one? A back-reference that concludes ("That gives 20 in total") states one."""
+    m = _COMMENT.search(sentence)
+    if not m:
+        return False
+    return m.group(0).strip(" \t\n*").lower() not in ("this", "that", "that's", "which") or not (
+        _CONCLUSION.search(sentence)
+    )
+
+
+def _word_value(sentence: str) -> str | None:
+    """A limit stated in words with no number: "the limit is infinity" -> ``\\infty``,
+    "diverges to negative infinity" -> ``-\\infty``, "does not exist" -> ``\\text{DNE}``."""
+    if any(c in _DIGITS for c in sentence):
+        return None
+    found = list(_INFINITY_WORD.finditer(sentence))
+    limit = _NO_LIMIT.search(sentence)
+    if limit and not found:
+        return "\\text{DNE}"
+    if len(found) == 1 and not limit and not re.search(r"\bnot\b", sentence, re.IGNORECASE):
+        return "-\\infty" if found[0].group(1) else "\\infty"
+    return None
+
+
+def _value_key(expr: str):
+    """What an expression's value is compared by when a sentence holds several: the exact
+    number (``15``, ``15.0`` and ``15 apples`` alike), else its text without spaces."""
+    head = re.sub(r"\s+[A-Za-z][A-Za-z.^{}0-9]*$", "", expr.strip())
+    number = plain_number(head.replace("%", ""))
+    return number if number is not None else re.sub(r"\s+", "", expr)
+
+
+#: a number that restates a condition: "after 3 steps", "at $2 each", "by selling 9 eggs",
+#: "if 3 workers"; up to two words between, none of them saying it is the result
+_CONDITION = re.compile(
+    r"\b(?:after|in|at|for|by|per|each|every|if|when|since|given|than|from|out\s+of)"
+    r"(?:\s+(?!(?:total|sum|answer|result|left|remaining|altogether|all)\b)[A-Za-z'’]+){0,2}"
+    r"\s+\$?$",
+    re.IGNORECASE,
+)
+
+
+def _candidates(tail: str, start: int, end: int) -> list[tuple[int, str]] | None:
+    """(start, text) of the whole expressions in ``tail[start:end]``, last first; None when
+    its last number is part of something else (``x^2``, ``abc12``), as the last-number
+    fallback refuses it."""
+    out: list[tuple[int, str]] = []
+    j = _last_digit(tail, end)
+    while j >= start:
+        found = _expression_at(tail, j)
+        if found is None:
+            if not out:
+                return None
+            k = j
+        else:
+            out.append((found[0], found[1]))
+            k = min(found[0], j)
+        while k > 0 and (tail[k - 1] in _DIGITS or tail[k - 1] in ".,"):
+            k -= 1  # the rest of this number (15 of "15 or 16"), not a candidate of its own
+        j = _last_digit(tail, k)
+    return out
+
+
+def _sentence_value(tail: str, start: int, end: int) -> str | None:
+    """The one value a sentence states: after its last "is"/"are"/"=" when a number follows
+    it, else the sentence's only value; several different values are resolved by the text's
+    last computation (``9 * 2 = 18 ... makes $18 by selling 9 eggs at $2 each``), or refused."""
+    words = _word_value(tail[start:end])
+    if words:
+        return words
+    verbs = [m for m in _STATING.finditer(tail, start, end) if _last_digit(tail, end) >= m.end()]
+    found = _candidates(tail, verbs[-1].end() if verbs else start, end)
+    if not found:
+        return None
+    values = {_value_key(x): x for _, x in reversed(found)}
+    if len(values) == 1:
+        return found[0][1]
+    results = {  # "after 3 steps we have 17 left": 3 restates a condition
+        _value_key(x): x
+        for k, x in found
+        if not _CONDITION.search(tail, max(start, k - 40), _number_start(tail, k))
+    }
+    if len(results) == 1:
+        return next(iter(results.values()))
+    return _computed(tail[:start], values)
+
+
+def _number_start(tail: str, k: int) -> int:
+    """Where the expression starting at ``k`` begins, with a currency sign before it."""
+    return k - 1 if tail[k - 1 : k] == "$" else k
+
+
+def _computed(body: str, values: dict) -> str | None:
+    """The one of ``values`` that the text before the sentence computed last (the right side
+    of its last "="), when no other of them is mentioned after that computation."""
+    computed = list(re.finditer(r"=\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", body))
+    if not computed:
+        return None
+    last = computed[-1]
+    key = _value_key(last.group(1))
+    if key not in values:
+        return None
+    later = re.findall(r"\d+(?:\.\d+)?", body[last.end() :])
+    if any(_value_key(x) in values and _value_key(x) != key for x in later):
+        return None
+    return values[key]
+
+
+def _fallback(text: str) -> str | None:
+    """The answer of a completion without a marker: the value stated by its last sentence
+    that states one, skipping sentences that only comment on it (a check, an estimate, a
+    restated given); None when that sentence states several values, or when it neither
+    concludes nor computes and an earlier final sentence ("So she has 15 left.") states a
+    different value."""
+    tail = separators(text[-MAX_TAIL:])
+    sentences = _sentences(tail)
+    stated = [s for s in sentences if not _commentary(tail[s[0] : s[1]])]
+    if not stated:
+        return None
+    start, end = stated[-1]
+    value = _sentence_value(tail, start, end)
+    if value is None or _CONCLUSION.search(tail[start:end]):
+        return value
+    earlier = [s for s in stated[:-1] if _FINAL.search(tail[s[0] : s[1]])]
+    if earlier:
+        before = _sentence_value(tail, *earlier[-1])
+        if before is None or _value_key(before) != _value_key(value):
+            return None  # "So she has 15 left. She started with 20.": which one?
+    return value
 
 
 def extract_answer(text: str, strict: bool = False) -> str | None:
@@ -571,7 +766,7 @@ def _find(text: str, strict: bool) -> str | None:
     whole = _bare_math(text)  # only math: unambiguous, also in strict mode
     if whole or strict:
         return whole
-    return _last_expression(text)
+    return _fallback(text)
 
 
 def gold_answer(gold) -> str:

@@ -100,6 +100,8 @@ _INFINITY_WORDS = [
     (re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
     (re.compile(r"\b(?:positive\s+infinity|infinitely\s+many)\b", re.IGNORECASE), "\\infty "),
 ]
+#: "the limit does not exist", spelled out or as DNE, is one answer
+_NO_LIMIT = re.compile(r"\b(?:does\s*n[o']t\s+exist|DNE)\b", re.IGNORECASE)
 _REALS = re.compile(
     r"\\mathbb\s*\{?\s*R\s*\}?|\b(?:[Aa]ll\s+)?[Rr]eal\s+[Nn]umbers\b"
     r"|\\R(?![a-zA-Z])"
@@ -190,6 +192,7 @@ def normalise(s: str) -> str:
     """Rewrite the many spellings of the same math into one LaTeX-ish form."""
     s = _superscripts(s)
     s = _vulgar(s)
+    s = _NO_LIMIT.sub("DNE", s)
     if "infinit" in s.lower():
         for pattern, value in _INFINITY_WORDS:
             s = pattern.sub(lambda _, v=value: v, s)
