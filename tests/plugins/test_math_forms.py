@@ -335,8 +335,9 @@ EXTRACT = [
     ("The total cost is \\$1,\\!200.", "1200"),
     # the last-number fallback takes a whole expression, or nothing (#31)
     ("Dividing the total by two, therefore 7/2", "7/2"),
-    ("so the count is n - 2", None),
-    ("and the leading term is x^2", None),
+    ("so the count is n - 2", "n - 2"),  # stated whole after "is"
+    ("and the leading term is x^2", "x^2"),
+    ("the count is then reduced by n - 2", None),  # a part: no stating verb before it
     ("Meet at 10:30", "10:30"),
     ("abc12def", None),
     ("It happened on the 5x", None),

@@ -126,7 +126,7 @@ def _box_at(text: str, start: int, match: dict[int, int] | None = None) -> tuple
         if k >= 0:
             rest = rest[:k]
     rest = rest.strip()
-    if not rest or not (any(ch.isdigit() for ch in rest) or "\\" in rest or len(rest) == 1):
+    if not rest or not (re.search(r"\d", rest) or "\\" in rest or len(rest) == 1):
         return None
     return rest + "}" * max(0, rest.count("{") - rest.count("}")), len(text)
 
@@ -343,6 +343,8 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
                 break
     if strict and not _STRICT_LEAD.search(tail[:start]):
         return None
+    if _commentary(tail[max(tail.rfind(". ", 0, start), tail.rfind("\n", 0, start)) + 1 :]):
+        return None  # "Thus $x = 7$. We can verify: $2(7) + 3 = 17$.": the fallback reads it
     return ", ".join(boxed_answer(x) or x for x in found), len(text) - len(tail) + start
 
 
@@ -549,15 +551,25 @@ def _span_start(tail: str, k: int) -> int:
 
 #: ends of sentences: ". " (not the point of 3.5), "!", "?", a line break
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-#: a sentence that comments on an answer already stated instead of stating one: a check, an
-#: estimate, a restated given, a comparison, a back-reference ("That's about 48 a month")
-_COMMENT = re.compile(
-    r"\b(?:check\w*|verif\w*|confirm\w*|estimat\w*|approximately|roughly|about|around|"
-    r"nearly|almost|sanity|indeed|consistent|makes\s+sense|reasonable|matches|originally|"
-    r"initially|at\s+first|to\s+begin\s+with|started\s+with|recall|we\s+know|given|than)\b"
-    r"|^\W*(?:this|that|that's|which|these|those)\b",
+#: words of a sentence that estimates instead of stating: never the answer
+_ESTIMATE = re.compile(
+    r"\b(?:estimat\w*|approximately|roughly|about|around|nearly|almost)\b", re.IGNORECASE
+)
+#: words of a sentence that comments on an answer already stated: a check; a restated given
+#: or a comparison, unless the sentence computes ("As a check, she started with 20.", "Note
+#: that the problem gave us 20.", not "2 fewer than Aaron's 25: 25 - 2 = 23")
+_CHECK = re.compile(
+    r"\b(?:check\w*|verif\w*|confirm\w*|sanity|indeed|consistent|makes\s+sense|reasonable|"
+    r"matches)\b",
     re.IGNORECASE,
 )
+_RESTATED = re.compile(
+    r"\b(?:originally|initially|at\s+first|to\s+begin\s+with|started\s+with|recall|"
+    r"we\s+know|than|note|problem|question|statement|mentioned)\b",
+    re.IGNORECASE,
+)
+#: a sentence that refers back to what was said ("That's 48 a month", "This is 100 more")
+_BACK_REFERENCE = re.compile(r"^\W*(?:this|that|that's|which|these|those)\b", re.IGNORECASE)
 #: a sentence that concludes: it may state the answer
 _CONCLUSION = re.compile(
     r"\b(?:so|thus|therefore|hence|total|answer|altogether|together|in\s+all|overall|finally|"
@@ -570,7 +582,12 @@ _FINAL = re.compile(
     r"in\s+conclusion)\b|\b(?:answer|in\s+total|altogether)\b",
     re.IGNORECASE,
 )
-_STATING = re.compile(r"\b(?:is|are|was|were|equals|be|becomes)\b|=", re.IGNORECASE)
+_STATING = re.compile(
+    r"\b(?:is|are|was|were|equals|be|becomes|"
+    r"(?:simplif\w*|reduces?|comes?|equal|evaluates?|amounts?)\s+to)\b|=",
+    re.IGNORECASE,
+)
+_NUMERIC = re.compile(r"[\d²³⁴⁵⁶⁷⁸⁹⁰¹√π∞½⅓⅔¼¾]")  # a number, a power, a root, a constant
 _INFINITY_WORD = re.compile(
     r"\b(?:(negative|minus)\s+)?(?:positive\s+|plus\s+)?infini(?:ty|te)\b", re.IGNORECASE
 )
@@ -582,21 +599,22 @@ def _sentences(tail: str) -> list[tuple[int, int]]:
     out, start = [], 0
     for m in [*_SENTENCE_END.finditer(tail), None]:
         end = m.end() if m else len(tail)
-        if any(c in _DIGITS or c == "∞" for c in tail[start:end]) or _word_value(tail[start:end]):
+        if _NUMERIC.search(tail, start, end) or _word_value(tail[start:end]):
             out.append((start, end))
         start = end
     return out
 
 
 def _commentary(sentence: str) -> bool:
-    """Does the sentence comment on an answer (check, estimate, restated given) rather than
-    state one? A back-reference that concludes ("That gives 20 in total") states one."""
-    m = _COMMENT.search(sentence)
-    if not m:
-        return False
-    return m.group(0).strip(" \t\n*").lower() not in ("this", "that", "that's", "which") or not (
-        _CONCLUSION.search(sentence)
-    )
+    """Does the sentence comment on an answer (a check, an estimate, a restated given) rather
+    than state one? A sentence that states the final answer in so many words ("So the
+    answer to the problem is 12") or a back-reference that concludes ("That gives 20 in
+    total") states one; an estimate never does."""
+    if _ESTIMATE.search(sentence):
+        return True
+    if _CHECK.search(sentence) or _RESTATED.search(sentence) and "=" not in sentence:
+        return not _FINAL.search(sentence)
+    return bool(_BACK_REFERENCE.search(sentence)) and not _CONCLUSION.search(sentence)
 
 
 def _word_value(sentence: str) -> str | None:
@@ -659,7 +677,10 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     words = _word_value(tail[start:end])
     if words:
         return words
-    verbs = [m for m in _STATING.finditer(tail, start, end) if _last_digit(tail, end) >= m.end()]
+    verbs = [m for m in _STATING.finditer(tail, start, end) if _NUMERIC.search(tail, m.end(), end)]
+    stated = _plain_math(tail[verbs[-1].end() : end]) if verbs else None
+    if stated:
+        return stated
     found = _candidates(tail, verbs[-1].end() if verbs else start, end)
     if not found:
         return None
@@ -674,6 +695,23 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     if len(results) == 1:
         return next(iter(results.values()))
     return _computed(tail[:start], values)
+
+
+#: plain-text math with a variable, a power or a root: ``x² + 2x + 1``, ``5x``, ``2√3``
+_PLAIN_MATH = re.compile(r"[\sA-Za-z\d²³⁴⁵⁶⁷⁸⁹⁰¹⁻⁺+\-−*/^().√π·×÷±]{1,200}")
+_SYMBOLIC = re.compile(r"(?<![A-Za-z])[a-z](?![A-Za-z])|[²³⁴⁵⁶⁷⁸⁹⁰¹√π^±]")
+
+
+def _plain_math(segment: str) -> str | None:
+    """What follows a sentence's stating verb when it is all plain-text math with a variable,
+    power or root ("the derivative is 3x² − 4x."); None for prose or a plain number (those
+    are read number by number)."""
+    segment = segment.strip().rstrip(".!?;,").strip()
+    if not _PLAIN_MATH.fullmatch(segment) or not _SYMBOLIC.search(segment):
+        return None
+    if _GLUED.search(segment) or any(_prose(m.group(0)) for m in _depth_zero_words(segment)):
+        return None
+    return segment
 
 
 def _number_start(tail: str, k: int) -> int:
