@@ -47,7 +47,7 @@ def parse_cached(text: str, max_length: int):
 
 #: one number with a decimal comma: not a three-digit group (1,220 is a thousand two hundred
 #: and twenty), and 0,111 cannot be one
-_DECIMAL_COMMA = re.compile(r"-?(?:\d+,(?:\d{1,2}|\d{4,})|0,\d+)")
+_DECIMAL_COMMA = re.compile(r"-?(?:(?:\d{1,3}(?: \d{3})+|\d+),(?:\d{1,2}|\d{4,})|0,\d+)")
 
 
 def _squash(s: str) -> str:
@@ -79,14 +79,14 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(pred) == _squash(gold):
         return True
-    if (
-        _DECIMAL_COMMA.fullmatch(pred.strip())
-        and "," not in gold
-        and plain_number(gold) is not None
-    ):
-        pred = pred.replace(",", ".")  # 1,22 against the number 1.22: a decimal comma
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
+    if (
+        _DECIMAL_COMMA.fullmatch(p_text.strip())
+        and "," not in g_text
+        and plain_number(g_text) is not None
+    ):  # 1,22 (or 1 234,5 km) against the number 1.22: a decimal comma
+        p_text = p_text.replace(",", ".").replace(" ", "")
     if conflict(p_unit, g_unit):
         return False  # 5 cm is not 5 m
     if not p_text.strip() or not g_text.strip():

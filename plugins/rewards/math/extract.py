@@ -63,7 +63,11 @@ _MATH_WORDS = frozenset(
     }
 )
 _HASH_RE = re.compile(r"####[ \t]*([-−+$\\\d.(][^\n]*)")  # a value, not a "#### Step 1" heading
-_ANSWER_IS_RE = re.compile(r"answer\s+is\b[ \t]*[:：]?[ \t]*([^\n]*)", re.IGNORECASE)
+#: "the answer is X"; X stops at a later "answer is" on its line ("The answer is 8. Wait, ...
+#: so the answer is 9.": the last one wins)
+_ANSWER_IS_RE = re.compile(
+    r"answer\s+is\b[ \t]*[:：]?[ \t]*((?:(?!answer\s+is\b)[^\n])*)", re.IGNORECASE
+)
 _SOLUTIONS_RE = re.compile(
     r"\b(?:solutions?|roots?|zeros?|answers?)"
     r"(?:\s+(?:of|to)\s+[^\n]{1,60}?)?\s+(?:are|is)\b[ \t]*[:：]?[ \t]*"
@@ -429,6 +433,7 @@ def _enclosing_span(tail: str, k: int) -> str | None:
 _HEDGED = re.compile(r"\d[?)]?\s*,?\s*(?:\b(or)\b[^.\n\d]{0,12}|\band[ \t]*)$", re.IGNORECASE)
 _CLOCK = re.compile(r"(\d{1,2})[ \t]*:[ \t]*$")  # the 4: of 4:30, the 3: of 3:4
 _MERIDIEM = re.compile(r"[ \t]*([ap])\.?[ \t]?m\b\.?", re.IGNORECASE)  # after a clock time
+_SCALE = re.compile(r"[ \t]*(?:hundred|thousand|million|billion|trillion)s?\b", re.I)
 _UNIT_AFTER = re.compile(r"[ \t]*([A-Za-z]+\.?)([²³]|\^\{?[23]\}?)?")
 
 
@@ -453,6 +458,8 @@ def _expression_end(tail: str, end: int) -> tuple[int, str] | None:
         return stop, " " + meridiem.group(1).replace(".", "").lower() + "m"  # 3:45 a.m.
     while tail[stop : stop + 1] in ("%", "π", "∞", "²", "³"):
         stop += 1
+    if _SCALE.match(tail, stop):
+        return None  # 3,5 million: not the number 3,5
     unit = _UNIT_AFTER.match(tail, stop)
     if unit and unit_word(unit.group(1)) and unit_name(unit.group(1)) is not None:
         power = {"²": "^2", "³": "^3"}.get(unit.group(2), unit.group(2) or "")
@@ -565,7 +572,8 @@ _CHECK = re.compile(
 )
 _RESTATED = re.compile(
     r"\b(?:originally|initially|at\s+first|to\s+begin\s+with|started\s+with|recall|"
-    r"we\s+know|than|note|problem|question|statement|mentioned)\b",
+    r"we\s+know|than|note|problem|question|statement|mentioned|in\s+other\s+words|"
+    r"equivalently)\b",
     re.IGNORECASE,
 )
 #: a sentence that refers back to what was said ("That's 48 a month", "This is 100 more")
@@ -649,6 +657,10 @@ _CONDITION = re.compile(
 )
 
 
+#: a value the sentence denies: "not 0", "rather than 9", "instead of 8"
+_NEGATED = re.compile(r"\b(?:not|never|rather\s+than|instead\s+of)[ \t]+\$?$", re.IGNORECASE)
+
+
 def _candidates(tail: str, start: int, end: int) -> list[tuple[int, str]] | None:
     """(start, text) of the whole expressions in ``tail[start:end]``, last first; None when
     its last number is part of something else (``x^2``, ``abc12``), as the last-number
@@ -684,6 +696,9 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     found = _candidates(tail, verbs[-1].end() if verbs else start, end)
     if not found:
         return None
+    found = [(k, x) for k, x in found if not _NEGATED.search(tail, max(start, k - 20), k)]
+    if not found:
+        return None  # "the limit is infinity, not 0"
     values = {_value_key(x): x for _, x in reversed(found)}
     if len(values) == 1:
         return found[0][1]
@@ -699,6 +714,7 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
 
 #: plain-text math with a variable, a power or a root: ``x² + 2x + 1``, ``5x``, ``2√3``
 _PLAIN_MATH = re.compile(r"[\sA-Za-z\d²³⁴⁵⁶⁷⁸⁹⁰¹⁻⁺+\-−*/^().√π·×÷±]{1,200}")
+_NUMBER_UNIT = re.compile(r"[-−]?[\d.,/ ]+[ \t]*([A-Za-z]+\.?)(?:[²³]|\^\{?[23]\}?)?")
 _SYMBOLIC = re.compile(r"(?<![A-Za-z])[a-z](?![A-Za-z])|[²³⁴⁵⁶⁷⁸⁹⁰¹√π^±]")
 
 
@@ -709,6 +725,9 @@ def _plain_math(segment: str) -> str | None:
     segment = segment.strip().rstrip(".!?;,").strip()
     if not _PLAIN_MATH.fullmatch(segment) or not _SYMBOLIC.search(segment):
         return None
+    unit = _NUMBER_UNIT.fullmatch(segment)
+    if unit and unit_word(unit.group(1)):
+        return None  # 50 m²: a number and its unit, read number by number
     if _GLUED.search(segment) or any(_prose(m.group(0)) for m in _depth_zero_words(segment)):
         return None
     return segment
