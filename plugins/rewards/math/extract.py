@@ -693,7 +693,10 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     stated = _plain_math(tail[verbs[-1].end() : end]) if verbs else None
     if stated:
         return stated
-    found = _candidates(tail, verbs[-1].end() if verbs else start, end)
+    lo, hi = (verbs[-1].end() if verbs else start), end
+    if verbs and re.match(r"\s*(?:what|how)\b", tail[lo:hi], re.IGNORECASE):
+        lo, hi = start, verbs[-1].start()  # "So 36 is what we get from 2 and 3."
+    found = _candidates(tail, lo, hi)
     if not found:
         return None
     found = [(k, x) for k, x in found if not _NEGATED.search(tail, max(start, k - 20), k)]
