@@ -334,7 +334,10 @@ def _trailing_math(text: str, strict: bool) -> tuple[str, int] | None:
                 break
     else:
         return None
-    inner = tail[k + len(open_) : len(tail) - len(close)].strip()
+    inner = tail[k + len(open_) : len(tail) - len(close)]
+    if open_ in ("$", "\\(") and "\n" in inner:
+        return None  # inline math does not run over a line break
+    inner = inner.strip()
     if not inner or len(inner) > 400:
         return None
     found, start = [inner], k
@@ -421,11 +424,14 @@ def _enclosing_span(tail: str, k: int) -> str | None:
         close = tail.find("$", k)
         inner = tail[dollars[-1] + 1 : close].strip("$ \n") if close >= 0 else ""
         if inner and not any(_prose(m.group(0)) for m in _depth_zero_words(inner)):
-            return inner  # not "$5, so 350$": dollar signs around prose are currency
+            # not "$5, so 350$": dollar signs around prose are currency; inline math does
+            # not run over a line break ("$ \n 9 \n $" is no answer)
+            return "" if "\n" in tail[dollars[-1] : close] else inner
     opened = max(tail.rfind("\\(", 0, k), tail.rfind("\\[", 0, k))
     if opened >= 0 and opened > max(tail.rfind("\\)", 0, k), tail.rfind("\\]", 0, k)):
         close = re.compile(r"\\[)\]]").search(tail, k)
-        return tail[opened + 2 : close.start()].strip() if close else ""
+        inner = tail[opened + 2 : close.start()] if close else ""
+        return "" if tail[opened + 1] == "(" and "\n" in inner else inner.strip()
     return None
 
 
