@@ -414,3 +414,111 @@ def test_extraction_time_is_bounded_on_long_hostile_text():
         worst = max(worst, time.perf_counter() - t0)
         assert pred is None or isinstance(pred, str)
     assert worst < 2.0, worst  # generous: a loaded 2-core machine; measured ~0.05 s idle
+
+
+# -- issue #50: the forms behind the false 1s, as labelled pairs --------------------------
+
+PAIRS_PATH = os.path.join(ROOT, "tests", "data", "math_pairs.jsonl")
+with open(PAIRS_PATH, encoding="utf-8") as _f:
+    PAIRS = [json.loads(line) for line in _f if line.strip()]
+PAIR_FORMS = sorted({r["form"] for r in PAIRS})
+#: the forms of issue #50, each with right and near-miss wrong pairs
+FORMS_50 = {
+    "answer_then_prose",
+    "restated_numbers",
+    "mixed_numbers",
+    "unicode_math",
+    "text_golds",
+    "spaces_and_decimal_commas",
+    "limits_in_words",
+    "junk_numbers",
+}
+
+
+def paid(row: dict) -> bool:
+    return equivalent(extract_answer(row["completion"]), gold_answer(row["gold"]))
+
+
+def test_every_form_of_issue_50_has_right_and_wrong_pairs():
+    assert FORMS_50 <= set(PAIR_FORMS)
+    counts = Counter((r["form"], r["label"]) for r in PAIRS)
+    for form in FORMS_50:
+        assert counts[(form, True)] >= 8 and counts[(form, False)] >= 10, (form, counts)
+
+
+@pytest.mark.parametrize("form", PAIR_FORMS)
+def test_no_wrong_pair_of_a_form_is_paid(form):
+    rows = [r for r in PAIRS if r["form"] == form]
+    false_ones = [
+        (r["gold"], extract_answer(r["completion"])) for r in rows if not r["label"] and paid(r)
+    ]
+    assert not false_ones, false_ones
+    right = [r for r in rows if r["label"]]
+    missed = [(r["gold"], extract_answer(r["completion"])) for r in right if not paid(r)]
+    # recall: the misses left are read as "cannot tell" on purpose (docs/rewards.md)
+    assert len(missed) <= 0.15 * len(right), missed
+
+
+def test_the_reward_through_its_workers_never_pays_a_wrong_pair():
+    reward = grpo_core.create("reward", "math", {"timeout": 5.0})
+    scores = reward(
+        ["q"] * len(PAIRS), [r["completion"] for r in PAIRS], answer=[r["gold"] for r in PAIRS]
+    )
+    paid_wrong = [
+        (r["form"], r["gold"]) for r, s in zip(PAIRS, scores) if s == 1.0 and not r["label"]
+    ]
+    assert not paid_wrong, paid_wrong
+    accuracy = sum((s == 1.0) == r["label"] for r, s in zip(PAIRS, scores)) / len(PAIRS)
+    assert accuracy >= 0.97, accuracy
+    assert reward.verifier.timeouts == 0
+
+
+#: the same forms in new phrasings (not in the corpus): (completion, gold, paid)
+PHRASINGS_50 = [
+    # an answer, then a check / an estimate / a restated given
+    ("So he saved 64 dollars. As a quick check, 8 weeks at 8 dollars is 64.", "64", True),
+    ("So he saved 64 dollars. As a quick check, 8 weeks at 8 dollars is 64.", "8", False),
+    ("The pool fills in 6 hours. That is roughly 400 minutes.", "400", False),
+    ("The pool fills in 6 hours. That is roughly 400 minutes.", "6", True),
+    ("In total, 35 students passed. Initially there were 40.", "40", False),
+    ("In total, 35 students passed. Initially there were 40.", "35", True),
+    # a final sentence that restates the question's numbers around the result
+    ("8 * 3 = 24, so after 3 weeks at 8 books a week she owns 24 books.", "24", True),
+    ("8 * 3 = 24, so after 3 weeks at 8 books a week she owns 24 books.", "3", False),
+    ("So 5 friends sharing 20 cookies each get 4 cookies.", "20", False),
+    # mixed numbers and improper fractions, both ways, and look-alikes
+    ("The board is 3 1/4 feet long.", "\\frac{13}{4}", True),
+    ("The board is 13/4 feet long.", "3\\frac14", True),
+    ("The board is 31/4 feet long.", "3 1/4", False),
+    ("\\boxed{3\\frac{1}{4}}", "\\frac{31}{4}", False),
+    # Unicode superscripts and symbols
+    ("The surface area is 6a².", "6a^2", True),
+    ("The surface area is 6a².", "6a", False),
+    ("The side is 3√5 cm.", "3\\sqrt{5}", True),
+    ("The side is 3√5 cm.", "35", False),
+    # text golds against other notations
+    ("The store closes at 21:30.", "9:30 PM", True),
+    ("The store closes at 9:30 a.m.", "9:30 PM", False),
+    ("The rope is 7 yards long.", "7 \\text{ yards}", True),
+    ("The rope is 7 feet long.", "7 \\text{ yards}", False),
+    # thousands by spaces, decimal commas
+    ("The farm has 25 000 chickens.", "25000", True),
+    ("The farm has 25 000 chickens.", "25", False),
+    ("The average is 4,5 points.", "4.5", True),
+    ("The average is 4,5 points.", "45", False),
+    # limits in words
+    ("As n grows, the sum grows without bound: the limit is infinity.", "\\infty", True),
+    ("As n grows, the sum grows without bound: the limit is infinity.", "-\\infty", False),
+    ("The one-sided limits disagree, so the limit doesn't exist.", "\\text{DNE}", True),
+    ("The one-sided limits disagree, so the limit doesn't exist.", "1", False),
+    # junk numbers inside words and expressions
+    ("The answer is on page X7.", "7", False),
+    ("We end with 4y - 9.", "9", False),
+    ("We end with 4y - 9.", "4y-9", False),  # no stating verb: not read
+    ("The result is 4y - 9.", "4y-9", True),
+]
+
+
+@pytest.mark.parametrize("text,gold,expected", PHRASINGS_50)
+def test_issue_50_forms_in_new_phrasings(text, gold, expected):
+    assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
