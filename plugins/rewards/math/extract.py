@@ -6,9 +6,11 @@ unclosed at the end is read to the end of its math), the last ``<answer>...</ans
 GSM8K's ``#### N``, "Final Answer" (also as a bold heading with the value on the next
 line), "the answer is ...", "the solutions are ...", ``A: N``, a completion ending in a math
 span ("..., which is $\\frac{1}{6}$."), the last markdown bold, a completion that is only
-math, and (unless strict) the last number in the text, taken with the whole expression it
-belongs to or not at all (``Therefore 7/2`` is ``7/2``; ``abc12def`` gives nothing). A box
-followed by a stated final answer was an intermediate result.
+math, and (unless strict) the value stated by the last sentence that states one, skipping
+checks, estimates and restated givens after it (:func:`_fallback`), each number taken with
+the whole expression it belongs to or not at all (``Therefore 7/2`` is ``7/2``;
+``abc12def`` gives nothing). A box followed by a stated final answer was an intermediate
+result.
 
 This runs in the trainer process, outside the workers' time budget, so every step is linear
 in the text and the text is bounded: only the last ``MAX_SCAN`` characters are searched, and
