@@ -119,7 +119,7 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return clock
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
-    p_text = _decimal_comma(p_text, g_text)
+    p_text, g_text = _decimal_comma(p_text, g_text), _decimal_comma(g_text, p_text)
     if conflict(p_unit, g_unit):
         return False  # 5 cm is not 5 m
     if not p_text.strip() or not g_text.strip():
@@ -140,8 +140,8 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
 
 
 def _decimal_comma(pred: str, gold: str) -> str:
-    """``1,22`` (or ``1 234,5``) against a gold that is one number without a comma: a decimal
-    comma, read as a point; anything else unchanged."""
+    """``1,22`` (or ``1 234,5``) against one number without a comma (on the other side): a
+    decimal comma, read as a point; anything else unchanged."""
     one_number = "," not in gold and plain_number(gold) is not None
     if one_number and _DECIMAL_COMMA.fullmatch(pred.strip()):
         return pred.replace(",", ".").replace(" ", "")

@@ -788,11 +788,18 @@ def _fallback(text: str) -> str | None:
     return value
 
 
+#: a command written with its backslash doubled, as in a string escaped twice
+_DOUBLED = re.compile(
+    r"\\\\(?=(?:left|right|[dt]?frac|sqrt|boxed|pi|infty|text|cdot|le|ge|leq|geq|cup|"
+    r"mathbb)(?![A-Za-z]))"
+)
+
+
 def extract_answer(text: str, strict: bool = False) -> str | None:
     """The final answer as a string, or None when nothing answer-like is found."""
     if not isinstance(text, str) or not text:
         return None
-    text = _SPECIAL_TOKENS.sub("", text[-MAX_SCAN:])
+    text = _DOUBLED.sub(r"\\", _SPECIAL_TOKENS.sub("", text[-MAX_SCAN:]))
     return _find(text, strict)
 
 
@@ -841,7 +848,7 @@ def gold_answer(gold) -> str:
     """Reduce a gold answer the way a completion is reduced: its math delimiters (``$...$``,
     ``$$...$$``) dropped, its boxes (several joined), a GSM8K ``#### N``, or a worked solution's
     final answer; units, degrees and ``\\text{}`` are left for the comparison."""
-    text = str(gold)[-MAX_SCAN:].strip()
+    text = _DOUBLED.sub(r"\\", str(gold)[-MAX_SCAN:].strip())
     boxed = boxed_answer(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()

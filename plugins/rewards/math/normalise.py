@@ -198,6 +198,9 @@ def normalise(s: str) -> str:
             s = pattern.sub(lambda _, v=value: v, s)
     for k, v in _UNICODE.items():
         s = s.replace(k, v)
+    approx = s.find("\\approx")
+    if approx > 0 and "=" in s[:approx]:
+        s = s[:approx]  # x = 1/3 \approx 0.33: the exact side; x \approx 11 alone stays
     s = unicodedata.normalize("NFKC", s).replace("⁄", "/")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac34
