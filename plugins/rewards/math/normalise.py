@@ -94,7 +94,9 @@ _NUMBER_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*\\circ\s*\}?")
 _LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\,|\\!|,\\,|\\ )(?=\d{3}(?!\d))")
 _MIXED = re.compile(r"(?<![\d.}^_a-zA-Z\\])(\d+)\s*\\frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _MIXED_PLAIN = re.compile(r"\s*([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*(\\?%)?\s*")
-_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # not 0,111
+#: a tuple written with semicolons (a decimal-comma locale): (0;-2;6)
+_SEMICOLON_TUPLE = re.compile(r"\(\s*-?[\d.]+(?:\s*;\s*-?[\d.]+)+\s*\)")
 _SPACED = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000 (SI style)
 _INFINITY_WORDS = [
     (re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
@@ -198,6 +200,7 @@ def normalise(s: str) -> str:
             s = pattern.sub(lambda _, v=value: v, s)
     for k, v in _UNICODE.items():
         s = s.replace(k, v)
+    s = _SEMICOLON_TUPLE.sub(lambda m: m.group(0).replace(";", ","), s)
     approx = s.find("\\approx")
     if approx > 0 and "=" in s[:approx]:
         s = s[:approx]  # x = 1/3 \approx 0.33: the exact side; x \approx 11 alone stays
