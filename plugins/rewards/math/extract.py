@@ -249,8 +249,9 @@ _LAST_VERB = re.compile(r".*(?:\b(?:is|are|was|were|equals|be)\b|=)", re.IGNOREC
 
 def _after_verb(s: str) -> str | None:
     """What a prose sentence states: the text after its last "is"/"are"/"=" ("The number of
-    apples is 12"), else after its first ":" ("Total: 12"), else its one number ("Jane
-    started 3 hours ago"); None when it states no single value."""
+    apples is 12"), else after its first ":" ("Total: 12"), else the value the sentence
+    states as the fallback reads it ("Jane started 3 hours ago"); None when it states no
+    single value."""
     if _HEDGE.search(s):
         return None  # "is not 5", "is at least 5", "is approximately 5": no stated value
     verb = _LAST_VERB.match(s)
@@ -259,7 +260,7 @@ def _after_verb(s: str) -> str | None:
     colon = s.find(":")
     if colon >= 0:
         return s[colon + 1 :].strip()
-    return _last_expression(s) if len(re.findall(r"\d+(?:[.,/]\d+)*", s)) == 1 else None
+    return _fallback(s)  # "After 3 days at 5 pages a day, she has read 15 pages": 15
 
 
 def _cut_prose(s: str, sentence: bool = False) -> str:
@@ -276,7 +277,7 @@ def _cut_prose(s: str, sentence: bool = False) -> str:
         head = s[: m.start()]
         if any(c in _DIGITS or c == "\\" for c in head):
             return head.rstrip(" ,;:(")
-        stated = None if head.strip() or not sentence else _after_verb(s[m.end() :])
+        stated = None if head.strip() or not sentence else _after_verb(s)
         if not stated:
             return s
         s = stated
