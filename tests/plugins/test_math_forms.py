@@ -522,3 +522,26 @@ PHRASINGS_50 = [
 @pytest.mark.parametrize("text,gold,expected", PHRASINGS_50)
 def test_issue_50_forms_in_new_phrasings(text, gold, expected):
     assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
+
+
+#: a marked answer whose sentence restates other numbers, or denies one
+MARKED_SENTENCES_50 = [
+    ("Final Answer: After 3 days at 5 pages a day, she has read 15 pages.", "15", True),
+    ("Final Answer: After 3 days at 5 pages a day, she has read 15 pages.", "3", False),
+    ("Final Answer: After 3 days at 5 pages a day, she has read 15 pages.", "5", False),
+    ("The final answer is 15, because 3 × 5 = 15.", "15", True),
+    ("The final answer is 15, because 3 × 5 = 15.", "5", False),
+    ("The answer is 15 pages. That is 5 more than the 10 she read yesterday.", "10", False),
+    ("The answer is x² + 1, not x² − 1.", "x^2+1", True),
+    ("The answer is x² + 1, not x² − 1.", "x^2-1", False),
+    ("The answer is 5 meters (about 16 feet).", "5 m", True),
+    ("The answer is 5 meters (about 16 feet).", "16 feet", False),
+    ("Answer: 2 1/3 cups, or 7/3 cups.", "21/3", False),
+    ("The answer is 8. Wait, let me recompute: 5 + 4 = 9. So the answer is 9.", "9", True),
+    ("The answer is 8. Wait, let me recompute: 5 + 4 = 9. So the answer is 9.", "8", False),
+]
+
+
+@pytest.mark.parametrize("text,gold,expected", MARKED_SENTENCES_50)
+def test_a_marked_sentence_that_restates_numbers(text, gold, expected):
+    assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
