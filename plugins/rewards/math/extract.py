@@ -703,6 +703,9 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     if stated:
         return stated
     lo, hi = (verbs[-1].end() if verbs else start), end
+    fraction = _prose_fraction(tail[lo:hi])
+    if fraction:
+        return fraction
     if verbs and re.match(r"\s*(?:what|how)\b", tail[lo:hi], re.IGNORECASE):
         lo, hi = start, verbs[-1].start()  # "So 36 is what we get from 2 and 3."
     found = _candidates(tail, lo, hi)
@@ -743,6 +746,21 @@ def _plain_math(segment: str) -> str | None:
     if _GLUED.search(segment) or any(_prose(m.group(0)) for m in _depth_zero_words(segment)):
         return None
     return segment
+
+
+#: a LaTeX fraction or mixed number written in prose without math delimiters
+_PROSE_FRACTION = re.compile(
+    r"(?<![\w\\{}^_])(?:-?\d+\s*)?\\[dt]?frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}(?![\w{^_])"
+)
+
+
+def _prose_fraction(segment: str) -> str | None:
+    """The one LaTeX fraction of a prose segment with no other number ("the recipe needs 12
+    \\frac{1}{2} cups"); None otherwise."""
+    found = _PROSE_FRACTION.findall(segment)
+    if len(found) != 1 or re.search(r"\d", _PROSE_FRACTION.sub(" ", segment)):
+        return None
+    return found[0].strip()
 
 
 def _number_start(tail: str, k: int) -> int:
