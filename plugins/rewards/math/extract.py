@@ -20,6 +20,7 @@ only the first ``MAX_TAIL`` characters after a marker are read.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from itertools import islice
 
 from grpo_core_plugins.rewards.math.normalise import _VULGAR, separators
@@ -586,7 +587,9 @@ _RESTATED = re.compile(
     re.IGNORECASE,
 )
 #: a sentence that refers back to what was said ("That's 48 a month", "This is 100 more")
-_BACK_REFERENCE = re.compile(r"^\W*(?:this|that|that's|which|these|those)\b", re.IGNORECASE)
+_BACK_REFERENCE = re.compile(
+    r"^\W*(?:this|that|that's|which|these|those|or)\b", re.IGNORECASE
+)  # "Or 0.4 if rounded down": an alternative, not the answer
 #: a sentence that concludes: it may state the answer
 _CONCLUSION = re.compile(
     r"\b(?:so|thus|therefore|hence|total|answer|altogether|together|in\s+all|overall|finally|"
@@ -652,6 +655,9 @@ def _value_key(expr: str):
     """What an expression's value is compared by when a sentence holds several: the exact
     number (``15``, ``15.0`` and ``15 apples`` alike), else its text without spaces."""
     head = re.sub(r"\s+[A-Za-z][A-Za-z.^{}0-9]*$", "", expr.strip())
+    mixed = re.fullmatch(r"(\d+)\s+(\d+)/(\d+)", head)
+    if mixed and 0 < int(mixed.group(2)) < int(mixed.group(3)):  # 2 1/3 is 7/3
+        return int(mixed.group(1)) + Fraction(int(mixed.group(2)), int(mixed.group(3)))
     number = plain_number(head.replace("%", ""))
     return number if number is not None else re.sub(r"\s+", "", expr)
 
@@ -659,7 +665,7 @@ def _value_key(expr: str):
 #: a number that restates a condition: "after 3 steps", "at $2 each", "by selling 9 eggs",
 #: "if 3 workers"; up to two words between, none of them saying it is the result
 _CONDITION = re.compile(
-    r"\b(?:after|in|at|for|by|per|each|every|if|when|since|given|than|from|out\s+of)"
+    r"\b(?:after|in|at|for|by|per|if|when|since|given|than|from|out\s+of)"
     r"(?:\s+(?!(?:total|sum|answer|result|left|remaining|altogether|all)\b)[A-Za-z'’]+){0,2}"
     r"\s+\$?$",
     re.IGNORECASE,
@@ -708,7 +714,11 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
         return fraction
     if verbs and re.match(r"\s*(?:what|how)\b", tail[lo:hi], re.IGNORECASE):
         lo, hi = start, verbs[-1].start()  # "So 36 is what we get from 2 and 3."
+    if "=" not in tail[start:end] and _two_statements(tail, start, end):
+        return None  # "The area is 36 and the perimeter is 24.": which one was asked?
     found = _candidates(tail, lo, hi)
+    if found and lo > start and all(_condition(tail, start, k) for k, _ in found):
+        found = _candidates(tail, start, hi)  # "20 apples are left from the 30 she bought"
     if not found:
         return None
     found = [(k, x) for k, x in found if not _NEGATED.search(tail, max(start, k - 20), k)]
@@ -718,9 +728,7 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     if len(values) == 1:
         return found[0][1]
     results = {  # "after 3 steps we have 17 left": 3 restates a condition
-        _value_key(x): x
-        for k, x in found
-        if not _CONDITION.search(tail, max(start, k - 40), _number_start(tail, k))
+        _value_key(x): x for k, x in found if not _condition(tail, start, k)
     }
     if len(results) == 1:
         return next(iter(results.values()))
@@ -763,9 +771,25 @@ def _prose_fraction(segment: str) -> str | None:
     return found[0].strip()
 
 
-def _number_start(tail: str, k: int) -> int:
-    """Where the expression starting at ``k`` begins, with a currency sign before it."""
-    return k - 1 if tail[k - 1 : k] == "$" else k
+def _condition(tail: str, start: int, k: int) -> bool:
+    """Does the expression at ``k`` restate a condition ("after 3 steps", "at $2 each")?"""
+    return bool(_CONDITION.search(tail, max(start, k - 40), k - 1 if tail[k - 1 : k] == "$" else k))
+
+
+_WORD_VERB = re.compile(r"\b(?:is|are|was|were|equals|becomes)\b", re.IGNORECASE)
+
+
+def _two_statements(tail: str, start: int, end: int) -> bool:
+    """Does the sentence state two different values with two verbs ("the area is 36 and
+    the perimeter is 24")? The last value before each following verb is compared."""
+    verbs = list(_WORD_VERB.finditer(tail, start, end))
+    stated = set()
+    for verb, after in zip(verbs, [*verbs[1:], None]):
+        found = _candidates(tail, verb.end(), after.start() if after else end) or []
+        found = [x for k, x in found if not _NEGATED.search(tail, max(start, k - 20), k)]
+        if found:  # "is not 10, which is 1,000.99": one statement
+            stated.add(_value_key(found[0]))
+    return len(stated) > 1
 
 
 def _computed(body: str, values: dict) -> str | None:
