@@ -545,3 +545,26 @@ MARKED_SENTENCES_50 = [
 @pytest.mark.parametrize("text,gold,expected", MARKED_SENTENCES_50)
 def test_a_marked_sentence_that_restates_numbers(text, gold, expected):
     assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
+
+
+#: one sentence, several values: read only when the text says which one is the result
+SEVERAL_VALUES_50 = [
+    ("With 24 students in 6 groups, each group has 4 students.", "24", False),
+    ("With 24 students in 6 groups, each group has 4 students.", "6", False),
+    ("In 2 hours at 30 mph, he covers 60 miles.", "60", True),
+    ("In 2 hours at 30 mph, he covers 60 miles.", "30", False),
+    ("The area is 36 and the perimeter is 24.", "24", False),  # which was asked? refused
+    ("The area is 36 and the perimeter is 24.", "36", False),
+    ("So, 12 + 8 = 20 apples are left from the 30 she bought.", "20", True),
+    ("So, 12 + 8 = 20 apples are left from the 30 she bought.", "30", False),
+    ("The result is 1/2. Or 0.4 if rounded down.", "0.4", False),
+    ("x = 5, so y = 2(5) + 1 = 11.", "11", True),
+    ("x = 5, so y = 2(5) + 1 = 11.", "5", False),
+    ("The total is 30, which is 10 more than Bob's 20.", "10", False),
+    ("The total is 30, which is 10 more than Bob's 20.", "20", False),
+]
+
+
+@pytest.mark.parametrize("text,gold,expected", SEVERAL_VALUES_50)
+def test_a_sentence_with_several_values(text, gold, expected):
+    assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
