@@ -593,7 +593,7 @@ _BACK_REFERENCE = re.compile(
 #: a sentence that concludes: it may state the answer
 _CONCLUSION = re.compile(
     r"\b(?:so|thus|therefore|hence|total|answer|altogether|together|in\s+all|overall|finally|"
-    r"result|gives?|giving|means)\b|=",
+    r"result|gives?|giving|means|now|left|remain\w*|in\s+the\s+end|ends?\s+up)\b|=",
     re.IGNORECASE,
 )
 #: a sentence that states the final answer in so many words ("So she has 15 left.")
@@ -812,8 +812,8 @@ def _fallback(text: str) -> str | None:
     """The answer of a completion without a marker: the value stated by its last sentence
     that states one, skipping sentences that only comment on it (a check, an estimate, a
     restated given); None when that sentence states several values, or when it neither
-    concludes nor computes and an earlier final sentence ("So she has 15 left.") states a
-    different value."""
+    concludes nor computes and the sentence before it states a different value ("So she
+    has 15 left. She started with 20.", "She is 12 years old. Her brother is 15.")."""
     tail = separators(text[-MAX_TAIL:])
     sentences = _sentences(tail)
     stated = [s for s in sentences if not _commentary(tail[s[0] : s[1]])]
@@ -823,7 +823,7 @@ def _fallback(text: str) -> str | None:
     value = _sentence_value(tail, start, end)
     if value is None or _CONCLUSION.search(tail[start:end]):
         return value
-    earlier = [s for s in stated[:-1] if _FINAL.search(tail[s[0] : s[1]])]
+    earlier = stated[:-1]  # "She is 12 years old. Her brother is 15.": about whom?
     if earlier:
         before = _sentence_value(tail, *earlier[-1])
         if before is None or _value_key(before) != _value_key(value):
