@@ -562,6 +562,10 @@ SEVERAL_VALUES_50 = [
     ("x = 5, so y = 2(5) + 1 = 11.", "5", False),
     ("The total is 30, which is 10 more than Bob's 20.", "10", False),
     ("The total is 30, which is 10 more than Bob's 20.", "20", False),
+    ("She is 12 years old. Her brother is 15.", "15", False),  # about whom? refused
+    ("It will take 6 days. After that, 2 more days for painting.", "2", False),
+    ("Tom has 5 apples. He buys 3 more. Now he has 8 apples.", "8", True),
+    ("Tom has 5 apples. He buys 3 more. Now he has 8 apples.", "3", False),
 ]
 
 
