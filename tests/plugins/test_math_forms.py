@@ -435,10 +435,6 @@ FORMS_50 = {
 }
 
 
-def paid(row: dict) -> bool:
-    return equivalent(extract_answer(row["completion"]), gold_answer(row["gold"]))
-
-
 def test_every_form_of_issue_50_has_right_and_wrong_pairs():
     assert FORMS_50 <= set(PAIR_FORMS)
     counts = Counter((r["form"], r["label"]) for r in PAIRS)
@@ -450,11 +446,11 @@ def test_every_form_of_issue_50_has_right_and_wrong_pairs():
 def test_no_wrong_pair_of_a_form_is_paid(form):
     rows = [r for r in PAIRS if r["form"] == form]
     false_ones = [
-        (r["gold"], extract_answer(r["completion"])) for r in rows if not r["label"] and paid(r)
+        (r["gold"], extract_answer(r["completion"])) for r in rows if not r["label"] and verdict(r)
     ]
     assert not false_ones, false_ones
     right = [r for r in rows if r["label"]]
-    missed = [(r["gold"], extract_answer(r["completion"])) for r in right if not paid(r)]
+    missed = [(r["gold"], extract_answer(r["completion"])) for r in right if not verdict(r)]
     # recall: the misses left are read as "cannot tell" on purpose (docs/rewards.md)
     assert len(missed) <= 0.15 * len(right), missed
 
@@ -519,11 +515,6 @@ PHRASINGS_50 = [
 ]
 
 
-@pytest.mark.parametrize("text,gold,expected", PHRASINGS_50)
-def test_issue_50_forms_in_new_phrasings(text, gold, expected):
-    assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
-
-
 #: a marked answer whose sentence restates other numbers, or denies one
 MARKED_SENTENCES_50 = [
     ("Final Answer: After 3 days at 5 pages a day, she has read 15 pages.", "15", True),
@@ -540,11 +531,6 @@ MARKED_SENTENCES_50 = [
     ("The answer is 8. Wait, let me recompute: 5 + 4 = 9. So the answer is 9.", "9", True),
     ("The answer is 8. Wait, let me recompute: 5 + 4 = 9. So the answer is 9.", "8", False),
 ]
-
-
-@pytest.mark.parametrize("text,gold,expected", MARKED_SENTENCES_50)
-def test_a_marked_sentence_that_restates_numbers(text, gold, expected):
-    assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
 
 
 #: one sentence, several values: read only when the text says which one is the result
@@ -569,6 +555,9 @@ SEVERAL_VALUES_50 = [
 ]
 
 
-@pytest.mark.parametrize("text,gold,expected", SEVERAL_VALUES_50)
-def test_a_sentence_with_several_values(text, gold, expected):
+@pytest.mark.parametrize(
+    "text,gold,expected", PHRASINGS_50 + MARKED_SENTENCES_50 + SEVERAL_VALUES_50
+)
+def test_issue_50_forms_in_new_phrasings(text, gold, expected):
+    """Pairs written apart from the corpus: paid exactly when ``expected``."""
     assert equivalent(extract_answer(text), gold_answer(gold)) is expected, extract_answer(text)
