@@ -552,6 +552,8 @@ SEVERAL_VALUES_50 = [
     ("It will take 6 days. After that, 2 more days for painting.", "2", False),
     ("Tom has 5 apples. He buys 3 more. Now he has 8 apples.", "8", True),
     ("Tom has 5 apples. He buys 3 more. Now he has 8 apples.", "3", False),
+    ("x = 3 is the solution since 2(3) + 1 = 7.", "3", True),  # the reason is not the answer
+    ("x = 3 is the solution since 2(3) + 1 = 7.", "7", False),
 ]
 
 

@@ -704,6 +704,9 @@ def _sentence_value(tail: str, start: int, end: int) -> str | None:
     words = _word_value(tail[start:end])
     if words:
         return words
+    reason = _REASON.search(tail, start, end)
+    if reason and _NUMERIC.search(tail, start, reason.start()):
+        end = reason.start()  # "x = 3 is the solution since 2(3) + 1 = 7": the reason is not it
     verbs = [m for m in _STATING.finditer(tail, start, end) if _NUMERIC.search(tail, m.end(), end)]
     stated = _plain_math(tail[verbs[-1].end() : end]) if verbs else None
     if stated:
@@ -776,6 +779,7 @@ def _condition(tail: str, start: int, k: int) -> bool:
     return bool(_CONDITION.search(tail, max(start, k - 40), k - 1 if tail[k - 1 : k] == "$" else k))
 
 
+_REASON = re.compile(r"\b(?:since|because)\b", re.IGNORECASE)
 _WORD_VERB = re.compile(r"\b(?:is|are|was|were|equals|becomes)\b", re.IGNORECASE)
 
 
