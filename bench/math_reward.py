@@ -2,6 +2,8 @@
 
     python bench/math_reward.py [--data ../shared/data] [--limit N] [--show-disagreements K]
                                 [--skip-data] [--show-form-disagreements]
+    python bench/math_reward.py --pairs tests/data/math_pairs.jsonl [--show-errors]
+    python bench/math_reward.py --mv-tests PATH/TO/Math-Verify [--show-errors]
 
 Needs the benchmark extra (``pip install -e '.[bench]'``) for math-verify. Prints:
 
@@ -12,6 +14,10 @@ Needs the benchmark extra (``pip install -e '.[bench]'``) for math-verify. Print
 3. items/s on plain numbers, on the mixed forms with warm workers, and from a worker thread,
    and the first-call latency of a fresh process (verdict cache cleared before each timing);
 4. the hostile set: every item scored 0 within the per-item budget.
+
+With ``--pairs FILE`` (labelled pairs, one form each) or ``--mv-tests DIR`` (Math-Verify's
+own test cases) it prints only, per form, accuracy / precision / recall and the false 1s
+(wrong answers paid) of both verifiers.
 
 math-verify runs in the main thread (its ``signal.alarm`` timeouts work only there); ours
 runs as the trainer calls it.
@@ -161,6 +167,86 @@ def forms_table(reward, path: str, show: bool = False) -> list[tuple[str, str, b
     return items
 
 
+PAIRS = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "math_pairs.jsonl")
+
+
+def pairs_table(reward, rows: list[dict], show: bool = False) -> None:
+    """Per form of labelled pairs: n right / wrong, then accuracy / precision / recall and
+    false 1s (wrong answers paid) for ours and math-verify; with ``show``, every pair either
+    verifier gets wrong, with what ours extracted."""
+    items = [(r["completion"], r["gold"], bool(r["label"])) for r in rows]
+    a, _ = ours(items, reward)
+    b, _ = theirs(items)
+    if show:
+        from grpo_core_plugins.rewards.math.extract import extract_answer
+
+        for r, x, y in zip(rows, a, b):
+            if r["label"] not in (x, y) or x != y:
+                print(
+                    f"  [{r['form']}] label={r['label']} ours={x} mv={y} gold={r['gold']!r} "
+                    f"ours-extracted={extract_answer(r['completion'])!r}"
+                )
+    print(
+        f"\n{'form':26} {'right/wrong':>11} | {'ours acc/prec/rec':>17} {'false1':>6} | "
+        f"{'math-verify acc/prec/rec':>24} {'false1':>6}"
+    )
+    forms = list(dict.fromkeys(r["form"] for r in rows)) + ["all"]
+    for form in forms:
+        idx = [i for i, r in enumerate(rows) if form in ("all", r["form"])]
+        ref = [items[i][2] for i in idx]
+        pa, pb = [a[i] for i in idx], [b[i] for i in idx]
+        sa, sb = stats(pa, ref), stats(pb, ref)
+        fa = sum(p and not r for p, r in zip(pa, ref))
+        fb = sum(p and not r for p, r in zip(pb, ref))
+        print(
+            f"{form:26} {sum(ref):>5}/{len(ref) - sum(ref):<5} | "
+            f"{sa[0]:.3f}/{sa[1]:.3f}/{sa[2]:.3f} {fa:>6} | "
+            f"{sb[0]:.3f}/{sb[1]:.3f}/{sb[2]:.3f}        {fb:>6}"
+        )
+
+
+def mv_cases(directory: str) -> list[dict]:
+    """Math-Verify's published test cases as labelled pairs, read (never run) from the
+    ``tests/*.py`` of a checkout: each ``pytest.mark.parametrize`` row of literal strings
+    ``gold, pred, expected`` (or ``result``), its expected verdict as the label; rows that
+    test an option ours has no counterpart for (set-relation comparison, strictness; the same
+    pair is labelled 1 and 0 by the option) are left out. The form is the test's name."""
+    import ast
+    import glob
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(directory, "tests", "*.py"))):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if not (
+                    isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == "parametrize"
+                ):
+                    continue
+                try:
+                    names = [n.strip() for n in ast.literal_eval(deco.args[0]).split(",")]
+                    values = ast.literal_eval(deco.args[1])
+                except (ValueError, SyntaxError, AttributeError, IndexError):
+                    continue  # built at run time: not literal cases
+                for v in values:
+                    row = dict(zip(names, v))
+                    if "allow_set_relation_comp" in row or "strict" in row:
+                        continue  # a test of an option: its label is the option's, not a verdict
+                    label = row.get("expected", row.get("result"))
+                    rows.append(
+                        {
+                            "form": f"mv:{node.name}",
+                            "completion": row["pred"],
+                            "gold": row["gold"],
+                            "label": bool(label),
+                        }
+                    )
+    return rows
+
+
 def fresh_reward():
     """A new reward whose workers are up and warmed, with no memory of any item."""
     reward = grpo_core.create("reward", "math", {"timeout": 2.0})
@@ -232,7 +318,24 @@ def main() -> int:
         help="list every form case where ours and math-verify disagree",
     )
     ap.add_argument("--skip-data", action="store_true", help="only the forms, speed and hostile")
+    ap.add_argument(
+        "--pairs",
+        help=f"only the labelled pairs of this JSONL (form, completion, gold, label), per form; "
+        f"the project's corpus is {os.path.relpath(PAIRS)}",
+    )
+    ap.add_argument(
+        "--mv-tests",
+        metavar="DIR",
+        help="only Math-Verify's published test cases, read from the tests/ of a checkout",
+    )
+    ap.add_argument("--show-errors", action="store_true", help="with --pairs / --mv-tests")
     args = ap.parse_args()
+    if args.pairs or args.mv_tests:
+        reward = fresh_reward()
+        rows = load_jsonl(args.pairs) if args.pairs else mv_cases(args.mv_tests)
+        pairs_table(reward, rows, args.show_errors)
+        reward.verifier.close()
+        return 0
     if not args.skip_data and not os.path.isdir(args.data):
         print(f"no data at {args.data}; pass --data (or --skip-data)", file=sys.stderr)
         return 2

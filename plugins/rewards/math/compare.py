@@ -47,7 +47,42 @@ def parse_cached(text: str, max_length: int):
 
 #: one number with a decimal comma: not a three-digit group (1,220 is a thousand two hundred
 #: and twenty), and 0,111 cannot be one
-_DECIMAL_COMMA = re.compile(r"-?(?:\d+,(?:\d{1,2}|\d{4,})|0,\d+)")
+_DECIMAL_COMMA = re.compile(r"-?(?:(?:\d{1,3}(?: \d{3})+|\d+),(?:\d{1,2}|\d{4,})|0,\d+)")
+
+
+_CLOCK = re.compile(
+    r"\s*(\d{1,2})\s*:\s*(\d{2})\s*(?:\\text\s*\{\s*)?(?:([ap])\.?\s?m\.?)?\s*\}?\s*\.?\s*",
+    re.IGNORECASE,
+)
+
+
+def _clock(s: str) -> tuple[int, int, str | None] | None:
+    """``3:45 PM`` -> (3, 45, 'p'), ``15:45`` -> (15, 45, None); None when not a time of day."""
+    m = _CLOCK.fullmatch(s.replace("$", ""))
+    if not m or int(m.group(2)) > 59 or int(m.group(1)) > 23:
+        return None
+    meridiem = m.group(3).lower() if m.group(3) else None
+    if meridiem and not 1 <= int(m.group(1)) <= 12:
+        return None  # 15:45 PM is no time
+    return int(m.group(1)), int(m.group(2)), meridiem
+
+
+def _clocks(pred: str, gold: str) -> bool | None:
+    """Two times of day: equal as written with their a.m./p.m.; a 24-hour time (``15:45``)
+    is converted against a 12-hour one (``3:45 PM``); a time without a.m./p.m. in 1-12 matches
+    either. None when one side is no time of day (then they are compared as ratios)."""
+    p, g = _clock(pred), _clock(gold)
+    if p is None or g is None:
+        return None
+    if p[2] and g[2]:
+        return p == g
+    if not p[2] and not g[2]:
+        return p[:2] == g[:2]
+    bare, marked = (p, g) if g[2] else (g, p)
+    if 1 <= bare[0] <= 12:
+        return bare[:2] == marked[:2]  # 4:30 against 4:30 p.m.: the meridiem left out
+    hour = marked[0] % 12 + (12 if marked[2] == "p" else 0)
+    return (hour, marked[1]) == bare[:2]
 
 
 def _squash(s: str) -> str:
@@ -79,14 +114,12 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
         return False
     if _squash(pred) == _squash(gold):
         return True
-    if (
-        _DECIMAL_COMMA.fullmatch(pred.strip())
-        and "," not in gold
-        and plain_number(gold) is not None
-    ):
-        pred = pred.replace(",", ".")  # 1,22 against the number 1.22: a decimal comma
+    clock = _clocks(pred, gold)
+    if clock is not None:
+        return clock
     p_text, p_unit = split_unit(pred)
     g_text, g_unit = split_unit(gold)
+    p_text, g_text = _decimal_comma(p_text, g_text), _decimal_comma(g_text, p_text)
     if conflict(p_unit, g_unit):
         return False  # 5 cm is not 5 m
     if not p_text.strip() or not g_text.strip():
@@ -104,6 +137,15 @@ def equivalent(pred: str | None, gold: str, rel_tol: float = 0.0, max_length: in
             except FAILURES:
                 continue
     return False
+
+
+def _decimal_comma(pred: str, gold: str) -> str:
+    """``1,22`` (or ``1 234,5``) against one number without a comma (on the other side): a
+    decimal comma, read as a point; anything else unchanged."""
+    one_number = "," not in gold and plain_number(gold) is not None
+    if one_number and _DECIMAL_COMMA.fullmatch(pred.strip()):
+        return pred.replace(",", ".").replace(" ", "")
+    return pred
 
 
 def _is_name(x) -> bool:

@@ -94,12 +94,16 @@ _NUMBER_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*\\circ\s*\}?")
 _LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\,|\\!|,\\,|\\ )(?=\d{3}(?!\d))")
 _MIXED = re.compile(r"(?<![\d.}^_a-zA-Z\\])(\d+)\s*\\frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _MIXED_PLAIN = re.compile(r"\s*([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*(\\?%)?\s*")
-_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # not 0,111
+#: a tuple written with semicolons (a decimal-comma locale): (0;-2;6)
+_SEMICOLON_TUPLE = re.compile(r"\(\s*-?[\d.]+(?:\s*;\s*-?[\d.]+)+\s*\)")
 _SPACED = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000 000 (SI style)
 _INFINITY_WORDS = [
     (re.compile(r"\b(?:negative|minus)\s+infinity\b", re.IGNORECASE), "-\\infty "),
     (re.compile(r"\b(?:positive\s+infinity|infinitely\s+many)\b", re.IGNORECASE), "\\infty "),
 ]
+#: "the limit does not exist", spelled out or as DNE, is one answer
+_NO_LIMIT = re.compile(r"\b(?:does\s*n[o']t\s+exist|DNE)\b", re.IGNORECASE)
 _REALS = re.compile(
     r"\\mathbb\s*\{?\s*R\s*\}?|\b(?:[Aa]ll\s+)?[Rr]eal\s+[Nn]umbers\b"
     r"|\\R(?![a-zA-Z])"
@@ -190,11 +194,16 @@ def normalise(s: str) -> str:
     """Rewrite the many spellings of the same math into one LaTeX-ish form."""
     s = _superscripts(s)
     s = _vulgar(s)
+    s = _NO_LIMIT.sub("DNE", s)
     if "infinit" in s.lower():
         for pattern, value in _INFINITY_WORDS:
             s = pattern.sub(lambda _, v=value: v, s)
     for k, v in _UNICODE.items():
         s = s.replace(k, v)
+    s = _SEMICOLON_TUPLE.sub(lambda m: m.group(0).replace(";", ","), s)
+    approx = s.find("\\approx")
+    if approx > 0 and "=" in s[:approx]:
+        s = s[:approx]  # x = 1/3 \approx 0.33: the exact side; x \approx 11 alone stays
     s = unicodedata.normalize("NFKC", s).replace("⁄", "/")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac34

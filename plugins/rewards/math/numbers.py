@@ -13,7 +13,7 @@ from fractions import Fraction
 
 from grpo_core_plugins.rewards.math.normalise import separators
 
-_PLAIN = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d{1,4})?$")
+_PLAIN = re.compile(r"^[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d{1,4})?$")
 _FRAC = re.compile(
     r"^([-+]?)(?:(\d{1,30})\s*)?\\[dt]?frac\s*(?:\{\s*(\d{1,30})\s*\}|(\d))"
     r"\s*(?:\{\s*(\d{1,30})\s*\}|(\d))$"
