@@ -11,7 +11,8 @@ import sys
 
 import torch
 
-from grpo_core.config import trl_checks, vllm_limits
+from grpo_core import trl_checks
+from grpo_core.config import vllm_limits
 from grpo_core.config.view import Config, ModelSection, RewardSection, view
 from grpo_core.data.prompts import check_fields, column_map, column_problems, fit_prompt
 from grpo_core.data.sources import Source, check_local, looks_like_hub_id, open_stream, read_rows
@@ -35,7 +36,7 @@ def check(cfg: dict) -> None:
     problems = _model(config.model, config.data.chat_template) + _runtime(config)
     problems += [f"output.dir: {p}" for p in rundir.problems(config.output.dir)]
     problems += tracking.problems(config.output) + column_problems(config.data)
-    problems += hub.problems(config.output) + trl_checks.problems(cfg)
+    problems += hub.problems(config.output) + trl_checks.problems(config)
     problems += episode_problems(config) + _plan(config)
     problems += schedules.problems(config.optimizer, schedules.total_updates(config.train))
     passed = column_map(config.data)  # dataset field -> the name the reward gets

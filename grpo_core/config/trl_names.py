@@ -733,7 +733,7 @@ def trl_defaults() -> tuple[dict[str, Any], str]:
 
 def write_docs(path: str) -> None:
     """Rewrite the generated part of docs/trl.md (``python -m grpo_core.config.trl_names``)."""
-    from grpo_core.config import CORE_SCHEMA
+    from grpo_core.config.schema import CORE_SCHEMA
 
     with open(path, encoding="utf-8") as f:
         text = f.read()

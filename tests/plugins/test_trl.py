@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from grpo_core.config.view import view
 from grpo_core.integrations.trl import trl_reward
 
 
@@ -185,8 +186,8 @@ def _ours(tiny_model, tmp_path, rows: list[dict], ids: list, step: int, isolatio
             reward={"name": "contract_spy", "isolation": isolation},
         )
     )
-    tok = load_tokenizer(cfg["model"])
-    batch = make_batch(rows, cfg["data"], tok)
+    tok = load_tokenizer(view(cfg).model)
+    batch = make_batch(rows, view(cfg).data, tok)
     width = max(len(x) for x in ids)
     completion = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x in ids])
     mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
@@ -200,9 +201,10 @@ def _ours(tiny_model, tmp_path, rows: list[dict], ids: list, step: int, isolatio
         torch.zeros(len(ids), dtype=torch.bool),
         torch.tensor([0, 0, 1, 1]),
     )
-    reward = build_reward(cfg["reward"])
+    section = view(cfg).reward
+    reward = build_reward(section)
     try:
-        scored = score_rollout(reward, cfg["reward"], tok, batch, ro, None, (step, 10))
+        scored = score_rollout(reward, section, tok, batch, ro, None, (step, 10))
     finally:
         reward.close()
     return json.loads(path.read_text()), scored.rewards.tolist()
@@ -292,16 +294,18 @@ def test_async_functions_are_awaited_concurrently_in_the_worker(tmp_path):
 
     functions.register("fmt", fmt)
     functions.register("right", right)
-    reward_cfg = config.validate(
-        {
-            "model": {"name_or_path": "m"},
-            "data": {"path": "d.jsonl", "columns": ["answer"]},
-            "reward": {
-                "name": "weighted",
-                "options": {"components": [{"name": "fmt"}, {"name": "right"}]},
-            },
-        }
-    )["reward"]
+    reward_cfg = view(
+        config.validate(
+            {
+                "model": {"name_or_path": "m"},
+                "data": {"path": "d.jsonl", "columns": ["answer"]},
+                "reward": {
+                    "name": "weighted",
+                    "options": {"components": [{"name": "fmt"}, {"name": "right"}]},
+                },
+            }
+        )
+    ).reward
     reward = build_reward(reward_cfg)
     try:
         out = reward(["p", "p"], ["<think>4", "5"], answer=["4", "4"], group_ids=[0, 0])
@@ -329,21 +333,23 @@ def test_trls_shipped_rewards_run_unchanged_on_a_conversational_batch(tmp_path):
     chats = [[{"role": "assistant", "content": t}] for t in texts]
     fmt = trl_rewards.think_format_reward(completions=chats)
     acc = trl_rewards.accuracy_reward(completions=chats, solution=solution)
-    reward_cfg = config.validate(
-        {
-            "model": {"name_or_path": "m"},
-            "data": {"path": "d.jsonl", "columns": ["solution"]},
-            "reward": {
-                "name": "weighted",
-                "options": {
-                    "components": [
-                        {"name": "think_format_reward", "weight": 0.5},
-                        {"name": "accuracy_reward"},
-                    ]
+    reward_cfg = view(
+        config.validate(
+            {
+                "model": {"name_or_path": "m"},
+                "data": {"path": "d.jsonl", "columns": ["solution"]},
+                "reward": {
+                    "name": "weighted",
+                    "options": {
+                        "components": [
+                            {"name": "think_format_reward", "weight": 0.5},
+                            {"name": "accuracy_reward"},
+                        ]
+                    },
                 },
-            },
-        }
-    )["reward"]
+            }
+        )
+    ).reward
     reward = build_reward(reward_cfg)
     try:
         out = reward(prompts, texts, solution=solution, group_ids=[0, 0, 0, 0])

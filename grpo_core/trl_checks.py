@@ -10,6 +10,7 @@ import os
 import socket
 from urllib.parse import urlsplit
 
+from grpo_core.config.view import Config, OutputSection
 from grpo_core.data.prompts import column_map
 from grpo_core.data.sources import looks_like_hub_id
 from grpo_core.registry import registry
@@ -35,22 +36,23 @@ PROBE_TIMEOUT = 3.0
 GROUP_BASELINES = ("grpo", "rloo", "dr_grpo", "batch_std", "reinforce_pp")
 
 
-def problems(cfg: dict) -> list[str]:
+def problems(config: Config) -> list[str]:
     """Every problem of this module's checks, for ``preflight.check``."""
     return (
-        reward_parameters(cfg)
-        + group_of_one(cfg)
-        + push_token(cfg["output"])
-        + unreachable_hub(cfg)
+        reward_parameters(config)
+        + group_of_one(config)
+        + push_token(config.output)
+        + unreachable_hub(config)
     )
 
 
-def reward_parameters(cfg: dict) -> list[str]:
+def reward_parameters(config: Config) -> list[str]:
     """A plain reward function (alone or a ``weighted`` component) with a named parameter,
     without a default, that the trainer does not pass: a column missing from data.columns."""
-    passed = set(PASSED) | set(column_map(cfg["data"]).values())
+    passed = set(PASSED) | set(column_map(config.data).values())
     found = []
-    for name in dict.fromkeys(functions.reward_names(cfg["reward"])):
+    reward = {"name": config.reward.name, "options": config.reward.options}
+    for name in dict.fromkeys(functions.reward_names(reward)):
         info = registry().plugins.get(("reward", name))
         if info is None or not isinstance(info.factory, functions.FunctionFactory):
             continue  # a plugin (its columns_for says what it reads), or not a reward name
@@ -75,21 +77,22 @@ def required_parameters(fn) -> list[str]:
     return [p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty]
 
 
-def group_of_one(cfg: dict) -> list[str]:
+def group_of_one(config: Config) -> list[str]:
     """``sampling.group_size: 1`` with a baseline that compares within the group: every
     advantage would be 0 (TRL refuses num_generations 1 too)."""
-    if cfg["sampling"]["group_size"] > 1 or cfg["baseline"]["name"] not in GROUP_BASELINES:
+    name = config.baseline.name
+    if config.sampling.group_size > 1 or name not in GROUP_BASELINES:
         return []
     return [
-        f"sampling.group_size: 1 leaves baseline {cfg['baseline']['name']!r} nothing to "
+        f"sampling.group_size: 1 leaves baseline {name!r} nothing to "
         f"compare a completion with (every advantage 0); set 2 or more, or a baseline that "
         f"needs no group (remax, ppo)"
     ]
 
 
-def push_token(output_cfg: dict) -> list[str]:
+def push_token(output: OutputSection) -> list[str]:
     """``output.push_to_hub`` needs a token; found now, not after the run."""
-    if not output_cfg["push_to_hub"]:
+    if not output.push_to_hub:
         return []
     from huggingface_hub import get_token
 
@@ -101,7 +104,7 @@ def push_token(output_cfg: dict) -> list[str]:
     ]
 
 
-def unreachable_hub(cfg: dict) -> list[str]:
+def unreachable_hub(config: Config) -> list[str]:
     """Hub ids of the ``org/name`` form (the model, the data) that are not in the local cache
     while the hub does not answer: said now, rather than after the download's retries. A
     bare ``name`` is left alone (a legacy id, or a builder such as ``json``); HF_HUB_OFFLINE
@@ -109,12 +112,12 @@ def unreachable_hub(cfg: dict) -> list[str]:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return []
     wanted = []
-    model = cfg["model"]["name_or_path"]
-    if _hub_id(model) and not cfg["model"].get("gguf_file"):
+    model = config.model.name_or_path
+    if _hub_id(model) and not config.model.gguf_file:
         wanted.append(("model.name_or_path", model, "model"))
-    data = cfg["data"]
-    if _hub_id(data["path"]) and not data["data_files"]:
-        wanted.append(("data.path", data["path"], "dataset"))
+    data = config.data
+    if _hub_id(data.path) and not data.data_files:
+        wanted.append(("data.path", data.path, "dataset"))
     wanted = [w for w in wanted if not _cached(w[1], w[2])]
     if not wanted:
         return []
