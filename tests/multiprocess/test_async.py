@@ -145,9 +145,10 @@ def _generator_of(pid: int) -> int | None:
     return None
 
 
-def _until(check, timeout: float = 300.0, what: str = ""):
-    end = time.time() + timeout
-    while time.time() < end:
+def _until(check, timeout: float = 600.0, what: str = ""):
+    # a hang guard, not a bound on speed: ten minutes, which a loaded machine cannot reach
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
         got = check()
         if got:
             return got

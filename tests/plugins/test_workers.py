@@ -54,7 +54,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def gone(pids, within: float = 10.0) -> bool:
+def gone(pids, within: float = 300.0) -> bool:  # a hang guard: killed processes go at once
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not any(alive(p) for p in pids):
@@ -98,18 +98,15 @@ def test_timeout_kills_and_replaces_the_worker_from_any_thread():
     result = {}
 
     def run():
-        t0 = time.monotonic()
-        result["out"] = pool.map([0.05, 30, 0.05, 0.05], timeout=0.5)
-        result["seconds"] = time.monotonic() - t0
+        result["out"] = pool.map([0.05, 3600, 0.05, 0.05], timeout=0.5)
 
     t = threading.Thread(target=run)  # no signals: works off the main thread
     t.start()
-    t.join(60)
+    t.join(600)  # a hang guard (ten minutes): the hour-long item must be cut, not waited for
     assert not t.is_alive()
     out = result["out"]
     assert isinstance(out[1], WorkerTimeout) and isinstance(out[1], WorkerFailure)
     assert out[0] is None and out[2] is None and out[3] is None
-    assert result["seconds"] < 10, result
     assert pool.timeouts == 1
     assert pool.map([0.01, 0.01], timeout=5) == [None, None]  # a replacement serves
     assert pool.wait_ready(60) and pool.started == 3 and len(pool.workers) == 2
