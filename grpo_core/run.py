@@ -43,7 +43,7 @@ from grpo_core.observe.metrics import (
     MetricsWriter,
     memory_limit_mb,
     peak_memory_mb,
-    truncate_metrics,
+    truncate_step_files,
 )
 from grpo_core.observe.pitfalls import run_settings
 from grpo_core.overlap import RemoteGenerator, enabled
@@ -233,8 +233,8 @@ def start(
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
     _launch(run, inflight)
     if run.main:
-        if resume:  # drop the metric lines of steps that will be run again
-            truncate_metrics(run.dir, run.start_step)
+        if resume:  # drop what the steps that will be run again wrote
+            truncate_step_files(run.dir, run.start_step)
         run.metrics = MetricsWriter(
             run.dir,
             config.train.steps,
