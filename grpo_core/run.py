@@ -43,6 +43,7 @@ from grpo_core.observe.metrics import (
     MetricsWriter,
     memory_limit_mb,
     peak_memory_mb,
+    strict_json,
     truncate_step_files,
 )
 from grpo_core.observe.pitfalls import run_settings
@@ -464,4 +465,4 @@ def finish(run: Run) -> dict:
 
 def _write_summary(run_dir: str, summary: dict) -> None:
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
-        f.write(redact(json.dumps(summary, indent=2)))
+        f.write(redact(strict_json(summary, indent=2)))  # null where a value is NaN

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -14,7 +13,7 @@ from tqdm import tqdm
 from grpo_core.data.prompts import make_batch, reward_inputs
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.hookspecs import Generator, Reward
-from grpo_core.observe.metrics import terminal_width
+from grpo_core.observe.metrics import strict_json, terminal_width
 from grpo_core.rollout import SamplingParams
 from grpo_core.scores import Scores
 
@@ -133,7 +132,7 @@ def evaluate(
 def write(out_dir: str, report: dict, records: list[dict]) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+        f.write(strict_json(report, indent=2))
     with open(os.path.join(out_dir, "completions.jsonl"), "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r, default=str) + "\n")
+            f.write(strict_json(r, default=str) + "\n")

@@ -136,9 +136,17 @@ def _finite(value):
     """``value`` with every NaN or infinity, however nested, as None (JSON has neither)."""
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def strict_json(value, indent: int | None = None, default=None) -> str:
+    """``value`` as JSON that every reader accepts: a NaN or an infinity (a mean over no
+    values: the reward of a step whose every reward was missing) is written null."""
+    return json.dumps(_finite(value), indent=indent, default=default, allow_nan=False)
 
 
 def read(run_dir: str) -> list[dict]:

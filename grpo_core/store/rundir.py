@@ -70,7 +70,7 @@ def _holder(fd: int) -> str:
         time.sleep(0.01)
 
 
-def _refuse_if_in_use(path: str) -> None:
+def refuse_if_in_use(path: str) -> None:
     """Another grpo process that holds ``path``'s lock is what a directory that is filling up
     as we look at it means: name it (its PID) instead of calling the directory foreign."""
     if path in _held or not os.path.exists(os.path.join(path, LOCK)):
@@ -116,7 +116,7 @@ def claim(
     if marker is None and resume and _has_checkpoints(path):
         marker = {}  # a run directory from before markers: adopt it
     if others and marker is None:
-        _refuse_if_in_use(path)
+        refuse_if_in_use(path)
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
         raise UserError(
             f"output.dir: {path} is not empty ({shown}) and is not a grpo run "
