@@ -4,6 +4,7 @@ k = 0, bounded staleness at k = 1 and 2, nothing lost or repeated across a SIGKI
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -266,3 +267,21 @@ def test_grpo_validate_refuses_it_too(tiny_model, addition_data, tmp_path, capsy
     assert "groups.resample_zero_std_max: is not supported with asynchronous" in (
         capsys.readouterr().err
     )
+
+
+def test_sigkill_while_the_generator_starts_leaves_no_shared_file(
+    tiny_model, addition_data, tmp_path
+):
+    """The moment that left the weights file in /dev/shm until reboot: the generator process
+    has started and not yet mapped it."""
+    from grpo_core.overlap.weights import _shm_dir
+
+    cfg = _cfg(tiny_model, addition_data, str(tmp_path / "run"), steps=50, max_staleness=1)
+    proc = _start(cfg, tmp_path)
+    try:
+        generator = _until(lambda: _generator_of(proc.pid), what="the generator process")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    _until(lambda: _gone(generator), what="the generator process to end with its trainer")
+    assert not glob.glob(os.path.join(_shm_dir(), f"grpo-weights-{proc.pid}-*"))
