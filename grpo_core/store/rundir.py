@@ -88,6 +88,15 @@ def refuse_if_in_use(path: str) -> None:
 
 def problems(path: str) -> list[str]:
     """Why ``path`` can never be a run directory, whatever the flags (for ``grpo validate``)."""
+    if "\0" in path:
+        return [f"{path!r} contains a NUL character, which no file name can hold"]
+    try:
+        path.encode("utf-8")  # what the run's files (config.json, trackers' logs) record
+    except UnicodeEncodeError as exc:
+        return [
+            f"{path!r} holds {exc.object[exc.start]!r}, a lone surrogate (a byte that is not "
+            "UTF-8); expected a UTF-8 path"
+        ]
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         return [f"{path} exists and is not a directory"]

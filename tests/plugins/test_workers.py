@@ -196,3 +196,60 @@ def test_notebook_style_callers():
     check_output(run_python(["-c", UNGUARDED]))
     exec_in_fresh_namespace = f"exec(compile({UNGUARDED!r}, '<cell>', 'exec'), {{}})"
     check_output(run_python(["-c", exec_in_fresh_namespace]))
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (its children, theirs, ...)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent[int(name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found.update(kids)
+        todo += kids
+    return found
+
+
+def test_components_of_one_kind_share_their_workers():
+    """Forty ``math`` components started forty pools (42 processes, 1.15 GB) before."""
+    import grpo_core
+
+    before = descendants(os.getpid())
+    components = [{"name": "math", "as": f"m{i}"} for i in range(40)]
+    r = grpo_core.create("reward", "weighted", {"components": components})
+    try:
+        scores = r(["q"] * 2, ["\\boxed{\\frac{1}{2}}", "\\boxed{x+1}"], answer=["0.5", "1+x"])
+        assert list(scores) == [40.0, 40.0]  # each component: both right
+        started = descendants(os.getpid()) - before
+        # one pool: its fork server and its workers (two by default)
+        assert 1 <= len(started) <= 3, len(started)
+    finally:
+        for p in r.parts:
+            p["fn"].close()
+    assert gone(started)
+
+
+def test_too_many_components_are_refused_by_validate(tmp_path):
+    from grpo_core import config
+    from grpo_core.errors import ConfigError
+
+    cfg = {
+        "model": {"name_or_path": "m"},
+        "data": {"path": os.path.join(ROOT, "tests", "data", "prompts.jsonl")},
+        "reward": {
+            "name": "weighted",
+            "options": {"components": [{"name": "format", "as": f"f{i}"} for i in range(257)]},
+        },
+    }
+    with pytest.raises(ConfigError) as info:
+        config.validate(cfg)
+    assert any("256" in p and "components" in p for p in info.value.problems), info.value.problems
