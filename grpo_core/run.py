@@ -46,7 +46,8 @@ from grpo_core.observe.metrics import (
     MetricsWriter,
     memory_limit_mb,
     peak_memory_mb,
-    truncate_metrics,
+    strict_json,
+    truncate_step_files,
 )
 from grpo_core.observe.pitfalls import run_settings
 from grpo_core.progress import Progress
@@ -244,8 +245,8 @@ def start(
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
     run.sampler = plan.sampler.start(run, inflight)
     if run.main:
-        if resume:  # drop the metric lines of steps that will be run again
-            truncate_metrics(run.dir, run.progress.start)
+        if resume:  # drop what the steps that will be run again wrote
+            truncate_step_files(run.dir, run.progress.start)
         run.metrics = MetricsWriter(
             run.dir,
             config.train.steps,
@@ -436,4 +437,4 @@ def finish(run: Run) -> dict:
 
 def _write_summary(run_dir: str, summary: dict) -> None:
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
-        f.write(redact(json.dumps(summary, indent=2)))
+        f.write(redact(strict_json(summary, indent=2)))  # null where a value is NaN

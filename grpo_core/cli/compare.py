@@ -6,20 +6,25 @@ A variant is one value of each ``--vary KEY=A,B`` axis (and of ``--baselines``).
 KEY=A,B`` values are candidates, chosen per variant on the tuning seeds (1000, 1001, ...) by
 ``--criterion``; the evaluation seeds (0, 1, ...) then run at the chosen value. Each run is a
 ``grpo train`` subprocess in ``OUT/<variant>-seed<k>``; one that finished with the same config
-is reused and a partial one restarted, so an interrupted study resumes where it stopped. A
-finished run whose config differs (a shared setting changed) is never deleted: it moves to
-``OUT/earlier/<config digest>/`` and comes back when that config runs again.
+is reused and a partial one restarted, so an interrupted study resumes where it stopped
+(never one that a live ``grpo train`` still holds: its lock is respected). A finished run
+whose config differs (a shared setting changed) is never deleted: it moves to
+``OUT/earlier/<config digest>/`` and comes back when that config runs again. Each child is
+asked to stop (SIGTERM) when compare ends, however it ends: SIGKILL included (the kernel's
+parent-death signal).
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -36,13 +41,15 @@ from grpo_core.config.redact import redact
 from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.config.view import view
 from grpo_core.errors import ConfigError, UserError
-from grpo_core.observe.metrics import read
+from grpo_core.observe.metrics import read, strict_json
+from grpo_core.store import rundir
 
 TUNE_SEED0 = 1000
 DONE = "compare_run.json"  # written after a run finished; holds its config and wall time
 PLUGIN_SECTIONS = tuple(k for k, v in CORE_SCHEMA["properties"].items() if v.get("x-plugin"))
 
 Setting = tuple[str, str, object]  # (key path, value as typed, parsed value)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
 
 
 def split_values(text: str) -> list[str]:
@@ -188,6 +195,7 @@ def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ends_with(os.getpid()) if sys.platform == "linux" else None,
     )
     out: list[str] = []
 
@@ -218,6 +226,18 @@ def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str
     return proc.returncode, "".join(out)
 
 
+def _ends_with(parent: int):
+    """In the child before it runs: SIGTERM when ``parent`` ends (a graceful stop: the
+    trainer saves a checkpoint), and an exit if it already has."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # it ended before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
 def execute(cfg: dict, run_dir: str, tag: str) -> dict:
     """One run: reused when it finished earlier with this config, else run from scratch. Its
     config is written beside its directory (``<run>.yaml``), which is the trainer's own; what
@@ -240,6 +260,7 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
             raise UserError(
                 f"{run_dir} exists and is not a compare run: move it or choose another --out"
             )
+        rundir.refuse_if_in_use(run_dir)  # a live grpo train's, perhaps an earlier compare's
         shutil.rmtree(run_dir)  # an unfinished run: start again
     earlier = _aside(run_dir, written)
     if _finished(earlier) is not None:  # this config ran before, then was set aside
@@ -268,8 +289,17 @@ def _finished(run_dir: str) -> dict | None:
     marker = os.path.join(run_dir, DONE)
     if not os.path.exists(marker):
         return None
-    with open(marker, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            done = json.load(f)
+        if not isinstance(done, dict) or not {"config", "seconds"} <= done.keys():
+            raise ValueError("not a finished run's record")
+    except (OSError, ValueError, RecursionError) as exc:  # written atomically: damaged since
+        raise UserError(
+            f"{marker}: cannot read it ({exc}); it marks a finished run: delete it (or the "
+            "run's directory) to run that run again"
+        ) from None
+    return done
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -384,7 +414,7 @@ def compare_cli(args) -> int:
     with open(os.path.join(args.out, "compare.md"), "w", encoding="utf-8") as f:
         f.write(text)
     with open(os.path.join(args.out, "compare.json"), "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
+        f.write(strict_json(data, indent=2))
     print(text)
     for path in plot_study(results, args.out):
         print(path)

@@ -232,7 +232,9 @@ def split_path(key: str) -> list[str | int]:
         parts.append(int(m.group(2)) if m.group(2) is not None else m.group(1))
         pos = m.end()
     if pos != len(key) or not parts:
-        raise ConfigError([f"--set {key}: not a key path (expected a.b.c or a.b[1].c)"])
+        raise ConfigError([f"--set {key[:100]}: not a key path (expected a.b.c or a.b[1].c)"])
+    if len(parts) > MAX_DEPTH:  # as in a file: nesting costs recursion
+        raise ConfigError([f"--set {key[:40]}...: nesting deeper than {MAX_DEPTH} levels"])
     return [int(p) if isinstance(p, str) and p.isdigit() else p for p in parts]
 
 

@@ -558,6 +558,8 @@ TRAIN = _obj(
         },
         "seed": {
             "type": "integer",
+            "minimum": -(2**63),
+            "maximum": 2**63 - 1,  # what torch's generators take (int64)
             "default": 0,
             "description": "data order, sampling noise and initial RNG state",
         },

@@ -169,6 +169,11 @@ def check_local(src: Source) -> None:
         odd = [f for f in matches if not (os.path.isfile(f) or os.path.isdir(f))]
         if odd:
             raise UserError(f"data.data_files: {odd[0]} is not a regular file")
+        if all(os.path.isdir(f) for f in matches):
+            raise UserError(
+                f"data.data_files: {pattern!r} matches only directories ({matches[0]}); "
+                f"expected files, e.g. {os.path.join(pattern, '*.jsonl')!r}"
+            )
 
 
 def _patterns(data_files: Any) -> list[str]:
@@ -246,7 +251,7 @@ def _datasets(src: Source, doing: str) -> Any:
     return datasets
 
 
-def _one_line(exc: Exception) -> str:
+def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
@@ -254,7 +259,25 @@ def _one_line(exc: Exception) -> str:
 def _load_failure(src: Source, exc: Exception) -> str:
     what = f"dataset {src.path!r}" + (f" configuration {src.name!r}" if src.name else "")
     hint = "; set data.name" if "config name is missing" in str(exc).lower() else ""
-    return f"{src.key}: cannot load {what} split {src.split!r}: {_one_line(exc)}{hint}"
+    return f"{src.key}: cannot load {what} split {src.split!r}: {_reason(src, exc)}{hint}"
+
+
+def _reason(src: Source, exc: BaseException) -> str:
+    """What a ``datasets`` failure means, where it raised a library's internal exception
+    (its own wrapper's cause first): what was expected, and what was found."""
+    while type(exc).__name__ == "DatasetGenerationError":
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            break
+        exc = inner
+    files = f" ({', '.join(_patterns(src.data_files))})" if src.data_files else ""
+    if isinstance(exc, StopIteration):
+        return f"expected {src.path} rows, found none: the files{files} are empty"
+    if type(exc).__module__.startswith("pyarrow"):
+        return f"expected {src.path} data, found files{files} it cannot parse ({_one_line(exc)})"
+    if isinstance(exc, KeyError):
+        return f"expected a field or split {exc} the {src.path} builder reads, found none"
+    return _one_line(exc)
 
 
 def _read_file(path: str, split: str, key: str) -> list[dict]:

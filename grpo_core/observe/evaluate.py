@@ -8,7 +8,6 @@ are evaluated (docs/recipes.md, "One evaluation").
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -24,7 +23,7 @@ from grpo_core.data.sources import read_rows
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, Reward
-from grpo_core.observe.metrics import terminal_width
+from grpo_core.observe.metrics import strict_json, terminal_width
 from grpo_core.rollout import SamplingParams
 from grpo_core.scores import Scores
 from grpo_core.store.models import context_length, numerics, resolve_sampling
@@ -229,7 +228,7 @@ def held_out_rows(
 def write(out_dir: str, report: dict, records: list[dict]) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+        f.write(strict_json(report, indent=2))
     with open(os.path.join(out_dir, "completions.jsonl"), "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r, default=str) + "\n")
+            f.write(strict_json(r, default=str) + "\n")

@@ -136,9 +136,17 @@ def _finite(value):
     """``value`` with every NaN or infinity, however nested, as None (JSON has neither)."""
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def strict_json(value, indent: int | None = None, default=None) -> str:
+    """``value`` as JSON that every reader accepts: a NaN or an infinity (a mean over no
+    values: the reward of a step whose every reward was missing) is written null."""
+    return json.dumps(_finite(value), indent=indent, default=default, allow_nan=False)
 
 
 def read(run_dir: str) -> list[dict]:
@@ -336,11 +344,7 @@ def write_samples(
             }
             records.append(rec)
             lines.append(json.dumps(_finite(rec)))  # valid JSON: null, never a bare NaN
-            text.append(
-                f"--- step {step} group {p} reward {rec['reward']:.3f} "
-                f"advantage {rec['advantage']:+.3f} {rec['dimensions'] or ''}\n"
-                f"PROMPT: {batch.prompts[p]}\nCOMPLETION: {comp}\n"
-            )
+            text.append(_sample_text(rec))
     try:
         with open(os.path.join(run_dir, "samples.jsonl"), "a", encoding="utf-8") as f:
             f.write(redact("\n".join(lines)) + "\n")
@@ -351,16 +355,67 @@ def write_samples(
     return records
 
 
-def truncate_metrics(run_dir: str, step: int) -> None:
-    """Forget metric lines from steps that will be run again (all of them for a fresh run)."""
+def _sample_text(rec: dict) -> str:
+    """One sample as ``samples.txt`` shows it (a value JSON kept as null reads nan)."""
+
+    def num(v):
+        return math.nan if v is None else v
+
+    dims = {n: num(v) for n, v in rec["dimensions"].items()}
+    return (
+        f"--- step {rec['step']} group {rec['group']} reward {num(rec['reward']):.3f} "
+        f"advantage {num(rec['advantage']):+.3f} {dims or ''}\n"
+        f"PROMPT: {rec['prompt']}\nCOMPLETION: {rec['completion']}\n"
+    )
+
+
+def truncate_step_files(run_dir: str, step: int) -> None:
+    """Forget what the steps that will be run again wrote to the run's per-step files, so a
+    resumed run repeats nothing: the lines of ``metrics.jsonl`` and the rows of
+    ``samples.jsonl`` from ``step`` on, a line cut off mid-write (a kill) included, and
+    ``samples.txt`` rewritten from the rows kept. (TensorBoard's events are purged from the
+    same step by its logger.)"""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):  # absent, or a device or pipe: nothing to read back
-        return
-    kept = [json.dumps(r) + "\n" for r in read(run_dir) if r["step"] < step]
+    if os.path.isfile(path):  # absent, or a device or pipe: nothing to read back
+        _rewrite(path, [json.dumps(r) + "\n" for r in read(run_dir) if r["step"] < step])
+    path = os.path.join(run_dir, "samples.jsonl")
+    if os.path.isfile(path):
+        rows = [r for r in _sample_rows(path) if r["step"] < step]
+        _rewrite(path, [json.dumps(r) + "\n" for r in rows])
+        text = [redact(_sample_text(r)) + "\n" for r in rows]  # as write_samples spaces them
+        _rewrite(os.path.join(run_dir, "samples.txt"), text)
+
+
+def _sample_rows(path: str) -> list[dict]:
+    """The sample rows of ``samples.jsonl``; a line that is not one (cut off mid-write, or
+    edited) is dropped with a warning."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except (ValueError, RecursionError):
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        elif line.strip():
+            print(
+                f"warning: {path}:{n}: not a sample row (cut off mid-write?); dropped",
+                file=sys.stderr,
+            )
+    return rows
+
+
+def _rewrite(path: str, lines: list[str]) -> None:
+    """Replace the file at ``path`` by ``lines``, atomically."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+            f.writelines(lines)
         os.replace(tmp, path)
     except OSError as exc:
         if os.path.exists(tmp):

@@ -38,8 +38,9 @@ class Arrived:
     waited: float = 0.0  # how long the trainer waited for it
 
 
-def _spawn() -> tuple[subprocess.Popen, Connection]:
-    """``python -m grpo_core.overlap FD`` with a private channel on FD."""
+def _spawn(ring: WeightRing) -> tuple[subprocess.Popen, Connection]:
+    """``python -m grpo_core.overlap FD`` with a private channel on FD, and the descriptor
+    of the weights file where there is one (see grpo_core.overlap.weights)."""
     ours, theirs = socketpair()
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,7 +48,7 @@ def _spawn() -> tuple[subprocess.Popen, Connection]:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_core.overlap", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
+            pass_fds=(theirs.fileno(), *([ring.fd] if ring.fd >= 0 else [])),
             stdin=subprocess.DEVNULL,
             env=env,
         )
@@ -68,7 +69,7 @@ def _end(proc: subprocess.Popen, conn: Connection, ring: WeightRing) -> None:
         proc.kill()
         proc.wait()
     conn.close()
-    ring.unlink()
+    ring.close()
 
 
 class RemoteGenerator:
@@ -94,7 +95,7 @@ class RemoteGenerator:
         self.next_step = base  # the next step whose prompts are to be submitted
         if restored:
             self._restore(restored)
-        self.proc, self.conn = _spawn()
+        self.proc, self.conn = _spawn(self.ring)
         self._finalizer = weakref.finalize(self, _end, self.proc, self.conn, self.ring)
         spec = {
             "config": config,
@@ -110,7 +111,7 @@ class RemoteGenerator:
         }
         self._send(base, "setup", spec)
         self._take(base, "the generator process to start", BOOT_TIMEOUT)
-        self.ring.unlink()  # both sides have it mapped
+        self.ring.close()  # both sides have it mapped
         self.publish(model, base)
 
     def close(self) -> None:

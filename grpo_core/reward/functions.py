@@ -246,10 +246,23 @@ RESOLVERS["reward"] = _resolve_reference
 
 
 def _import(module: str, name: str) -> Any:
+    if module.startswith("."):
+        raise PluginError(
+            f"reward {name!r}: {module} is a relative module name; expected an absolute one "
+            "(package.module:function) or a file (path/to/file.py:function)"
+        )
     try:
         return importlib.import_module(module)
-    except ImportError as exc:
-        raise PluginError(f"reward {name!r}: cannot import {module} ({exc})") from exc
+    except (Exception, SystemExit) as exc:  # its own code ran, and failed or exited
+        raise PluginError(f"reward {name!r}: cannot import {module} ({_failure(exc)})") from exc
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong while a reward's module ran at import, on one line."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while being imported"
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _from_file(path: str, name: str) -> Any:
@@ -268,9 +281,9 @@ def _from_file(path: str, name: str) -> Any:
     sys.modules[key] = module
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except (Exception, SystemExit) as exc:  # its own code ran, and failed or exited
         del sys.modules[key]
-        raise
+        raise PluginError(f"reward {name!r}: importing {path} failed ({_failure(exc)})") from exc
     return module
 
 

@@ -71,7 +71,7 @@ def _holder(fd: int) -> str:
         time.sleep(0.01)
 
 
-def _refuse_if_in_use(path: str) -> None:
+def refuse_if_in_use(path: str) -> None:
     """Another grpo process that holds ``path``'s lock is what a directory that is filling up
     as we look at it means: name it (its PID) instead of calling the directory foreign."""
     if path in _held or not os.path.exists(os.path.join(path, LOCK)):
@@ -89,6 +89,15 @@ def _refuse_if_in_use(path: str) -> None:
 
 def problems(path: str) -> list[str]:
     """Why ``path`` can never be a run directory, whatever the flags (for ``grpo validate``)."""
+    if "\0" in path:
+        return [f"{path!r} contains a NUL character, which no file name can hold"]
+    try:
+        path.encode("utf-8")  # what the run's files (config.json, trackers' logs) record
+    except UnicodeEncodeError as exc:
+        return [
+            f"{path!r} holds {exc.object[exc.start]!r}, a lone surrogate (a byte that is not "
+            "UTF-8); expected a UTF-8 path"
+        ]
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         return [f"{path} exists and is not a directory"]
@@ -117,7 +126,7 @@ def claim(
     if marker is None and resume and _has_checkpoints(path):
         marker = {}  # a run directory from before markers: adopt it
     if others and marker is None:
-        _refuse_if_in_use(path)
+        refuse_if_in_use(path)
         shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
         raise UserError(
             f"output.dir: {path} is not empty ({shown}) and is not a grpo run "

@@ -43,10 +43,12 @@ from grpo_core.workers.common import (
     WorkerTimeout,
     resolve,
 )
-from grpo_core.workers.pool import WorkerPool
+from grpo_core.workers.pool import SharedPool, WorkerPool, shared_pool
 
 __all__ = [
     "WorkerPool",
+    "SharedPool",
+    "shared_pool",
     "WorkerFailure",
     "WorkerTimeout",
     "WorkerCrashed",

@@ -334,3 +334,49 @@ class WorkerPool:
 
 
 # -- the child side -------------------------------------------------------------------------
+
+
+_SHARED: dict[str, list] = {}  # settings -> [pool, number of open handles]
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(target: str, **settings: Any) -> SharedPool:
+    """A handle on this process's one pool for ``target`` with these ``settings`` (those of
+    :class:`WorkerPool`): the components of one kind in a reward (forty ``math`` components
+    of a ``weighted`` one) share one set of workers instead of starting their own. The pool
+    ends when its last handle is closed."""
+    key = repr((target, sorted(settings.items())))
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            entry = _SHARED[key] = [WorkerPool(target, **settings), 0]
+        entry[1] += 1
+    return SharedPool(key, entry[0])
+
+
+class SharedPool:
+    """One user's handle on a shared :class:`WorkerPool`: ``map`` and the counters are the
+    pool's; ``close`` lets go of it (the last one closes the pool)."""
+
+    def __init__(self, key: str, pool: WorkerPool):
+        self.key, self.pool, self.closed = key, pool, False
+
+    def map(self, payloads: Sequence[Any], timeout: float) -> list[Any]:
+        return self.pool.map(payloads, timeout)
+
+    def __getattr__(self, name: str) -> Any:  # timeouts, crashes, started, wait_ready ...
+        return getattr(self.pool, name)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with _SHARED_LOCK:
+            entry = _SHARED.get(self.key)
+            if entry is None or entry[0] is not self.pool:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _SHARED[self.key]
+        self.pool.close()

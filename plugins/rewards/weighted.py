@@ -22,6 +22,8 @@ from grpo_core.registry import registry
 from grpo_core.reward.functions import declared_columns
 from grpo_core.scores import Scores
 
+MAX_COMPONENTS = 256  # dimensions a reward is read by; more is a generated config gone wrong
+
 
 class WeightedReward(Reward):
     def __init__(self, components: list[dict], normalize: str = "none", threads: int = 8):
@@ -174,7 +176,13 @@ SCHEMA = {
     "additionalProperties": False,
     "required": ["components"],
     "properties": {
-        "components": {"type": "array", "items": COMPONENT, "minItems": 1},
+        "components": {
+            "type": "array",
+            "items": COMPONENT,
+            "minItems": 1,
+            "maxItems": MAX_COMPONENTS,
+            "description": f"at most {MAX_COMPONENTS}; components of one kind share workers",
+        },
         "normalize": {
             "enum": ["none", "group"],
             "default": "none",

@@ -3,10 +3,15 @@ tuning per variant, compute counted in tokens, resuming, real PNG curves, bad in
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -323,3 +328,68 @@ def test_recipe_example_validates(tmp_path):
     assert eff["sampling"]["group_size"] == 16 and eff["baseline"]["options"]["eps"] == 1e-8
     assert 1e-6 <= eff["optimizer"]["lr"] <= 5e-6
     assert 0.01 <= eff["kl"]["options"]["coef"] <= 0.04
+
+
+HANG = 600  # seconds: a guard against a hang only, never a bound on speed
+
+
+def _wait(check, what: str):
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < HANG, f"no {what} after {HANG} s"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_compare_ends_its_run_and_a_rerun_respects_a_live_one(
+    tiny_model, addition_data, tmp_path, sig
+):
+    cfg, out = tiny(tmp_path, tiny_model, addition_data), tmp_path / "cmp"
+    args = ["compare", cfg, "--baselines", "grpo", "--seeds", "1", "--steps", "5000"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "grpo_core.cli", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        _wait(lambda: glob.glob(str(out / "*" / "metrics.jsonl")), "run under way")
+        run_dir = os.path.dirname(glob.glob(str(out / "*" / "metrics.jsonl"))[0])
+        child = int(open(os.path.join(run_dir, ".grpo-lock")).read())
+        assert child != first.pid and _alive(child)
+        # a second compare on the same --out: the live run is not deleted nor joined
+        second = run_grpo(*args, "--out", str(out), cwd=ROOT)
+        lines = [x for x in second.stderr.splitlines() if x.startswith("error:")]
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert f"in use by another grpo process (PID {child})" in lines[0], lines[0]
+        assert "Traceback" not in second.stderr
+        assert os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and _alive(child)
+        first.send_signal(sig)
+        first.wait()
+        _wait(lambda: not _alive(child), "end of the child grpo train with its compare")
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_cut_finished_run_record_is_one_line(tiny_model, addition_data, tmp_path):
+    cfg, out = tiny(tmp_path, tiny_model, addition_data), tmp_path / "cmp"
+    args = ["compare", cfg, "--baselines", "grpo", "--seeds", "1", "--steps", "1"]
+    p = run_grpo(*args, "--out", str(out), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    (marker,) = glob.glob(str(out / "*" / "compare_run.json"))
+    with open(marker, "r+") as f:
+        f.truncate(10)
+    p = run_grpo(*args, "--out", str(out), cwd=ROOT)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "compare_run.json: cannot read it" in lines[0] and "delete it" in lines[0]
+    assert os.path.isfile(os.path.join(os.path.dirname(marker), "metrics.jsonl"))  # kept

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 
 import pytest
 import torch
@@ -98,11 +97,10 @@ def test_a_users_folder_as_output_dir(tiny_model, addition_data, tmp_path, capsy
 def test_train_runs_the_checks_first(tiny_model, addition_data, tmp_path):
     cfg = base(tiny_model, addition_data, tmp_path)
     cfg["data"]["columns"] = []
-    t0 = time.monotonic()
     p = run_grpo("train", write_config(tmp_path / "c.json", cfg), cwd=ROOT)
     assert p.returncode == 2 and "the reward reads ['answer']" in p.stderr, p.stderr
-    assert not os.path.exists(tmp_path / "run")  # refused before the run directory was made
-    assert time.monotonic() - t0 < 60
+    # refused before any work (the bound here is the work, not the time): no run directory
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_progress_in_a_log_is_a_line_every_twentieth_of_the_run(

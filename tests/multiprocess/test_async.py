@@ -4,6 +4,7 @@ k = 0, bounded staleness at k = 1 and 2, nothing lost or repeated across a SIGKI
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -44,18 +45,11 @@ def _metrics(out: str) -> list[dict]:
 
 
 def _samples(out: str) -> dict[int, list[tuple[str, str]]]:
-    """Each step's (prompt, completion) pairs; a step run again after a resume replaces the
-    lines the killed run wrote for it."""
+    """Each step's (prompt, completion) pairs (a resumed run keeps each step once)."""
     steps: dict[int, list] = {}
-    last = (None, 0)
     with open(os.path.join(out, "samples.jsonl"), encoding="utf-8") as f:
         for rec in map(json.loads, f):
-            # one step's lines are written together, group by group: a new step or a group
-            # number going down starts the step (again)
-            if rec["step"] != last[0] or rec["group"] < last[1]:
-                steps[rec["step"]] = []
-            last = (rec["step"], rec["group"])
-            steps[rec["step"]].append((rec["prompt"], rec["completion"]))
+            steps.setdefault(rec["step"], []).append((rec["prompt"], rec["completion"]))
     return steps
 
 
@@ -145,9 +139,10 @@ def _generator_of(pid: int) -> int | None:
     return None
 
 
-def _until(check, timeout: float = 300.0, what: str = ""):
-    end = time.time() + timeout
-    while time.time() < end:
+def _until(check, timeout: float = 600.0, what: str = ""):
+    # a hang guard, not a bound on speed: ten minutes, which a loaded machine cannot reach
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
         got = check()
         if got:
             return got
@@ -185,14 +180,26 @@ def test_sigkill_then_resume_trains_every_prompt_once(warm_model, addition_data,
     assert proc.poll() is None, "the run ended before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    _until(lambda: _gone(generator), 30, "the generator process to end with its trainer")
+    _until(lambda: _gone(generator), what="the generator process to end with its trainer")
     assert _lines(cut) < steps
     kept = os.path.join(cut, "checkpoints")
     written = [d for d in os.listdir(kept) if d.startswith("step-")]
     assert written and all(os.path.isfile(os.path.join(kept, d, "inflight.pt")) for d in written)
+    # what a kill in the middle of a samples write leaves (one system call, which no signal
+    # from a test lands inside reliably: planted)
+    for name, tail in (
+        ("samples.jsonl", '{"step": 9, "group": 0, "pro'),
+        ("samples.txt", "--- st"),
+    ):
+        with open(os.path.join(cut, name), "a", encoding="utf-8") as f:
+            f.write(tail)
     resumed = _start(cfg, tmp_path, "--resume")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
     train(config.validate({**cfg, "output": {**cfg["output"], "dir": whole}}))
+    for name in ("samples.jsonl", "samples.txt"):  # each step once, as the whole run wrote it
+        with open(os.path.join(cut, name), encoding="utf-8") as a:
+            with open(os.path.join(whole, name), encoding="utf-8") as b:
+                assert a.read() == b.read(), name
 
     order = PromptStream([json.loads(x) for x in open(addition_data, encoding="utf-8")], 0)
     got, want = _samples(cut), _samples(whole)
@@ -233,7 +240,7 @@ def test_a_stalled_generator_times_out_naming_it(tiny_model, addition_data, tmp_
     assert proc.returncode != 0
     line = _one_line(err, "generator process stalled")
     assert "waited 3 s for the rollout of step" in line
-    _until(lambda: _gone(generator), 30, "the stopped generator to end with its trainer")
+    _until(lambda: _gone(generator), what="the stopped generator to end with its trainer")
 
 
 def test_a_stalled_trainer_ends_its_generator(tiny_model, addition_data, tmp_path):
@@ -244,7 +251,7 @@ def test_a_stalled_trainer_ends_its_generator(tiny_model, addition_data, tmp_pat
     _until(lambda: _lines(out) >= 1, what="a step")
     proc.send_signal(signal.SIGSTOP)
     try:
-        _until(lambda: _gone(generator), 60, "the generator to give up on its trainer")
+        _until(lambda: _gone(generator), what="the generator to give up on its trainer")
     finally:
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
@@ -260,3 +267,21 @@ def test_grpo_validate_refuses_it_too(tiny_model, addition_data, tmp_path, capsy
     assert "groups.resample_zero_std_max: is not supported with asynchronous" in (
         capsys.readouterr().err
     )
+
+
+def test_sigkill_while_the_generator_starts_leaves_no_shared_file(
+    tiny_model, addition_data, tmp_path
+):
+    """The moment that left the weights file in /dev/shm until reboot: the generator process
+    has started and not yet mapped it."""
+    from grpo_core.overlap.weights import _shm_dir
+
+    cfg = _cfg(tiny_model, addition_data, str(tmp_path / "run"), steps=50, max_staleness=1)
+    proc = _start(cfg, tmp_path)
+    try:
+        generator = _until(lambda: _generator_of(proc.pid), what="the generator process")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    _until(lambda: _gone(generator), what="the generator process to end with its trainer")
+    assert not glob.glob(os.path.join(_shm_dir(), f"grpo-weights-{proc.pid}-*"))

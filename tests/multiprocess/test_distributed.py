@@ -125,7 +125,7 @@ def kill_after_checkpoints(cmd: list[str], run: str, env: dict, n: int = 2) -> N
     )
     t0 = time.monotonic()
     while len(checkpoints(run)) < n:
-        assert time.monotonic() - t0 < 600 and p.poll() is None
+        assert time.monotonic() - t0 < 600 and p.poll() is None  # a hang guard: ten minutes
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -389,6 +389,7 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(
     )
     t0 = time.monotonic()
     while not os.path.exists(os.path.join(out, "metrics.jsonl")) or len(rows(out)) < 2:
+        # a hang guard: ten minutes, which a loaded machine cannot reach
         assert p.poll() is None and time.monotonic() - t0 < 600, p.stderr.read()[-3000:]
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGTERM)

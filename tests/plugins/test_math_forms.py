@@ -407,13 +407,13 @@ def test_extraction_time_is_bounded_on_long_hostile_text():
     """Extraction runs in the trainer, outside the workers' budget (issue #19)."""
     worst = 0.0
     for text in HOSTILE_TEXTS:
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time, the work: waiting for a core is not counted
         pred = extract_answer(text)
         gold_answer(text)
         extract_answer(text, strict=True)
-        worst = max(worst, time.perf_counter() - t0)
+        worst = max(worst, time.process_time() - t0)
         assert pred is None or isinstance(pred, str)
-    assert worst < 2.0, worst  # generous: a loaded 2-core machine; measured ~0.05 s idle
+    assert worst < 2.0, worst  # CPU seconds; measured ~0.05 s
 
 
 # -- issue #50: the forms behind the false 1s, as labelled pairs --------------------------

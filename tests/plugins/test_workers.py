@@ -54,7 +54,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def gone(pids, within: float = 10.0) -> bool:
+def gone(pids, within: float = 300.0) -> bool:  # a hang guard: killed processes go at once
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not any(alive(p) for p in pids):
@@ -98,18 +98,15 @@ def test_timeout_kills_and_replaces_the_worker_from_any_thread():
     result = {}
 
     def run():
-        t0 = time.monotonic()
-        result["out"] = pool.map([0.05, 30, 0.05, 0.05], timeout=0.5)
-        result["seconds"] = time.monotonic() - t0
+        result["out"] = pool.map([0.05, 3600, 0.05, 0.05], timeout=0.5)
 
     t = threading.Thread(target=run)  # no signals: works off the main thread
     t.start()
-    t.join(60)
+    t.join(600)  # a hang guard (ten minutes): the hour-long item must be cut, not waited for
     assert not t.is_alive()
     out = result["out"]
     assert isinstance(out[1], WorkerTimeout) and isinstance(out[1], WorkerFailure)
     assert out[0] is None and out[2] is None and out[3] is None
-    assert result["seconds"] < 10, result
     assert pool.timeouts == 1
     assert pool.map([0.01, 0.01], timeout=5) == [None, None]  # a replacement serves
     assert pool.wait_ready(60) and pool.started == 3 and len(pool.workers) == 2
@@ -199,3 +196,60 @@ def test_notebook_style_callers():
     check_output(run_python(["-c", UNGUARDED]))
     exec_in_fresh_namespace = f"exec(compile({UNGUARDED!r}, '<cell>', 'exec'), {{}})"
     check_output(run_python(["-c", exec_in_fresh_namespace]))
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (its children, theirs, ...)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent[int(name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found.update(kids)
+        todo += kids
+    return found
+
+
+def test_components_of_one_kind_share_their_workers():
+    """Forty ``math`` components started forty pools (42 processes, 1.15 GB) before."""
+    import grpo_core
+
+    before = descendants(os.getpid())
+    components = [{"name": "math", "as": f"m{i}"} for i in range(40)]
+    r = grpo_core.create("reward", "weighted", {"components": components})
+    try:
+        scores = r(["q"] * 2, ["\\boxed{\\frac{1}{2}}", "\\boxed{x+1}"], answer=["0.5", "1+x"])
+        assert list(scores) == [40.0, 40.0]  # each component: both right
+        started = descendants(os.getpid()) - before
+        # one pool: its fork server and its workers (two by default)
+        assert 1 <= len(started) <= 3, len(started)
+    finally:
+        for p in r.parts:
+            p["fn"].close()
+    assert gone(started)
+
+
+def test_too_many_components_are_refused_by_validate(tmp_path):
+    from grpo_core import config
+    from grpo_core.errors import ConfigError
+
+    cfg = {
+        "model": {"name_or_path": "m"},
+        "data": {"path": os.path.join(ROOT, "tests", "data", "prompts.jsonl")},
+        "reward": {
+            "name": "weighted",
+            "options": {"components": [{"name": "format", "as": f"f{i}"} for i in range(257)]},
+        },
+    }
+    with pytest.raises(ConfigError) as info:
+        config.validate(cfg)
+    assert any("256" in p and "components" in p for p in info.value.problems), info.value.problems

@@ -111,9 +111,9 @@ MATHY = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
     st.one_of(MATHY, st.sampled_from(["1", "\\frac12", "x+1", "(1,2]", "\\{1,2\\}"])),
 )
 def test_math_extraction_and_comparison_never_raise(text, gold):
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU time, the work done: waiting for a core is not counted
     pred = extract_answer(text)
     assert pred is None or isinstance(pred, str)
     assert isinstance(equivalent(pred, gold), bool)
     assert isinstance(equivalent(gold, gold), bool)
-    assert time.monotonic() - t0 < 2.0  # the reward's default per-item budget
+    assert time.process_time() - t0 < 2.0  # CPU seconds: the reward's default per-item budget

@@ -70,3 +70,20 @@ def test_pushing_without_a_repository_is_refused_first(tiny_model, addition_data
     with pytest.raises(ConfigError) as err:
         preflight.check(cfg)
     assert "output.hub_model_id: needed with output.push_to_hub (user/name)" in str(err.value)
+
+
+def test_a_hub_that_never_answers_times_out(tiny_model, addition_data, tmp_path):
+    """A real server on 127.0.0.1 whose kernel accepts connections (the listen backlog) and
+    which never reads or answers: huggingface_hub alone waits forever."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        path, out = _config(tiny_model, addition_data, tmp_path, **HUB)
+        env = {"HF_ENDPOINT": f"http://127.0.0.1:{s.getsockname()[1]}", "HF_TOKEN": "hf_test"}
+        # the push's limit is 2 s a request; the subprocess's 600 s is a hang guard only
+        p = run_grpo("train", path, env={**env, "GRPO_CORE_HUB_TIMEOUT": "2"})
+    assert p.returncode == 2, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: output.push_to_hub: uploading ") and "Traceback" not in p.stderr
+    assert "timed out" in last.lower(), last
+    assert os.path.isfile(os.path.join(out, "final", "model.safetensors"))

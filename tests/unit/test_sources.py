@@ -342,3 +342,30 @@ def test_a_checkpoint_written_before_these_keys_still_resumes(tmp_path):
     assert checkpoint.config_differences({"config": saved}, cfg) == [
         "data.split: checkpoint 'test', config 'train'"
     ]
+
+
+@pytest.mark.parametrize(
+    "builder,files,needles",
+    [
+        ("json", {"sub*": None}, ["'sub*' matches only directories", "expected files"]),
+        ("json", {"empty.json": ""}, ["expected json rows, found none", "empty.json"]),
+        ("json", {"t.json": "a,b\n1,2\n"}, ["expected json data, found files", "parse"]),
+        ("parquet", {"t.parquet": "a,b\n"}, ["expected parquet data, found files", "Parquet"]),
+    ],
+)
+def test_a_dataset_library_failure_is_explained(tmp_path, monkeypatch, builder, files, needles):
+    """Each of these surfaced a library's internal exception (StopIteration, ArrowInvalid
+    inside DatasetGenerationError) as the whole reason."""
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        if text is None:
+            (tmp_path / name.rstrip("*")).mkdir()
+            (tmp_path / name.rstrip("*") / "rows.jsonl").write_text('{"prompt": "1+1="}\n')
+        else:
+            (tmp_path / name).write_text(text)
+    with pytest.raises(UserError) as info:
+        read_rows(builder, data_files=next(iter(files)))
+    text = str(info.value)
+    assert "\n" not in text and "StopIteration" not in text, text
+    for needle in needles:
+        assert needle in text, text

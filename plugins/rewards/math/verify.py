@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 from grpo_core_plugins.rewards.math.numbers import close, plain_number
 
-from grpo_core.workers import WorkerPool, WorkerTimeout
+from grpo_core.workers import WorkerTimeout, shared_pool
 
 MEMORY_LIMIT = 2 * 1024**3
 CACHE_SIZE = 16_384  # verdicts remembered: a group repeats the same answers
@@ -65,7 +65,7 @@ class Verifier:
         memory_limit: int = MEMORY_LIMIT,
     ):
         self.rel_tol, self.timeout, self.n, self.max_length = rel_tol, timeout, workers, max_length
-        self.pool = WorkerPool(
+        self.pool = shared_pool(
             "grpo_core_plugins.rewards.math.verify:check",
             setup="grpo_core_plugins.rewards.math.verify:make_state",
             setup_args=(rel_tol, max_length),
