@@ -1,6 +1,7 @@
 """Std-driven group sizes (``groups.adaptive_first: G0``): each prompt first gets G0
-completions; the rest of the step's P x G (over all ranks) are shared by the first samples'
-reward std (grpo_core.loss.groups.allocate), drawn and merged into the groups."""
+completions; the rest of the step's budget, P (G - G0) completions' worth of tokens at the
+first samples' mean length (over all ranks), is shared with more for the groups whose first
+samples agree (grpo_core.loss.groups.allocate), drawn and merged into the groups."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 from grpo_core import phases
 from grpo_core.config.view import Config
 from grpo_core.engine import dist
-from grpo_core.loss.groups import allocate, group_std
+from grpo_core.loss.groups import allocate, group_std, to_grid
 from grpo_core.records import Sampled, Scored
 from grpo_core.samplers.inline import Inline
 from grpo_core.samplers.resample import draw_more
@@ -45,8 +46,11 @@ class Sizes(Inline):
     def refine(self, run: Run, step: int, sampled: Sampled, scored: Scored) -> Scored:
         """Every rank enters the gathering, with work or not."""
         everyone, first = dist.gather_grid(scored.grid)
+        ro = scored.rollout
+        tokens = ro.action_mask.sum(-1).float().cpu()  # each first completion's length
+        lengths = dist.gather_grid(to_grid(tokens, ro.group.cpu(), scored.prompts)[0])[0]
         G, G0 = run.config.sampling.group_size, run.config.first_group_size
-        n = allocate(group_std(everyone), everyone.shape[0] * (G - G0))
+        n = allocate(group_std(everyone), everyone.shape[0] * (G - G0), lengths.nanmean(-1))
         n = n[first : first + scored.prompts]
         seed = phases.step_seed(run.config.train.seed, step)
         with run.autocast, run.engine.gathered():

@@ -14,6 +14,7 @@ from helpers import make_config
 from grpo_core import config
 from grpo_core.errors import UserError
 from grpo_core.loss.groups import allocate
+from grpo_core.samplers import sizes
 from grpo_core.trainer import train
 
 
@@ -56,14 +57,31 @@ def run_cfg(model, data, out, **groups):
     )
 
 
-def test_groups_get_their_own_sizes_within_the_budget(tiny_model, addition_data, tmp_path):
+def test_groups_get_their_own_sizes_within_the_budget(
+    tiny_model, addition_data, tmp_path, monkeypatch
+):
+    calls = []  # what the sampler asked the allocation, and what it got
+
+    def spy(std, budget, lengths=None):
+        n = allocate(std, budget, lengths)
+        calls.append((budget, lengths.clone(), n.clone()))
+        return n
+
+    monkeypatch.setattr(sizes, "allocate", spy)
     out = tmp_path / "run"
     train(run_cfg(tiny_model, addition_data, out, adaptive_first=2))
     rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    assert all(r["samples"] == 16 and r["extra_completions"] == 8 for r in rows)  # P x G
     samples = [json.loads(x) for x in open(os.path.join(out, "samples.jsonl"))]
-    sizes = Counter((s["step"], s["group"]) for s in samples)
-    assert all(n >= 2 for n in sizes.values())
+    sizes_seen = Counter((s["step"], s["group"]) for s in samples)
+    assert len(calls) == len(rows) == 2
+    for step, (r, (budget, lengths, n)) in enumerate(zip(rows, calls)):
+        # P (G - G0) = 4 x 2 more completions' worth of tokens at the first samples' lengths
+        assert budget == 8 and lengths.shape == (4,) and bool((lengths >= 1).all())
+        assert float((n * lengths).sum()) <= budget * float(lengths.mean()) + 1e-9
+        assert r["extra_completions"] == int(n.sum()) and r["samples"] == 8 + int(n.sum())
+        # each group samples.jsonl shows (the first few) holds its first 2 and its share
+        shown = [p for p in range(4) if (step, p) in sizes_seen]
+        assert shown and all(sizes_seen[(step, p)] == 2 + int(n[p]) for p in shown)
     for s in samples:  # GRPO's advantages within each group of its own size
         group = [x["reward"] for x in samples if (x["step"], x["group"]) == (s["step"], s["group"])]
         t = torch.tensor(group)
