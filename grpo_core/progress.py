@@ -13,19 +13,32 @@ class Progress:
     start: int = 0  # the first step this process runs
     steps_run: int = 0  # steps this process ran
     tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
-    first: dict | None = None  # the first step's metrics record (of this process)
+    first: dict | None = None  # the run's first step's metrics record (resumed too)
     last: dict | None = None  # the latest one
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite: int = 0  # steps in a row whose update was skipped
+    filler_groups: int = 0  # groups kept only to fill a batch (DAPO), the whole run
 
     @property
     def step(self) -> int:
         """The step running now (before its metrics are observed)."""
         return self.start + self.steps_run
 
-    def resumed(self, step: int, tokens_seen: int) -> None:
-        """A checkpoint after ``step`` steps and ``tokens_seen`` tokens was loaded."""
-        self.start, self.tokens_seen = step, tokens_seen
+    def state(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run's totals are the whole run's."""
+        return {
+            "tokens_seen": self.tokens_seen,
+            "filler_groups": self.filler_groups,
+            "first": self.first,
+            "best": self.best,
+        }
+
+    def resumed(self, step: int, state: dict) -> None:
+        """A checkpoint after ``step`` steps, with its :meth:`state`, was loaded."""
+        self.start = step
+        self.tokens_seen = state.get("tokens_seen", 0)
+        self.filler_groups = state.get("filler_groups", 0)
+        self.first, self.best = state.get("first"), state.get("best")
 
     def saw(self, tokens: int) -> int:
         """A step's tokens; returns the total so far."""
@@ -48,3 +61,4 @@ class Progress:
         """A step's metrics record."""
         self.first, self.last = self.first or record, record
         self.steps_run += 1
+        self.filler_groups += int(record.get("groups/filler", 0))

@@ -390,7 +390,8 @@ def finish(run: Run) -> dict:
     first, last, oc = run.progress.first or {}, run.progress.last or {}, run.config.output
     summary = {
         "run_dir": run.dir,
-        "steps": run.progress.steps_run,
+        "steps": run.progress.step,  # the whole run's, a resumed one's too
+        "steps_this_process": run.progress.steps_run,
         "seconds": time.time() - run.started,
         "world_size": run.world,
         "ranks_in_sync": in_sync,
@@ -403,6 +404,7 @@ def finish(run: Run) -> dict:
             for r in dist.gather_numbers(_held(run))
         ],
         "long_prompts": run.stream.long_prompts,
+        "filler_groups": run.progress.filler_groups,
         "health": run.health.summary() if run.health else [],
     }
     # every rank takes part in gathering a sharded model; rank 0 holds it

@@ -34,7 +34,7 @@ def save(run: Run, step: int, now: bool = False) -> str | None:
         "kl": run.kl.state_dict(),
         "data_position": run.stream.position,
         "data": run.stream.state_dict(),
-        "tokens_seen": run.progress.tokens_seen,
+        "progress": run.progress.state(),
     }
     targets = run.targets.state_dict()  # baseline.pt: a critic's tensors too
     # rollouts asked of the generator process for later steps: kept, so none is lost or
@@ -118,8 +118,9 @@ def resume(run: Run, target: str | bool, force: bool) -> dict | None:
     if targets:
         run.targets.load_state_dict(targets)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})
-    # tokens_seen 0: written before it was kept
-    run.progress.resumed(state["step"], state.get("tokens_seen", 0))
+    # a checkpoint written before progress was kept has tokens_seen (or nothing) alone
+    kept = state.get("progress") or {"tokens_seen": state.get("tokens_seen", 0)}
+    run.progress.resumed(state["step"], kept)
     if run.main:
         log.info(
             "resumed from %s: %d steps done; the next is step %d in metrics.jsonl (which "

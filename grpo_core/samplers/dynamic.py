@@ -14,6 +14,7 @@ as it lacks, exactly), which stay out of the loss.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -52,10 +53,12 @@ class Dynamic(Sampler):
         """This rank's ``run.prompts`` groups, drawn over as many rounds as the batch needs
         (at most ``groups.max_rounds``), with the metrics ``groups/filtered`` (groups left
         out for want of signal), ``groups/generated``, ``groups/filler`` and
-        ``groups/rounds``, over all ranks."""
+        ``groups/rounds``, over all ranks; ``reward`` is the mean over every completion
+        generated (before filtering) and ``reward_kept`` over the groups with signal."""
         gc, P, G = run.config.groups, run.prompts, run.config.first_group_size
         kept: list[tuple[Sampled, Scored]] = []
         have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
+        drawn: list[torch.Tensor] = []  # every round's rewards, kept or filtered
         while rounds < gc.max_rounds:
             needs = [int(n[0]) for n in dist.gather_numbers([float(P - have)])]
             if not sum(needs):
@@ -73,6 +76,7 @@ class Dynamic(Sampler):
             if s is None:
                 continue
             j = phases.score(run, step, s)
+            drawn.append(j.rewards)
             signal = has_signal(j.grid, gc.min_std)
             idx = torch.nonzero(signal).squeeze(1).tolist()
             if idx:
@@ -85,12 +89,37 @@ class Dynamic(Sampler):
             assert spare is not None  # a round ran (groups.max_rounds >= 1)
             s, j, idx = spare
             kept.append((s.select(idx[:filler]), j.select(idx[:filler])))
-        counts = dist.sum_named(
-            {"groups/filtered": filtered, "groups/generated": generated, "groups/filler": filler}
-        )
         scored = Scored.cat([j for _, j in kept])
+        left_out = torch.arange(scored.prompts) >= P - filler  # the filler groups come last
+        signal = scored.rewards[~left_out[scored.rollout.group.cpu()]]
+        counts = dist.sum_named(
+            {
+                "groups/filtered": filtered,
+                "groups/generated": generated,
+                "groups/filler": filler,
+                **_sums("reward", torch.cat(drawn) if drawn else torch.zeros(0)),
+                **_sums("reward_kept", signal),
+            }
+        )
         return Sampled.cat([s for s, _ in kept]), replace(
             scored,
-            filler=torch.arange(scored.prompts) >= P - filler,
-            groups={**counts, "groups/rounds": float(rounds)},
+            filler=left_out,
+            groups={**_means(counts), "groups/rounds": float(rounds)},
         )
+
+
+def _sums(name: str, rewards: torch.Tensor) -> dict[str, float]:
+    """The sum and count of a rewards tensor's valid values, to be summed over ranks."""
+    ok = torch.isfinite(rewards)
+    return {f"{name}|sum": float(rewards[ok].double().sum()), f"{name}|n": float(ok.sum())}
+
+
+def _means(counts: dict[str, float]) -> dict[str, float]:
+    """The counts as they are, and each ``name|sum`` over ``name|n`` as ``name``: ``reward``,
+    the mean over every completion the step generated (the policy's success rate, before any
+    filtering), and ``reward_kept``, over the groups with signal it trains on."""
+    out = {k: v for k, v in counts.items() if "|" not in k}
+    for key in [k for k in counts if k.endswith("|sum")]:
+        name, n = key[:-4], counts[key[:-4] + "|n"]
+        out[name] = counts[key] / n if n else math.nan
+    return out

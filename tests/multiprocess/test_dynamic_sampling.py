@@ -96,11 +96,44 @@ def test_the_cap_completes_the_batch_with_groups_left_out_of_the_loss(
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_reward_is_over_every_completion_generated_and_kept_groups_have_their_own(
+    tiny_model, addition_data, tmp_path, monkeypatch
+):
+    """The logged ``reward`` is the policy's success rate: the mean over every completion each
+    step generated, filtered groups included; ``reward_kept`` is over the groups trained on
+    (not the filler). Read against what phases.score returned each round, and the summary
+    counts the filler groups of the whole run."""
+    from grpo_core import phases
+
+    seen: list[torch.Tensor] = []
+    score = phases.score
+
+    def spy(run, step, sampled, *a, **k):
+        got = score(run, step, sampled, *a, **k)
+        seen.append((step, got.rewards.clone()))
+        return got
+
+    monkeypatch.setattr(phases, "score", spy)
+    out = tmp_path / "reward"
+    summary = train(cfg(tiny_model, addition_data, out, rounds=2, min_std=0.45))
+    rows = records(out)
+    for r in rows:
+        drawn = torch.cat([x for s, x in seen if s == r["step"]])
+        assert r["reward"] == pytest.approx(float(drawn.double().mean()), abs=1e-12)
+        assert r["reward_kept"] >= 0.25 or r["groups/filler"] == 4
+    assert any(r["reward"] != r["reward_kept"] for r in rows)
+    assert summary["filler_groups"] == sum(r["groups/filler"] for r in rows) > 0
+
+
 def test_resume_continues_the_data_order_exactly(tiny_model, addition_data, tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    train(cfg(tiny_model, addition_data, whole, steps=4))
-    train(cfg(tiny_model, addition_data, cut, steps=2, ckpt=1))
-    train(cfg(tiny_model, addition_data, cut, steps=4, ckpt=1), resume=True)
+    once = train(cfg(tiny_model, addition_data, whole, steps=4, min_std=0.45))
+    train(cfg(tiny_model, addition_data, cut, steps=2, ckpt=1, min_std=0.45))
+    resumed = train(cfg(tiny_model, addition_data, cut, steps=4, ckpt=1, min_std=0.45), True)
+    # the summary after a resume totals the whole run, as one run's does
+    for key in ("steps", "first_reward", "final_reward", "filler_groups"):
+        assert resumed[key] == once[key], key
+    assert resumed["steps_this_process"] == 2 and once["filler_groups"] > 0
     a, b = records(whole), records(cut)
     keys = ("reward", "groups/filtered", "groups/generated", "groups/rounds")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
