@@ -104,7 +104,12 @@ def _named(rewards: Rewards | None) -> dict[str, Callable[..., Any]]:
         return dict(rewards)
     fns = [rewards] if callable(rewards) else list(rewards)
     named: dict[str, Callable[..., Any]] = {}
-    for fn in fns:
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise UserError(
+                f"rewards[{i}]: found {type(fn).__name__} {fn!r:.40}, expected a function "
+                f"(prompts, completions, **columns) -> list of floats"
+            )
         name = getattr(fn, "__name__", None)
         if not name or name == "<lambda>":
             raise UserError(
@@ -188,10 +193,31 @@ def _sum_of(names: list[str]) -> dict:
     }
 
 
+#: the integers a dataset value may hold (what the data layer reads back: int64)
+INT64 = 2**63
+
+
+def _row(i: int, row: Any) -> dict:
+    """One dataset row as a dict, refused in one line when it is not a mapping or holds an
+    integer the data layer cannot read back (beyond int64)."""
+    if not isinstance(row, Mapping):
+        raise UserError(
+            f"dataset[{i}]: found {type(row).__name__} {row!r:.40}, expected a mapping of "
+            f"fields such as {{'prompt': ..., 'answer': ...}}"
+        )
+    for key, value in row.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT64:
+            raise UserError(
+                f"dataset[{i}].{key}: an integer of {value.bit_length()} bits, beyond the 64 "
+                f"the data layer reads; give it as text (a string)"
+            )
+    return dict(row)
+
+
 def _in_memory(data_cfg: dict, dataset: Iterable[Mapping], folder: str) -> dict:
     """The ``data`` section reading ``dataset``: its rows written to a JSONL file in
     ``folder`` (a private temporary directory), readable by this user only (0600)."""
-    rows = [dict(row) for row in dataset]
+    rows = [_row(i, row) for i, row in enumerate(dataset)]
     if not rows:
         raise UserError("dataset: no rows")
     try:

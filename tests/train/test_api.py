@@ -109,6 +109,8 @@ def test_preflight_runs_before_a_model_loads(tmp_path):
 def test_rewards_need_names_and_must_not_shadow_plugins():
     with pytest.raises(UserError, match="a lambda"):
         grpo_core.train({}, rewards=[lambda p, c, **k: [0.0] * len(c)])
+    with pytest.raises(UserError, match=r"rewards\[1\]: found int 5, expected a function"):
+        grpo_core.train({}, rewards=[len, 5])
     with pytest.raises(UserError, match="reward plugin from grpo-core"):
         grpo_core.train({}, rewards={"math": len})
 
@@ -166,3 +168,15 @@ def test_bad_references_are_one_line_errors(name, expected):
         config.validate(cfg)
     assert info.value.problems[0].startswith("reward.options.components[0].name: ")
     assert expected in info.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    "dataset,expected",
+    [
+        (["2+3=", "1+1="], r"dataset\[0\]: found str '2\+3=', expected a mapping"),
+        ([{"prompt": "p", "answer": 10**5000}], r"dataset\[0\]\.answer: an integer of 16610 bits"),
+    ],
+)
+def test_in_memory_data_of_the_wrong_shape_is_one_line(dataset, expected):
+    with pytest.raises(UserError, match=expected):
+        grpo_core.train({}, rewards=[len], dataset=dataset)
