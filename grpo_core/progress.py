@@ -3,6 +3,7 @@ only through its methods (by the phases, and by a resume)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -13,8 +14,8 @@ class Progress:
     start: int = 0  # the first step this process runs
     steps_run: int = 0  # steps this process ran
     tokens_seen: int = 0  # prompt and completion tokens of every step so far (resumed too)
-    first: dict | None = None  # the run's first step's metrics record (resumed too)
-    last: dict | None = None  # the latest one
+    first_reward: float | None = None  # the run's first step's reward (resumed too; None: NaN)
+    last: dict | None = None  # the latest step's metrics record
     best: float | None = None  # best eval metric so far (eval.keep_best)
     nonfinite: int = 0  # steps in a row whose update was skipped
     filler_groups: int = 0  # groups kept only to fill a batch (DAPO), the whole run
@@ -29,7 +30,7 @@ class Progress:
         return {
             "tokens_seen": self.tokens_seen,
             "filler_groups": self.filler_groups,
-            "first": self.first,
+            "first_reward": self.first_reward,
             "best": self.best,
         }
 
@@ -38,7 +39,7 @@ class Progress:
         self.start = step
         self.tokens_seen = state.get("tokens_seen", 0)
         self.filler_groups = state.get("filler_groups", 0)
-        self.first, self.best = state.get("first"), state.get("best")
+        self.first_reward, self.best = state.get("first_reward"), state.get("best")
 
     def saw(self, tokens: int) -> int:
         """A step's tokens; returns the total so far."""
@@ -59,6 +60,9 @@ class Progress:
 
     def observed(self, record: dict) -> None:
         """A step's metrics record."""
-        self.first, self.last = self.first or record, record
+        if self.step == 0:  # the run's first step (a resumed run keeps the checkpoint's)
+            reward = record.get("reward")
+            self.first_reward = reward if reward is not None and math.isfinite(reward) else None
+        self.last = record
         self.steps_run += 1
         self.filler_groups += int(record.get("groups/filler", 0))

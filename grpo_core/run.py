@@ -387,7 +387,7 @@ def finish(run: Run) -> dict:
     in_sync = dist.weights_in_sync(run.engine.parameter_sums())
     if not in_sync and run.main:
         log.warning("\nwarning: ranks ended with different weights")
-    first, last, oc = run.progress.first or {}, run.progress.last or {}, run.config.output
+    last, oc = run.progress.last or {}, run.config.output
     summary = {
         "run_dir": run.dir,
         "steps": run.progress.step,  # the whole run's, a resumed one's too
@@ -395,7 +395,7 @@ def finish(run: Run) -> dict:
         "seconds": time.time() - run.started,
         "world_size": run.world,
         "ranks_in_sync": in_sync,
-        "first_reward": first.get("reward"),
+        "first_reward": run.progress.first_reward,
         "final_reward": last.get("reward"),
         "reference_model": run.reference is not None,
         "peak_memory_mb": peak_memory_mb(run.device),

@@ -451,7 +451,7 @@ def hacked(window: int, n: int = 30) -> tuple[HealthMonitor, list[str]]:
     for s in range(n):
         paid, right = min(1.0, 0.1 + 0.3 * max(0, s - 1)), max(0.0, 0.4 - 0.15 * s)
         r = {**healthy(s), "reward/len": paid, "reward/math": right, "reward": paid + right}
-        r.update(truncated_frac=0.9, reward=paid + right)
+        r["truncated_frac"] = 0.9
         out += [(s, w) for w in mon.observe(r)]
     return mon, out
 
