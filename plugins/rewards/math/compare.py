@@ -168,6 +168,24 @@ def _as_point(x):
     return Seq(tuple(e.rhs for e in items), "(", ")")
 
 
+def _as_points(x):
+    """``p = 5, q = 2; p = 7, q = 2`` (or ``... or p = 7, q = 2``: the same distinct names, in
+    the same order, again and again) as the list of points ``(5, 2), (7, 2)``; anything else
+    unchanged."""
+    if not (isinstance(x, Seq) and x.open == "" and 4 <= len(x.items) <= 32):
+        return x
+    if not all(isinstance(e, Equation) and isinstance(e.lhs, sp.Symbol) for e in x.items):
+        return x
+    names = [str(e.lhs) for e in x.items]
+    k = len(set(names))
+    if k < 2 or len(names) % k or len(set(names[:k])) != k:
+        return x
+    if any(names[i : i + k] != names[:k] for i in range(k, len(names), k)):
+        return x
+    chunks = (Seq(x.items[i : i + k], "", "") for i in range(0, len(names), k))
+    return Seq(tuple(_as_point(c) for c in chunks), "", "")
+
+
 def same(p, g, tol: float = 0.0) -> bool:
     """Structural comparison of parsed answers, numbers and expressions by value.
 
@@ -193,6 +211,7 @@ def same(p, g, tol: float = 0.0) -> bool:
 
 def _sequences(p, g, tol: float) -> bool:
     """At least one side is a :class:`Seq` (a list, set, tuple, interval or ratio)."""
+    p, g = _as_points(p), _as_points(g)
     if isinstance(p, Seq) and p.open == "" and p.joiner != "and" and not isinstance(g, Seq):
         # "15\frac{39}{40}, or \frac{639}{40}": one value written twice is that value; a
         # hedge ("5 or 6") is not, since not every item equals the gold

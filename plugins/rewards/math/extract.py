@@ -81,7 +81,7 @@ _A_COLON_RE = re.compile(r"(?:^|\n)[ \t]*A[ \t]*[:：][ \t]*([^\n]+)")
 _BOLD_RE = re.compile(r"\*\*([^*\n]{1,200})\*\*")
 _SPAN_RE = re.compile(r"\s*(\$\$|\$|\\\(|\\\[)")
 _CLOSERS = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
-_JOIN_RE = re.compile(r"\s*(?:,\s*(?:and|or)\b|,|and\b|or\b)\s*", re.IGNORECASE)
+_JOIN_RE = re.compile(r"\s*(?:[,;]\s*(?:and|or)\b|[,;]|and\b|or\b)\s*", re.IGNORECASE)
 _STRICT_LEAD = re.compile(r"(?:\bis|\bare|\bbe|\bequals|=|:)\s*$", re.IGNORECASE)
 #: what may stand between boxes that make one answer: math delimiters, spacing, commas,
 #: "and"/"or" (also as ``\\quad\\text{and}\\quad``), and a name before the next box (``b =``)
@@ -285,10 +285,16 @@ def _cut_prose(s: str, sentence: bool = False) -> str:
     return s
 
 
+_QUOTED = re.compile(r'(?:\\?"|“)([^"“”\n]{1,200}?)\\?(?:"|”)')  # "...", \"...\", “...”
+
+
 def _clean_tail(s: str, sentence: bool = False) -> str:
     """The answer at the start of ``s``: math spans, or the math at the start of its sentence
     (``sentence``: ``s`` may be a whole sentence that states the answer, see _cut_prose)."""
     s = s.strip()[:MAX_TAIL]
+    quoted = _QUOTED.match(s)
+    if quoted:  # The final answer is "$12$ and $13$".
+        s = quoted.group(1)
     spans = _spans(s)
     if spans:
         s = ", ".join(boxed_answer(x) or x for x in spans)
@@ -570,7 +576,9 @@ def _span_start(tail: str, k: int) -> int:
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 #: words of a sentence that estimates instead of stating: never the answer
 _ESTIMATE = re.compile(
-    r"\b(?:estimat\w*|approximately|roughly|about|around|nearly|almost)\b", re.IGNORECASE
+    r"(?<!\\)\b(?:estimat\w*|approx\w*|roughly|about|around|nearly|almost|close\s+to|"
+    r"more\s+or\s+less|give\s+or\s+take|ballpark)\b",  # words; not \approx in math
+    re.IGNORECASE,
 )
 #: words of a sentence that comments on an answer already stated: a check; a restated given
 #: or a comparison, unless the sentence computes ("As a check, she started with 20.", "Note

@@ -201,14 +201,29 @@ def to_spans(node, var=None) -> tuple[Span, ...]:
 
 def _inequality_spans(node: Inequality) -> tuple[Span, ...]:
     """A chain ``a op b op c`` in one variable: the intersection of its links' solutions."""
-    syms = set().union(*(getattr(s, "free_symbols", set()) for s in node.sides))
-    if len(syms) != 1 or not all(isinstance(s, sp.Basic) for s in node.sides):
+    if not all(isinstance(s, sp.Basic) for s in node.sides):
+        raise NotASet("not an inequality in one variable")
+    node = _range_of(node)
+    syms = set().union(*(s.free_symbols for s in node.sides))
+    if len(syms) != 1:
         raise NotASet("not an inequality in one variable")
     (v,) = syms
     out = _whole()
     for a, op, b in zip(node.sides, node.ops, node.sides[1:]):
         out = _intersect(out, _solve(a, op, b, v))
     return out
+
+
+def _range_of(node: Inequality) -> Inequality:
+    """``0 < f(x) < 1`` (a function's value between two constants; the parser reads ``f(x)``
+    as the product ``f*x``) bounds that value: the chain on one fresh variable, so it
+    reads as the interval ``(0, 1)``. Anything else unchanged."""
+    lo, mid, hi = node.sides if len(node.sides) == 3 else (None, None, None)
+    if mid is None or not (_const(lo) and _const(hi)):
+        return node
+    if not (isinstance(mid, sp.Mul) and all(isinstance(a, sp.Symbol) for a in mid.args)):
+        return node  # x + y, 2x: not a function's value
+    return Inequality((lo, sp.Dummy("t"), hi), node.ops)
 
 
 def _seq_spans(node: Seq, var) -> tuple[Span, ...]:
