@@ -129,6 +129,14 @@ class Reward(Component):
         that the data has them, before a model loads)."""
         return ()
 
+    @classmethod
+    def example_row(cls, options: dict) -> dict:
+        """Realistic values (column -> one row's value) that ``grpo plugins check`` gives each
+        sample completion in place of its made-up column value (the sample's answer, ``"5"``),
+        for a reward whose columns that is not valid data for (``code``'s test cases). Empty
+        by default: every declared column gets the made-up value."""
+        return {}
+
     def __call__(
         self, prompts: list, completions: list[str], **columns: list
     ) -> list[float] | Scores:

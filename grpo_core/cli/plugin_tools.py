@@ -39,6 +39,18 @@ def _declared(reward, options: dict) -> tuple[str, ...]:
     return tuple(type(reward).columns_for(options)) if isinstance(reward, Reward) else ()
 
 
+def _reward_columns(reward, options: dict, made_up: list) -> dict[str, list]:
+    """The sample batch's dataset columns: ``answer`` and each declared column set to the
+    made-up answers, then the reward's own ``example_row`` values (a realistic row, repeated
+    per completion) where it gives one."""
+    row = type(reward).example_row(options) if isinstance(reward, Reward) else {}
+    return {
+        "answer": made_up,
+        **{c: made_up for c in _declared(reward, options)},
+        **{c: [value] * len(made_up) for c, value in row.items()},
+    }
+
+
 def _sample_call(kind: str, plugin, options: dict):
     """One call on a sample batch of the plugin's kind; returns a comparable result."""
     import torch
@@ -48,8 +60,7 @@ def _sample_call(kind: str, plugin, options: dict):
         completions = ["The answer is \\boxed{5}.", "blue", "<think>x</think>", "5"]
         answers = ["5", "blue", "5", "5"]
         columns = {
-            "answer": answers,
-            **{c: answers for c in _declared(plugin, options)},
+            **_reward_columns(plugin, options, answers),
             "completion_tokens": [8, 1, 5, 1],
             "group_ids": [0, 0, 1, 1],
         }
@@ -190,7 +201,7 @@ def check(kind: str, name: str, options: dict | None = None) -> int:
     ):
         return _report(kind, name, results)
     _check_schema(info.schema, record)
-    built, plugin = _check_builds(kind, name, options, record)
+    built, plugin = _check_builds(kind, name, options, record, info.schema.get("required", []))
     if not built or kind in ("generator", "critic"):  # they need a model: the contract is
         return _report(kind, name, results)  # all that is checked
     if kind == "logger":
@@ -222,20 +233,28 @@ def _check_schema(schema: dict, record: Record) -> None:
 
 
 def _check_builds(
-    kind: str, name: str, options: dict | None, record: Record
+    kind: str, name: str, options: dict | None, record: Record, required: list
 ) -> tuple[bool, object]:
     """Builds the plugin with ``options`` and records whether that worked; returns (built,
-    the plugin). A failure is reported, not raised: the report is the point."""
+    the plugin). A failure is reported, not raised: the report is the point. A plugin with
+    required options (a judge's endpoint) cannot be checked without them: the line says how
+    to give them."""
     import grpo_core
 
     try:
         plugin = grpo_core.create(kind, name, options)
         record("builds with default options and derives from its kind's base class", True)
     except Exception as exc:  # the report, not a traceback, is the point here
+        missing = [o for o in required if o not in (options or {})]
+        hint = (
+            f"; it needs {', '.join(missing)}: grpo plugins check {kind} {name} --options JSON"
+            if missing
+            else ""
+        )
         record(
             "builds with default options and derives from its kind's base class",
             False,
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {exc}{hint}",
         )
         return False, None
     return True, plugin
@@ -349,7 +368,7 @@ def _check_reward_edges(plugin, options: dict, record: Record) -> None:
     number each."""
     for label, text in (("empty completion", ""), ("very long completion", "x " * 100_000)):
         try:
-            columns = {"answer": ["1"], **{c: ["1"] for c in _declared(plugin, options)}}
+            columns = _reward_columns(plugin, options, ["1"])
             out = list(
                 plugin(["p"], [text], **columns, completion_tokens=[len(text)], group_ids=[0])
             )

@@ -144,6 +144,17 @@ class CodeReward(Reward):
             return (options["input_column"], options["output_column"])
         return (options.get("tests_column", "tests"),)
 
+    @classmethod
+    def example_row(cls, options: dict) -> dict:
+        """One problem's tests in the form ``options`` read (for ``grpo plugins check``):
+        add two numbers read from stdin, or the same as an assert test."""
+        if options.get("input_column"):
+            return {options["input_column"]: "2 3\n", options["output_column"]: "5\n"}
+        column = options.get("tests_column", "tests")
+        if options.get("mode", "stdio") == "assert":
+            return {column: ["assert add(2, 3) == 5"]}
+        return {column: [{"input": "2 3\n", "output": "5\n"}]}
+
     def __call__(self, prompts, completions, **columns) -> Scores:
         cases = [self._cases(columns, i) for i in range(len(completions))]
         programs = [extract_program(c, self.extract) for c in completions]

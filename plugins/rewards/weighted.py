@@ -100,11 +100,12 @@ class WeightedReward(Reward):
             d = dims[p["dim"]]
             if self.normalize == "group" and groups is not None:
                 d = _group_normalise(d, torch.tensor(groups))
-            gate = torch.ones_like(d)
+            gate = torch.ones_like(d, dtype=torch.bool)
             for r in p["requires"]:
                 threshold = next(q["threshold"] for q in self.parts if q["dim"] == r)
-                gate = gate * (dims[r] >= threshold)  # a missing dimension closes the gate
-            total += torch.nan_to_num(p["weight"] * gate * d, nan=0.0)
+                gate &= dims[r] >= threshold  # a missing dimension closes the gate
+            # a closed gate: the component does not count there, whatever it scored (NaN too)
+            total += torch.where(gate, torch.nan_to_num(p["weight"] * d, nan=0.0), 0.0)
             scored |= ~d.isnan()
         extras, more = {}, {}
         for out in results.values():
@@ -132,16 +133,6 @@ def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -
         x = d[m]
         if x.numel() == 0:
             continue
-        sd = x.std(unbiased=False) if x.numel() > 1 else torch.tensor(0.0, dtype=d.dtype)
-        out[m] = (x - x.mean()) / (sd + eps)
-    return out
-
-
-def _group_normalise(d: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    out = torch.zeros_like(d)
-    for g in groups.unique():
-        m = groups == g
-        x = d[m]
         sd = x.std(unbiased=False) if x.numel() > 1 else torch.tensor(0.0, dtype=d.dtype)
         out[m] = (x - x.mean()) / (sd + eps)
     return out

@@ -18,14 +18,18 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import pytest
 from grpo_core_plugins.rewards import sandbox
-from grpo_core_plugins.rewards.code import extract_program, last_block, same_output
+from grpo_core_plugins.rewards.code import CodeReward, extract_program, last_block, same_output
 from helpers import ROOT, make_config, run_grpo
 
 import grpo_core
 from grpo_core import config
+from grpo_core.cli import plugin_tools
+from grpo_core.hookspecs import Reward, hookimpl
+from grpo_core.registry import registry
 
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 ADD_TESTS = [{"input": "1 2\n", "output": "3\n"}, {"input": "-4 4\n", "output": "0\n"}]
@@ -403,3 +407,54 @@ def test_the_example_config_validates_and_its_problems_are_solvable():
     assert list(out) == [1.1] * len(rows), out.extras
     wrong = reward(prompts, [code("print(0)")] * len(rows), tests=[r["tests"] for r in rows])
     assert list(wrong) == [0.1] * len(rows)  # the format part only
+
+
+# -- `grpo plugins check reward code`: the reward's example row (hookspecs.Reward.example_row)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [None, {"mode": "assert"}, {"input_column": "stdin", "output_column": "stdout"}],
+    ids=["stdio", "assert", "two-columns"],
+)
+def test_plugins_check_passes_with_the_example_row(options, capsys):
+    assert plugin_tools.check("reward", "code", options) == 0, capsys.readouterr().out
+    assert "0 failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["stdio", "assert"])
+def test_the_example_row_holds_tests_the_reward_reads_and_a_solution_passes(mode):
+    row = CodeReward.example_row({"mode": mode, "tests_column": "tests"})
+    program = ADD if mode == "stdio" else code("def add(a, b):\n    return a + b")
+    reward = grpo_core.create("reward", "code", {"mode": mode, "timeout": 2, "wall_timeout": 300})
+    scores = reward(["p"], [program], **{c: [v] for c, v in row.items()})
+    assert list(scores) == [1.0], scores.extras
+
+
+class NoExampleRow(CodeReward):
+    """``code`` as a plugin without the hook: the check's made-up column is no test data."""
+
+    example_row = Reward.example_row
+
+
+class UnreadableExampleRow(CodeReward):
+    @classmethod
+    def example_row(cls, options):
+        return {"tests": 5}
+
+
+class DropsAScore(CodeReward):
+    """A reward with a valid example row that returns one score too few."""
+
+    def __call__(self, prompts, completions, **columns):
+        return list(super().__call__(prompts, completions, **columns))[1:]
+
+
+@pytest.mark.parametrize("broken", [NoExampleRow, UnreadableExampleRow, DropsAScore])
+def test_plugins_check_still_fails_a_broken_reward(broken, capsys):
+    name = f"code_{broken.__name__.lower()}"
+    module = types.ModuleType(f"{name}_for_tests")
+    module.reward = hookimpl(lambda register: register(name, broken), specname="reward")
+    registry().add(module, f"test-{name}")
+    assert plugin_tools.check("reward", name) != 0
+    assert "FAIL  sample call returns the right shape and types" in capsys.readouterr().out

@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+import torch
 from grpo_core_plugins.rewards.judge import render
 from helpers import ROOT, RecordingServer, gsm8k_or_stand_in, make_config, run_grpo
 
@@ -444,3 +445,59 @@ def test_the_example_config_validates(tmp_path, monkeypatch):
     assert "${env:JUDGE_API_KEY}" in shown.stdout and KEY not in shown.stdout + shown.stderr
     unset = run_grpo("validate", example, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
     assert unset.returncode != 0 and "JUDGE_API_KEY is not set" in unset.stderr
+
+
+def test_plugins_check_needs_an_endpoint_and_passes_against_one(judges, capsys):
+    """Without ``--options`` the check cannot build a judge and says which options it needs;
+    with a (local) endpoint every check passes. The judge reads no column the check's
+    made-up value cannot stand for, so it gives no example row."""
+    from grpo_core.cli import plugin_tools
+
+    assert plugin_tools.check("reward", "judge") != 0
+    assert "it needs base_url, model: grpo plugins check reward judge --options JSON" in (
+        capsys.readouterr().out
+    )
+    server = judges()
+    options = {"base_url": server.base, "model": "m", "template": "{completion}", "system": None}
+    assert plugin_tools.check("reward", "judge", options) == 0, capsys.readouterr().out
+    assert "0 failed" in capsys.readouterr().out
+    assert server.bodies  # the sample calls reached the endpoint
+
+
+@pytest.mark.parametrize("normalize", ["none", "group"])
+def test_an_unparseable_grade_behind_a_closed_gate_does_not_count(judges, normalize):
+    """The judge refuses (no score: NaN) exactly the completions whose format gate is closed:
+    those do not count, so no total is NaN or missing, and (normalize: group) the open
+    completions are normalised among themselves, not poisoned by the refusals."""
+
+    def grade(judge, h, n, request):
+        text = request["messages"][-1]["content"]
+        h.reply(200, chat(f"Score: {text[3:]}" if text.startswith("ok") else "I cannot."))
+        return True
+
+    server = judges(grade)
+    judge = {"base_url": server.base, "model": "m", "template": "{completion}", "system": None}
+    reward = grpo_core.create(
+        "reward",
+        "weighted",
+        {
+            "normalize": normalize,
+            "components": [
+                {"name": "format", "options": {"tags": [], "patterns": ["^ok"]}, "weight": 0.0},
+                {"name": "judge", "options": judge, "requires": ["format"]},
+            ],
+        },
+    )
+    completions = ["ok 8", "ok 2", "no", "ok 6", "ok 4", "none"]
+    out = reward(["p"] * 6, completions, group_ids=[0, 0, 0, 1, 1, 1])
+    assert [math.isnan(v) for v in out.dimensions["judge"]] == [False, False, True] * 2
+    if normalize == "none":
+        assert list(out) == [0.8, 0.2, 0.0, 0.6, 0.4, 0.0]
+    else:  # two graded per group: (x - mean) / (std + 1e-6), +-0.3 / (0.3 + 1e-6), +-0.1 / ...
+        one = 0.3 / (0.3 + 1e-6)
+        assert out[0] == pytest.approx(one, rel=1e-9) and out[1] == pytest.approx(-one, rel=1e-9)
+        one = 0.1 / (0.1 + 1e-6)
+        assert out[3] == pytest.approx(one, rel=1e-9) and out[4] == pytest.approx(-one, rel=1e-9)
+        assert out[2] == 0.0 and out[5] == 0.0
+    scored = score(reward, "weighted", ["p"] * 6, completions, {}, torch.tensor([0] * 3 + [1] * 3))
+    assert scored.problem is None and not scored.rewards.isnan().any()
