@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from grpo_core_plugins.rewards.math.normalise import _VULGAR, separators
-from grpo_core_plugins.rewards.math.units import unit_name, unit_word
+from grpo_core_plugins.rewards.math.units import MATH_NAMES, unit_name, unit_word
 
 MAX_TAIL = 1_000  # characters read after an answer marker, or at the end of an unmarked text
 
@@ -19,36 +19,8 @@ DIGITS = frozenset("0123456789") | frozenset(_VULGAR)
 #: characters a plain-text expression is written with (the last-number fallback's reach)
 _EXPR_CHARS = DIGITS | frozenset(" \t+-−*/^().%=√π·×÷")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z0-9])[A-Za-z]{2,}")  # not 12abc
-_MATH_WORDS = frozenset(
-    {
-        "and",
-        "or",
-        "sqrt",
-        "pi",
-        "infty",
-        "infinity",
-        "inf",
-        "sin",
-        "cos",
-        "tan",
-        "cot",
-        "sec",
-        "csc",
-        "log",
-        "ln",
-        "exp",
-        "arcsin",
-        "arccos",
-        "arctan",
-        "pm",
-        "mp",
-        "cdot",
-        "times",
-        "frac",
-        "dfrac",
-        "tfrac",
-    }
-)
+#: words that are math, not prose: the names a unit reader also skips, and LaTeX's
+_MATH_WORDS = MATH_NAMES | {"arcsin", "arccos", "arctan", "pm", "mp", "frac", "dfrac", "tfrac"}
 
 
 def depth_zero_words(s: str):

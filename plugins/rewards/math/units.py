@@ -88,24 +88,31 @@ _PROSE_TOO = {"in", "am"}  # units that are also common words ("12 in total")
 _SQUARE = {"square", "sq", "sq."}
 _CUBIC = {"cubic", "cu", "cu."}
 _POWER_WORDS = {"squared": 2, "cubed": 3}
+#: names of mathematics that are no unit and no prose word ("3 pi", "2 sqrt 3", "5 times")
+MATH_NAMES = frozenset(
+    {
+        "and",
+        "or",
+        "pi",
+        "sqrt",
+        "sin",
+        "cos",
+        "tan",
+        "cot",
+        "sec",
+        "csc",
+        "log",
+        "ln",
+        "exp",
+        "infty",
+        "infinity",
+        "inf",
+        "times",
+        "cdot",
+    }
+)
 #: words after a number that are math, not a unit
-_NOT_UNITS = {
-    "and",
-    "or",
-    "pi",
-    "sqrt",
-    "sin",
-    "cos",
-    "tan",
-    "cot",
-    "sec",
-    "csc",
-    "log",
-    "ln",
-    "exp",
-    "infty",
-    "infinity",
-    "inf",
+_NOT_UNITS = MATH_NAMES | {
     "i",
     "e",
     "x",
@@ -114,8 +121,6 @@ _NOT_UNITS = {
     "n",
     "k",
     "t",
-    "times",
-    "cdot",
     "div",
     "to",
     "of",
