@@ -5,7 +5,7 @@ its options are checked against that plugin's own schema, and the walk continues
 schema, so composite plugins (a weighted reward of rewards) are checked all the way down.
 Keys that moved between sections (``MOVED`` below) are read at their old place too, with a
 one-line notice naming the new place. ``${env:NAME}`` in a string is replaced by the
-environment variable's value here, at load (see ``configfile.resolve_env``).
+environment variable's value here, at load (see ``grpo_core.config.file.resolve_env``).
 
 :func:`validate` returns the effective config as a dict (what a run writes to disk, with
 ``${env:NAME}`` put back); code past ``config/`` reads it only through the typed view,
