@@ -26,7 +26,7 @@ from grpo_core.config.view import Config, DataSection, EnvironmentSection
 from grpo_core.data.prompts import EPISODE_COLUMNS, Batch
 from grpo_core.engine import dist
 from grpo_core.env.observations import EnvironmentFailure, Renderer, first_messages
-from grpo_core.hookspecs import Baseline, Environment, Generator, Observation, Turn
+from grpo_core.hookspecs import Environment, Generator, Observation, Turn
 from grpo_core.reward.call import call_bounded
 from grpo_core.rollout import Rollout, SamplingParams, pad_left
 
@@ -262,16 +262,5 @@ def problems(config: Config) -> list[str]:
         found.append(
             f"generator.name: {config.generator.name!r} cannot sample "
             f"multi-turn episodes; use hf or vllm"
-        )
-    base = registry().get("baseline", config.baseline.name).factory
-    if isinstance(base, type) and issubclass(base, Baseline) and base.needs_greedy:
-        found.append(
-            f"baseline.name: {config.baseline.name!r} needs greedy completions, "
-            f"not yet drawn for environment episodes"
-        )
-    if config.groups.resample_zero_std_max:
-        found.append(
-            "groups.resample_zero_std_max: resampling flat groups is not yet "
-            "supported with an environment; set it to 0"
         )
     return found

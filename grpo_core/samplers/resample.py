@@ -31,12 +31,18 @@ class Resample(Inline):
     def refusals(
         cls, config: Config, world: int, how: str = "none", lora: bool = False
     ) -> list[str]:
+        found = []
         if config.groups.dynamic_sampling:
-            return [
+            found.append(
                 "groups.resample_zero_std_max: not with groups.dynamic_sampling, which "
                 "replaces flat groups with new prompts instead; set one of them"
-            ]
-        return []
+            )
+        if config.environment:
+            found.append(
+                "groups.resample_zero_std_max: resampling flat groups is not yet "
+                "supported with an environment; set it to 0"
+            )
+        return found
 
     def refine(self, run: Run, step: int, sampled: Sampled, scored: Scored) -> Scored:
         # the weights are gathered by every rank together: all enter when any has a flat group

@@ -64,12 +64,15 @@ class GreedyBaseline(GroupBaseline):
     def refusals(
         cls, config: Config, world: int, how: str = "none", lora: bool = False
     ) -> list[str]:
+        name, found = f"baseline.name: {config.baseline.name}", []
         if config.generation_process:
-            return [
-                f"baseline.name: {config.baseline.name} (greedy completions) is not "
-                f"supported with asynchronous generation (sampling.generation: process)"
-            ]
-        return []
+            found.append(
+                f"{name} (greedy completions) is not supported with asynchronous "
+                f"generation (sampling.generation: process)"
+            )
+        if config.environment:
+            found.append(f"{name} needs greedy completions, not yet drawn for environment episodes")
+        return found
 
     def greedy(self, run: Run, batch: Batch) -> Rollout | None:
         return run.generator.generate(batch.prompt_ids, 1, replace(run.sampling, greedy=True)).to(
