@@ -127,7 +127,7 @@ def objective_loss(
     stats are detached sums for logging: each term's share of the loss (``loss/policy``,
     ``loss/kl``, ``loss/entropy``; they add up to the loss, and over micro-batches to the
     step's), the token sums of KL (only with a reference: no KL is not a KL of 0) and entropy,
-    the token count and the objective's counts.
+    the token count and the objective's counts (``count/<name>``, apart from the names above).
     """
     mask = mask.to(term.loss.dtype)
     policy_pt = term.loss if is_weights is None else term.loss * is_weights
@@ -150,5 +150,5 @@ def objective_loss(
             stats["kl"] = float((kl * mask).sum())
         stats["entropy"] = float((entropy * mask).sum()) if entropy is not None else 0.0
         stats["tokens"] = float(mask.sum())
-        stats.update({k: float((v * mask).sum()) for k, v in term.counts.items()})
+        stats.update({f"count/{k}": float((v * mask).sum()) for k, v in term.counts.items()})
     return loss, stats

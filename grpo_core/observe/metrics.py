@@ -277,9 +277,10 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     terms = {k: v for k, v in s.items() if k.startswith("loss/")}
     out = {"kl": s["kl"] / tokens} if "kl" in s else {}
     out.update({"entropy": s["entropy"] / tokens, "loss": sum(terms.values()), **terms})
-    out.update({f"{k}_frac": v / tokens for k, v in s.items() if k.startswith("clip_")})
-    if "clip_low" in s and "clip_high" in s:  # TRL's region: either bound (never both)
-        out["clip_region_frac"] = (s["clip_low"] + s["clip_high"]) / tokens
+    counts = {k.removeprefix("count/"): v for k, v in s.items() if k.startswith("count/")}
+    out.update({f"{k}_frac": v / tokens for k, v in counts.items()})  # the objective's counts
+    if "clip_low" in counts and "clip_high" in counts:  # TRL's region: either bound, not both
+        out["clip_region_frac"] = (counts["clip_low"] + counts["clip_high"]) / tokens
     out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
     if "positions" in s:  # the policy pass's decoder positions that were padding
         out["padding_frac"] = s["padding"] / max(s["positions"], 1.0)

@@ -301,8 +301,8 @@ def test_update_metrics_average_every_inner_iteration():
         "entropy": 20.0,
         "loss/policy": -0.1,
         "loss/kl": 0.0,
-        "clip_low": 0.0,
-        "clip_high": 0.0,
+        "count/clip_low": 0.0,
+        "count/clip_high": 0.0,
     }
     second = {
         "tokens": 10.0,
@@ -310,8 +310,8 @@ def test_update_metrics_average_every_inner_iteration():
         "entropy": 16.0,
         "loss/policy": -0.3,
         "loss/kl": 0.02,
-        "clip_low": 1.0,
-        "clip_high": 3.0,
+        "count/clip_low": 1.0,
+        "count/clip_high": 3.0,
     }
     m = update_metrics([first, second])
     assert m["clip_high_frac"] == 0.15 and m["clip_high_frac_last"] == 0.3  # (0 + 0.3) / 2

@@ -114,7 +114,26 @@ def test_clip_fractions_count_binding_clips():
     # ratio e^0.5 > 1.2 with A > 0 clips high; ratio e^-0.5 < 0.8 with A < 0 clips low
     logp = torch.tensor([[0.5], [-0.5], [0.5]])
     _, s = policy_loss(logp, torch.zeros(3, 1), torch.tensor([1.0, -1.0, -1.0]), torch.ones(3, 1))
-    assert s["clip_high"] == 1 and s["clip_low"] == 1
+    assert s["count/clip_high"] == 1 and s["count/clip_low"] == 1
+
+
+def test_an_objectives_own_counts_are_logged_whatever_their_names():
+    """A third-party objective's counts reach the metrics as ``<name>_frac``, also when a
+    count shares a name with a statistic of the loss (``kl``, ``tokens``), which it must
+    not overwrite."""
+    from grpo_core.hookspecs import PolicyTerm
+    from grpo_core.observe.metrics import update_metrics
+
+    mask = torch.ones(2, 2)
+    counts = {"masked": torch.tensor([[1.0, 0.0], [1.0, 1.0]]), "kl": torch.ones(2, 2)}
+    term = PolicyTerm(torch.zeros(2, 2, requires_grad=True), counts)
+    logp = torch.zeros(2, 2)
+    _, stats = objective_loss(
+        term, mask, "token_mean", Normaliser.of(mask, 2), logp=logp, ref_logp=logp, kl_coef=0.1
+    )
+    assert stats["tokens"] == 4 and stats["kl"] == 0  # the reference's KL, not the count
+    m = update_metrics([stats])
+    assert m["masked_frac"] == 0.75 and m["kl_frac"] == 1.0 and m["kl"] == 0.0
 
 
 def test_separate_clip_ranges():
