@@ -313,8 +313,8 @@ class HFGenerator(Generator):
         P = len(prompt_ids)
         pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, self.pad))
         rows = torch.arange(P * n, device=self.device)
-        cap = sampling.batch_size or P * n
-        parts = [
+        cap = P * n if self.static is not None else sampling.batch_size or P * n
+        parts = [  # static decoding batches continuously: every row in one call
             self._decode(pids, pmask, rows[s : s + cap], n, sampling, seed, row_offset)
             for s in range(0, P * n, cap)
         ]
