@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from helpers import ROOT, make_config, run_grpo
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpo_core import config
 from grpo_core.cli import gpu_verdict
@@ -298,6 +299,76 @@ def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
         assert gpu_probes.distributed(str(tmp_path), "fsdp")["skipped"].startswith(
             "needs 2 or more GPUs, 0 visible"
         )
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts casts of float32 leaf tensors that require grad (the trained weights) to bf16:
+    what autocast does to a weight a forward multiplies, unless its cache holds the cast."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if (
+            func is torch.ops.aten._to_copy.default
+            and kwargs.get("dtype") == torch.bfloat16
+            and x.dtype == torch.float32
+            and x.requires_grad
+            and x.is_leaf
+        ):
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def _casts_per_micro_batch(tiny_model, addition_data, out, monkeypatch) -> tuple[list, dict]:
+    """Weight casts in each micro-batch's policy pass of one step (4 micro-batches, one
+    update) of a CPU run under bf16 autocast (the numerics a GPU run has: float32 master
+    weights, bf16 autocast; the CPU's autocast caches casts the same way), and the step's
+    metrics record."""
+    from grpo_core import phases
+    from grpo_core import run as run_module
+    from grpo_core.trainer import train
+
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    monkeypatch.setattr(run_module, "numerics", lambda device, dtype: bf16)
+    counts = []
+    real = getattr(phases.completion_logprobs, "__wrapped__", phases.completion_logprobs)
+
+    def counted(*a, **kw):
+        with _WeightCasts() as casts:
+            found = real(*a, **kw)
+        counts.append(casts.count)
+        return found
+
+    counted.__wrapped__ = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(phases, "completion_logprobs", counted)
+    train_section = {"steps": 1, "prompts_per_step": 4, "micro_batch_groups": 1}
+    train(config.validate(make_config(tiny_model, addition_data, str(out), train=train_section)))
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        return counts, json.loads(f.readline())
+
+
+def test_weights_are_cast_once_per_update_not_per_micro_batch(
+    tiny_model, addition_data, tmp_path, monkeypatch
+):
+    """One update of 4 micro-batches casts the trained weights to bf16 in the first
+    micro-batch only (grpo_core/model/casts.py keeps autocast's cache over the update);
+    with a region per micro-batch alone (the code before it) every micro-batch cast them
+    all again. The update is the same: the same loss and gradient norm."""
+    from contextlib import nullcontext
+
+    from grpo_core import phases
+
+    kept, a = _casts_per_micro_batch(tiny_model, addition_data, tmp_path / "kept", monkeypatch)
+    monkeypatch.setattr(phases, "casts_kept", lambda autocast, sharded: nullcontext())
+    each, b = _casts_per_micro_batch(tiny_model, addition_data, tmp_path / "each", monkeypatch)
+    assert len(kept) == len(each) == 4
+    assert kept[0] >= 8 and kept[1:] == [0, 0, 0], kept  # 2 layers of 7 projections, the head
+    assert each == [kept[0]] * 4, each
+    assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"])
 
 
 @pytest.mark.gpu
