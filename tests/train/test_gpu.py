@@ -165,6 +165,46 @@ def test_the_decode_bound_matches_hand_figures():
     assert tokens_per_second_bound(smol, 128, 0, ceil) == pytest.approx(128 / 1.08e-3)
 
 
+def test_the_roofline_judges_each_phase_against_the_ceilings():
+    """bench/roofline.py's GPU mode (gpu_bound.phase_bounds), against hand figures at 4 TB/s,
+    800 TFLOP/s and 2.5 us a graph kernel. Generation of 8 TFLOP reading 20 GB over 128 steps
+    of 30 layers: memory 5 ms, compute 10 ms, launches 128 x 30 x 12 x 2.5 us = 115.2 ms, the
+    bound; taking 460.8 ms it reaches 0.25 of it. Reference 4 TFLOP: 5 ms, in 100 ms 0.05;
+    training 24 TFLOP: 30 ms, in 60 ms 0.5. With 800 GB to read, memory (200 ms) bounds."""
+    from grpo_core.cli.gpu_bound import phase_bounds
+
+    ceil = {"bandwidth_gbs": 4000.0, "bf16_tflops": 800.0, "graph_kernel_us": 2.5}
+    work = {"generate": 8e12, "decode_bytes": 2e10, "reference": 4e12, "train": 2.4e13}
+    seconds = {"generate": 0.4608, "reference": 0.1, "train": 0.06}
+    j = phase_bounds(work, seconds, ceil, decode_steps=128, layers=30)
+    assert j["generate"]["by"] == "launch" and j["generate"]["bound_s"] == pytest.approx(0.1152)
+    assert j["generate"]["fraction"] == pytest.approx(0.25)
+    assert j["reference"]["by"] == "compute" and j["reference"]["bound_s"] == pytest.approx(0.005)
+    assert j["reference"]["fraction"] == pytest.approx(0.05)
+    assert j["train"]["bound_s"] == pytest.approx(0.03)
+    assert j["train"]["fraction"] == pytest.approx(0.5)
+    heavy = phase_bounds({**work, "decode_bytes": 8e11}, seconds, ceil, 128, 30)["generate"]
+    assert heavy["by"] == "memory" and heavy["bound_s"] == pytest.approx(0.2)
+    assert heavy["fraction"] == pytest.approx(0.2 / 0.4608)
+
+
+def test_the_roofline_s_gpu_mode_refuses_without_cuda():
+    """``bench/roofline.py --device cuda`` on a machine without a GPU: one line, exit 3."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal does not apply")
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "roofline.py"), "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,  # only a hang takes this long: the refusal comes before any work
+    )
+    assert p.returncode == 3 and p.stdout == "", p.stdout
+    assert p.stderr.strip().splitlines() == [
+        "bench/roofline.py: --device cuda needs a CUDA device; none is visible to torch"
+    ]
+
+
 def test_gpu_step_refuses_without_cuda_and_reports_figures(tmp_path):
     """bench/gpu_step.py without a GPU: one line, exit 3 (``--device cpu`` is the smoke run);
     its digest of a side's calls: medians after the warm-up steps."""
