@@ -529,8 +529,9 @@ def generator(register):
                     "default": "auto",
                     "description": "static: fixed-shape decode steps compiled once per batch "
                     "bucket (CUDA graphs and a bf16 inference copy on CUDA; Llama-family "
-                    "models); eager: the model's own forward (or cascade decoding) step by "
-                    "step; auto: static on CUDA where it applies, else eager",
+                    "models), rows that end replaced by waiting ones (continuous batching); "
+                    "eager: the model's own forward (or cascade decoding) step by step; auto: "
+                    "static on CUDA where it applies, else eager",
                 },
                 "compile_backend": {
                     "type": "string",
