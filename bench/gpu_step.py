@@ -51,7 +51,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--decode", default="auto", choices=("auto", "eager", "static"))
     ap.add_argument("--skip-trl", action="store_true", help="time grpo-core alone")
     ap.add_argument("--timeout", type=int, default=240, help="seconds a side may take")
-    ap.add_argument("--json", default="gpu_step.json", help="where the figures are written")
+    ap.add_argument(
+        "--json",
+        default=os.path.join(os.environ.get("OUT", ""), "gpu_step.json"),
+        help="where the figures are written (default: gpu_step.json in $OUT when set, the "
+        "folder the GPU kit's runner brings back, else here)",
+    )
     ap.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)  # a child
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -3,7 +3,7 @@ work from the model's shape and the step's token counts (grpo_core.observe.flops
 share of the limit each phase reaches.
 
     python bench/roofline.py [--case tiny,gsm8k,smollm2] [--steps 3] [--packing off|on|auto]
-                             [--profile] [--data ../shared/data]
+                             [--profile] [--data ../shared/data] [--device cpu|cuda]
 
 The machine: GEMM GFLOP/s at the model's own shapes (the training pass's tokens x hidden
 against hidden x hidden, hidden x MLP, MLP x hidden, and a 1,024-row LM-head chunk against
@@ -26,6 +26,13 @@ once serves 2R FLOPs, and past the machine's balance (GEMM GFLOP/s over GB/s) th
 not the reads, is the limit. The log-prob passes are judged against the GEMM peak at the
 model's shapes (achieved GFLOP/s / peak).
 
+``--device cuda`` (GPU mode): the run on the GPU (bf16 autocast, the static decode path) and
+each phase judged against the ceilings grpo_core/cli/gpu_bound.py measures on it (a 1 GiB
+copy, an 8192^3 bf16 product, a CUDA graph of tiny kernels): generation against the largest
+of its bf16 reads over the bandwidth, its FLOPs over the bf16 rate and its decode steps'
+graph launches; the reference and training passes against their FLOPs over the bf16 rate
+(``phase_bounds``). Without a CUDA device it refuses (exit 3).
+
 ``--profile``: where each phase's time goes, one more step under torch.profiler: operator
 self time in GEMMs, attention, softmax, the autograd engine and other operators, and the
 rest of the phase's wall time (Python and framework work between operators).
@@ -44,6 +51,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from step_vs_trl import CASES, ours_config, real_model, rows_for  # noqa: E402
+
+NO_GPU = "bench/roofline.py: --device cuda needs a CUDA device; none is visible to torch"
 
 
 def best_seconds(fn, tries: int = 10) -> float:
@@ -150,9 +159,10 @@ def run_case(
     steps: int,
     packing: str,
     rec: Recorder | None = None,
+    device: str = "cpu",
 ) -> list:
-    """The trainer on the case, one warm-up step then ``steps``; the measured steps' records
-    (times, rollout, run) as ``rec`` (a Recorder by default) keeps them."""
+    """The trainer on the case (on ``device``), one warm-up step then ``steps``; the measured
+    steps' records (times, rollout, run) as ``rec`` (a Recorder by default) keeps them."""
     from grpo_core import config, phases
     from grpo_core.tiny import write_jsonl
     from grpo_core.trainer import train
@@ -160,7 +170,9 @@ def run_case(
     out = tempfile.mkdtemp(prefix=f"roofline_{case}_")
     data = os.path.join(out, "data.jsonl")
     write_jsonl(data, rows)
-    cfg = config.validate(ours_config(model_dir, data, case, 1 + steps, out, packing))
+    cfg = ours_config(model_dir, data, case, 1 + steps, out, packing)
+    cfg["runtime"]["device"] = device
+    cfg = config.validate(cfg)
     rec = rec or Recorder()
     saved = rec.install(phases)
     try:
@@ -294,6 +306,32 @@ def report(case: str, shape, limits: dict, steps: list, packing: str) -> None:
     )
 
 
+def report_gpu(case: str, shape, ceil: dict, steps: list, packing: str) -> None:
+    """GPU mode: one table row per phase, its seconds against the bound at the GPU's
+    ceilings (bf16 weights and keys/values: two bytes each)."""
+    from dataclasses import replace
+
+    from grpo_core.cli.gpu_bound import phase_bounds
+
+    bf16 = replace(shape, bytes_per_param=2)
+    work = [step_work(bf16, s, packing) for s in steps]
+    total = {k: sum(w[k] for w in work) for k in ("generate", "reference", "train", "decode_bytes")}
+    secs = {p: sum(s[p] for s in steps) for p in ("generate", "reference", "train")}
+    decode_steps = sum(int(s["rollout"].completion_mask.sum(-1).max()) for s in steps)
+    judged = phase_bounds(total, secs, ceil, decode_steps, shape.layers)
+    print(
+        f"\n{case} on the GPU, packing {packing}; ceilings: {ceil['bandwidth_gbs']:.0f} GB/s, "
+        f"{ceil['bf16_tflops']:.0f} bf16 TFLOP/s, {ceil['graph_kernel_us']:.2f} us a graph kernel"
+    )
+    print("| phase | s | GFLOP | bound ms | bound by | of the bound |")
+    print("|---|---|---|---|---|---|")
+    for p, j in judged.items():
+        print(
+            f"| {p} | {secs[p]:.3f} | {total[p] / 1e9:.1f} | {j['bound_s'] * 1e3:.3f} "
+            f"| {j['by']} | {j['fraction']:.3f} |"
+        )
+
+
 def model_for(case: str, work: str) -> str:
     from grpo_core.tiny import build_model
 
@@ -330,7 +368,11 @@ def main() -> int:
     ap.add_argument(
         "--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
     )
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GPU mode")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(NO_GPU, file=sys.stderr)
+        return 3
     import transformers
     from transformers import AutoConfig
 
@@ -344,6 +386,15 @@ def main() -> int:
         shape = Shape.of(AutoConfig.from_pretrained(folder))
         _, _, P, G, new_tokens, length = CASES[case]
         tokens = P * (length if isinstance(length, int) else 32) + P * G * new_tokens
+        if args.device == "cuda":
+            from grpo_core.cli.gpu_bound import ceilings
+
+            ceil = ceilings()
+            steps = run_case(
+                case, folder, rows_for(case, args.data), args.steps, packing, None, "cuda"
+            )
+            report_gpu(case, shape, ceil, steps, packing)
+            continue
         limits = machine(shape, tokens, P * G)
         print(f"\n{case}: machine, measured at this model's shapes")
         print_limits(limits)

@@ -29,6 +29,7 @@ from grpo_core.loss.losses import (
     objective_loss,
     truncated_is_weights,
 )
+from grpo_core.model.casts import casts_kept
 from grpo_core.model.logprobs import completion_logprobs, decoder_counts, reference_logprobs
 from grpo_core.model.packing import padded_counts
 from grpo_core.observe.evaluate import evaluate_configured
@@ -250,7 +251,8 @@ def update(run: Run, step: int, scored: Scored, targets: Targets) -> Updated:
     for _ in range(config.train.inner_iterations):
         stats: dict[str, float] = {}
         for batches in minis:
-            total = _mini_batch(run, ro, targets, loss_mask, batches, stats, len(minis))
+            with casts_kept(run.autocast, run.engine.sharded or run.engine.head_module):
+                total = _mini_batch(run, ro, targets, loss_mask, batches, stats, len(minis))
             norm_now, applied = run.engine.step(math.isfinite(total))
             if applied:
                 grad_norm = norm_now

@@ -109,3 +109,31 @@ def ceilings(device: str = "cuda") -> dict:
         "bf16_tflops": _matrix_rate(device),
         "graph_kernel_us": _graph_kernel(device),
     }
+
+
+def phase_bounds(work: dict, seconds: dict, ceil: dict, decode_steps: int, layers: int) -> dict:
+    """Each phase of a step judged against this GPU's ceilings ``ceil`` (bench/roofline.py's
+    GPU mode): the least seconds its work could take, what sets that least, and the fraction
+    of it the measured ``seconds`` reach (bound / measured: 1.0 is at the limit).
+
+    ``work``: the phases' FLOPs (``generate``, ``reference``, ``train``) and ``decode_bytes``
+    (what a batched decode must read in bf16). Generation cannot beat the largest of its
+    reads over the bandwidth, its FLOPs over the bf16 matrix rate, and its ``decode_steps``
+    steps' kernel launches replayed as CUDA graphs (``layers`` x KERNELS_PER_LAYER each); the
+    log-prob passes (thousands of tokens a product) cannot beat their FLOPs over the rate."""
+    rate, bandwidth = ceil["bf16_tflops"] * 1e12, ceil["bandwidth_gbs"] * 1e9
+    limits = {
+        "generate": {
+            "memory": work["decode_bytes"] / bandwidth,
+            "compute": work["generate"] / rate,
+            "launch": decode_steps * layers * KERNELS_PER_LAYER * ceil["graph_kernel_us"] / 1e6,
+        },
+        "reference": {"compute": work["reference"] / rate},
+        "train": {"compute": work["train"] / rate},
+    }
+    out = {}
+    for phase, parts in limits.items():
+        by = max(parts, key=lambda k: parts[k])
+        bound, took = parts[by], seconds[phase]
+        out[phase] = {"bound_s": bound, "by": by, "fraction": bound / took if took > 0 else 0.0}
+    return out

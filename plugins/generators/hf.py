@@ -313,8 +313,8 @@ class HFGenerator(Generator):
         P = len(prompt_ids)
         pids, pmask = (t.to(self.device) for t in pad_left(prompt_ids, self.pad))
         rows = torch.arange(P * n, device=self.device)
-        cap = sampling.batch_size or P * n
-        parts = [
+        cap = P * n if self.static is not None else sampling.batch_size or P * n
+        parts = [  # static decoding batches continuously: every row in one call
             self._decode(pids, pmask, rows[s : s + cap], n, sampling, seed, row_offset)
             for s in range(0, P * n, cap)
         ]
@@ -529,8 +529,9 @@ def generator(register):
                     "default": "auto",
                     "description": "static: fixed-shape decode steps compiled once per batch "
                     "bucket (CUDA graphs and a bf16 inference copy on CUDA; Llama-family "
-                    "models); eager: the model's own forward (or cascade decoding) step by "
-                    "step; auto: static on CUDA where it applies, else eager",
+                    "models), rows that end replaced by waiting ones (continuous batching); "
+                    "eager: the model's own forward (or cascade decoding) step by step; auto: "
+                    "static on CUDA where it applies, else eager",
                 },
                 "compile_backend": {
                     "type": "string",

@@ -16,12 +16,15 @@ inference copy refreshed after each update (``refresh``), not autocast casting f
 on every call.
 
 The loop around it keeps the eager path's arithmetic: the same token choice (:func:`pick`,
-batch-invariant noise from grpo_core.sampling by (seed, row id, step)), so the same seed draws
-the same tokens as the eager path on the same logits. Inside it nothing waits for the device
-except one check every ``check_every`` steps (have all rows finished? stop strings, which need
-the host's tokenizer, are found there for the steps since the last check, and the completion
-is cut where the eager path would have cut it). Finished rows stay in the batch until every row
-has finished (the shape is fixed): their tokens are computed and dropped.
+batch-invariant noise from grpo_core.sampling keyed by (seed, row id, the row's own step)),
+so the same seed draws the same tokens as the eager path on the same logits, whichever slot
+a row runs in and whenever it starts. Inside it nothing waits for the device except one check
+every ``check_every`` steps: stop strings, which need the host's tokenizer, are found there
+for the steps since the last check (the completion is cut where the eager path would have
+cut it), and rows that have ended hand their slots to waiting rows (continuous batching:
+``sampling.batch_size`` rows decode at once, each slot with its own length; a row entering
+is prefilled into its slot's first columns). The step's shapes never change as rows come and
+go: nothing recompiles.
 """
 
 from __future__ import annotations
@@ -73,23 +76,25 @@ def pick(
 
 
 def decode_step(decoder, head, keys, values, usable, tok, pos, col) -> torch.Tensor:
-    """Logits [B, V] (float32) after feeding ``tok`` [B] at positions ``pos`` [B, 1], its keys
-    and values written at column ``col`` [1] of each layer's ``keys``/``values`` [B, kv, L, d];
-    a row attends to the columns ``usable`` [B, L] marks, up to ``col``. Every shape is fixed
-    by the buffers: the function compiled and replayed as a CUDA graph."""
+    """Logits [B, V] (float32) after feeding ``tok`` [B] at positions ``pos`` [B, 1], each
+    row's keys and values written at its own column ``col`` [B] of each layer's
+    ``keys``/``values`` [B, kv, L, d]; a row attends to the columns ``usable`` [B, L] marks, up
+    to its column. Every shape is fixed by the buffers: the function compiled and replayed as
+    a CUDA graph, whatever each row's length."""
     B, x = tok.shape[0], decoder.embed_tokens(tok)
     cos, sin = decoder.rotary_emb(x, pos)  # [B, 1, d]
     cos, sin = cos[:, :, None], sin[:, :, None]  # over [B, kv, g, d]
     cols = torch.arange(usable.shape[1], device=tok.device)
-    seen = usable & (cols <= col)
+    seen = usable & (cols[None, :] <= col[:, None])
     bias = torch.zeros(seen.shape, dtype=x.dtype, device=x.device)
     bias = bias.masked_fill(~seen, torch.finfo(x.dtype).min)[:, None, None, :]
     for i, layer in enumerate(decoder.layers):
         a, h = layer.self_attn, _rms(x, layer.input_layernorm)
         kv, d = keys[i].shape[1], keys[i].shape[3]
+        at = col[:, None, None, None].expand(B, kv, 1, d)
         q = _rotate(_linear(h, a.q_proj).view(B, kv, -1, d), cos, sin)
-        keys[i].index_copy_(2, col, _rotate(_linear(h, a.k_proj).view(B, kv, 1, d), cos, sin))
-        values[i].index_copy_(2, col, _linear(h, a.v_proj).view(B, kv, 1, d))
+        keys[i].scatter_(2, at, _rotate(_linear(h, a.k_proj).view(B, kv, 1, d), cos, sin))
+        values[i].scatter_(2, at, _linear(h, a.v_proj).view(B, kv, 1, d))
         scores = (q * a.scaling) @ keys[i].transpose(-1, -2) + bias  # [B, kv, g, L]
         w = torch.softmax(scores.float(), -1).to(q.dtype)
         x = x + _linear((w @ values[i]).reshape(B, -1), a.o_proj)
@@ -115,14 +120,15 @@ class _Buffers:
         for t in (*self.keys, *self.values, self.usable):
             torch._dynamo.mark_static_address(t)
 
-    def fill(self, keys, values, cached: torch.Tensor, idx: torch.Tensor) -> None:
-        """Row r takes prompt ``idx[r]``'s prefilled keys and values over its first columns;
-        its usable columns are that prompt's real tokens and every column after them."""
+    def fill(self, keys, values, cached: torch.Tensor, idx: torch.Tensor, slots) -> None:
+        """Slot ``slots[i]`` takes prompt ``idx[i]``'s prefilled keys and values over its first
+        columns; its usable columns are that prompt's real tokens and every column after
+        them (what a slot's previous row left there is overwritten before it is read)."""
         Lc = cached.shape[1]
         for mine, theirs in zip((*self.keys, *self.values), (*keys, *values)):
-            mine[:, :, :Lc].copy_(theirs[idx])
-        self.usable[:, :Lc].copy_(cached[idx] > 0)
-        self.usable[:, Lc:] = True
+            mine[slots, :, :Lc] = theirs[idx]
+        self.usable[slots, :Lc] = cached[idx] > 0
+        self.usable[slots, Lc:] = True
 
 
 def prefill(decoder, head, ids: torch.Tensor, mask: torch.Tensor):
@@ -164,8 +170,8 @@ def agrees(decoder, head, pad: int, tol: float) -> bool:
     ref = head(out.last_hidden_state[:, 5:]).float()  # the logits after each decode step
     _, keys, values = prefill(decoder, head, ids, mask)
     buf = _Buffers(decoder, 3, 9, head.weight.dtype, dev)
-    buf.fill(keys, values, mask, torch.arange(3, device=dev))
-    pos, col = mask.sum(-1, keepdim=True), torch.tensor([5], device=dev)
+    buf.fill(keys, values, mask, torch.arange(3, device=dev), torch.arange(3, device=dev))
+    pos, col = mask.sum(-1, keepdim=True), torch.full((3,), 5, device=dev)
     for s in range(4):
         mine = decode_step(decoder, head, buf.keys, buf.values, buf.usable, toks[:, s], pos, col)
         if not bool((mine - ref[:, s]).abs().max() <= tol * ref.abs().max()):
@@ -219,86 +225,173 @@ class StaticDecode:
     def decode(self, pids, pmask, rows, n, sp: SamplingParams, seed, row_offset):
         """The hf generator's decode contract: (tokens, live mask, log-probs [R, t], and
         truncated [R]) of rows ``rows`` (row id r: prompt r // n) of the left-padded prompts
-        ``pids``/``pmask``. Rows are padded to the bucket with copies of the last."""
+        ``pids``/``pmask``. At most ``sp.batch_size`` rows decode at once, in slots of one
+        bucket; a row that finishes hands its slot to the next waiting row."""
         was_training = self.model.training
         self.model.eval()
         R, T = rows.shape[0], sp.max_new_tokens
-        B = bucket(R)
-        prompts = torch.unique(rows // n)
-        idx = torch.searchsorted(prompts, rows // n)
-        idx = torch.cat([idx, idx[-1:].expand(B - R)])
-        ids = torch.cat([rows, rows[-1:].expand(B - R)]) + row_offset
-        ids_p, mask_p = pids[prompts], pmask[prompts]
+        slots = min(sp.batch_size or R, R)
         with torch.autocast(self.device.type, enabled=False):  # the weights are in their dtype
-            logits, keys, values = prefill(self.decoder, self.head, ids_p, mask_p)
-            buf = self._buffers(B, columns(mask_p.shape[1] + T))
-            buf.fill(keys, values, mask_p, idx)
-            noise = uniform(seed, ids, torch.arange(T, device=ids.device)[:, None])
-            used = None
-            if sp.repetition_penalty != 1.0:
-                used = prompt_tokens(ids_p[idx], mask_p[idx], logits.shape[-1])
-            start = (mask_p[idx].sum(-1, keepdim=True), mask_p.shape[1])
-            out = self._run(buf, logits[idx], start, sp, noise, used)
+            buf = self._buffers(bucket(slots), columns(pmask.shape[1] + T))
+            out = _Run(self, buf, (pids, pmask, n), rows, slots, sp, (seed, row_offset)).loop()
         self.model.train(was_training)
-        return tuple(o[:R] for o in out)
+        return out
 
-    def _run(self, buf: _Buffers, logits, start, sp: SamplingParams, noise, used):
-        """The decode loop over the bucket's rows from ``start`` (positions [B, 1], the first
-        free column); the host waits only in :meth:`_finished`."""
-        gen, (B, T) = self.gen, (logits.shape[0], sp.max_new_tokens)
-        pos, col = start[0], torch.tensor([start[1]], device=logits.device)
-        done = torch.zeros(B, dtype=torch.bool, device=logits.device)
-        outs = (
-            torch.full((B, T), gen.pad, dtype=torch.long, device=logits.device),
-            torch.zeros((B, T), dtype=torch.bool, device=logits.device),
-            torch.zeros((B, T), dtype=torch.float32, device=logits.device),
+
+class _Run:
+    """One decode call's continuous batching over a bucket's slots. Each slot holds one row
+    (a completion) at a time, with its own age (tokens so far), position and column; a row
+    enters at a bounded check, its prompt prefilled into its slot, and leaves at the next
+    check after it ends (an end token, a stop string, or the budget). The device state is
+    fixed-shape tensors the compiled step reads; the host keeps which row each slot holds
+    and when it entered (ages advance one a step, so the host knows them without asking).
+    Inside the loop the host waits only in :meth:`check`."""
+
+    def __init__(self, dec: StaticDecode, buf: _Buffers, prompts, rows, slots, sp, seed):
+        (self.pids, self.pmask, self.n), self.dec, self.buf, self.sp = prompts, dec, buf, sp
+        dev, B, (R, T) = rows.device, buf.usable.shape[0], (rows.shape[0], sp.max_new_tokens)
+        V = dec.head.weight.shape[0]
+        self.rows, self.R, self.T, self.L = rows, R, T, buf.usable.shape[1]
+        ids = torch.cat([rows, rows[-1:]]) + seed[1]  # a last, unused row for idle slots
+        self.noise = uniform(seed[0], ids, torch.arange(T, device=dev)[:, None])  # [T, R + 1]
+        # device state per slot; an idle slot holds the unused row R, ended
+        self.row = torch.full((B,), R, dtype=torch.long, device=dev)
+        self.age = torch.zeros(B, dtype=torch.long, device=dev)
+        self.ended = torch.ones(B, dtype=torch.bool, device=dev)
+        self.pos = torch.zeros((B, 1), dtype=torch.long, device=dev)
+        self.col = torch.zeros(B, dtype=torch.long, device=dev)
+        self.logits = torch.zeros((B, V), device=dev)
+        self.used = None  # [B, V] tokens each slot's row has seen: the penalty's
+        if sp.repetition_penalty != 1.0:
+            self.used = torch.zeros((B, V), dtype=torch.bool, device=dev)
+        buf.usable.fill_(True)  # idle slots attend to something: no row of -inf
+        self.outs = (  # [R + 1, T]: the last row takes idle slots' writes
+            torch.full((R + 1, T), dec.gen.pad, dtype=torch.long, device=dev),
+            torch.zeros((R + 1, T), dtype=torch.bool, device=dev),
+            torch.zeros((R + 1, T), dtype=torch.float32, device=dev),
         )
-        since, ended = 0, False
-        for t in range(T):
-            tok, lp = pick(logits, sp, used, None if sp.greedy else noise[t])
-            outs[0][:, t], outs[1][:, t] = tok.masked_fill(done, gen.pad), ~done
-            outs[2][:, t] = lp.masked_fill(done, 0.0)
-            if used is not None:
-                used.scatter_(1, tok[:, None], True)
-            done = done | torch.isin(tok, gen.eos)
-            if t == T - 1:
-                break
-            if (t + 1) % gen.check_every == 0:
-                ended, since = self._finished(outs, done, since, t, sp), t + 1
-                if ended:
-                    break
-            self.mark()
-            logits = self.step(
-                self.decoder, self.head, buf.keys, buf.values, buf.usable, tok, pos, col
-            )
-            pos, col = pos + 1, col + 1
-        if not ended:
-            self._finished(outs, done, since, t, sp)
-        return outs[0][:, : t + 1], outs[1][:, : t + 1].long(), outs[2][:, : t + 1], ~done
+        # the host's view: each of the first ``slots`` slots' row (None: free), the step it
+        # entered at, how many of its tokens were scanned for stop strings
+        self.held: list[int | None] = [None] * slots
+        self.entered, self.scanned = [0] * slots, [0] * slots
+        self.waiting, self.steps = list(range(R))[::-1], 0  # popped from the end: in order
+        self.truncated = [False] * R
 
-    def _finished(self, outs, done, since: int, t: int, sp: SamplingParams) -> bool:
-        """The bounded check, the loop's one host wait: stop strings completed in steps
-        ``since``..``t`` end their rows there (``done`` and the outputs changed in place, as
-        the eager path would have cut them); whether every row has finished."""
-        if sp.stop:
-            _cut_at_stops(self.gen, outs, done, since, t, sp.stop)
-        return not bool((~done).any())
+    def loop(self):
+        """Decode until every row has finished; the outputs cut to the longest completion."""
+        self.admit(self.plan())
+        due = self.next_check()
+        while True:
+            self.pick()
+            self.steps += 1
+            entering: list[tuple[int, int]] = []
+            if self.steps == due:
+                if self.check():
+                    break
+                entering = self.plan()
+                due = self.next_check()
+            if any(r is not None and self.entered[b] < self.steps for b, r in enumerate(self.held)):
+                self.advance()  # some row goes on (else every held row is entering)
+            if entering:
+                self.admit(entering)
+        tok, live, lp = (o[: self.R] for o in self.outs)
+        width = max(int(live.sum(1).max()), 1)
+        truncated = torch.tensor(self.truncated, device=tok.device)
+        return tok[:, :width], live[:, :width].long(), lp[:, :width], truncated
+
+    def advance(self) -> None:
+        """One compiled decode step over every slot: the logits after each slot's token."""
+        dec, buf = self.dec, self.buf
+        dec.mark()
+        self.logits = dec.step(
+            dec.decoder, dec.head, buf.keys, buf.values, buf.usable, self.toks, self.pos, self.col
+        )
+        self.pos = self.pos + 1
+        self.col = torch.clamp(self.col + 1, max=self.L - 1)  # idle slots stay in range
+
+    def pick(self) -> None:
+        """Every slot's next token (the eager path's choice, with its row's noise for its
+        age); live slots' tokens and log-probs written at (row, age) of the outputs."""
+        sp, T = self.sp, self.T
+        age = self.age.clamp(max=T - 1)
+        live = ~self.ended & (self.age < T)
+        u = None if sp.greedy else self.noise[age, self.row]
+        tok, lp = pick(self.logits, sp, self.used, u)
+        at = torch.where(live, self.row * T + age, self.R * T)
+        for out, value in zip(self.outs, (tok, live, lp)):
+            out.view(-1).scatter_(0, at, value)
+        if self.used is not None:
+            self.used.scatter_(1, tok[:, None], True)
+        self.ended |= live & torch.isin(tok, self.dec.gen.eos)
+        self.age += 1
+        self.toks = tok
+
+    def check(self) -> bool:
+        """The bounded check, the loop's one host wait: stop strings completed since the last
+        check end their rows there (cut as the eager path would have cut them); rows that
+        ended or reached the budget free their slots. Whether every row has finished."""
+        ended = self.ended.tolist()
+        if self.sp.stop:
+            self.cut_at_stops(ended)
+        for b, r in enumerate(self.held):
+            if r is not None and (ended[b] or self.steps - self.entered[b] >= self.T):
+                self.truncated[r], self.held[b] = not ended[b], None
+        return not self.waiting and all(r is None for r in self.held)
+
+    def cut_at_stops(self, ended: list[bool]) -> None:
+        """End each held row at the first token since its last scan (where it was live) that
+        completes a stop string: later tokens become padding, the slot ends."""
+        held = [(b, r) for b, r in enumerate(self.held) if r is not None]
+        stop, tokenizer = self.sp.stop, self.dec.gen.tokenizer
+        w, picked = stop_window(stop), torch.tensor([r for _, r in held], device=self.row.device)
+        toks, lives = (o[picked].tolist() for o in self.outs[:2])
+        for (b, r), tk, lv in zip(held, toks, lives):
+            seen = min(self.steps - self.entered[b], self.T)
+            for at in range(self.scanned[b], seen):
+                if lv[at] and hits_stop(tokenizer, tk[max(at + 1 - w, 0) : at + 1], stop):
+                    self.outs[0][r, at + 1 :], self.outs[1][r, at + 1 :] = self.dec.gen.pad, False
+                    self.outs[2][r, at + 1 :], ended[b], self.ended[b] = 0.0, True, True
+                    break
+            self.scanned[b] = seen
+
+    def plan(self) -> list[tuple[int, int]]:
+        """(slot, row) pairs: the free slots given to the waiting rows, in row order (the
+        host's view changes here; :meth:`admit` changes the device's)."""
+        free = [b for b, r in enumerate(self.held) if r is None]
+        entering = [(b, self.waiting.pop()) for b in free[: len(self.waiting)]]
+        for b, r in entering:
+            self.held[b], self.entered[b], self.scanned[b] = r, self.steps, 0
+        return entering
+
+    def next_check(self) -> int:
+        """The step of the next check: ``check_every`` steps on, or sooner when no row waits
+        and every held row reaches the budget before that."""
+        every = self.dec.gen.check_every
+        if self.waiting:
+            return self.steps + every
+        ages = [self.steps - self.entered[b] for b, r in enumerate(self.held) if r is not None]
+        return self.steps + min(every, self.T - min(ages))
+
+    def admit(self, entering: list[tuple[int, int]]) -> None:
+        """Rows enter their slots: their prompts prefilled (one batched forward) into the
+        slots' first columns, the prefill's logits their first tokens'."""
+        dev = self.row.device
+        slots = torch.tensor([b for b, _ in entering], device=dev)
+        which = torch.tensor([r for _, r in entering], device=dev)
+        rows = self.rows[which]
+        prompts = torch.unique(rows // self.n)
+        idx = torch.searchsorted(prompts, rows // self.n)
+        ids_p, mask_p = self.pids[prompts], self.pmask[prompts]
+        logits, keys, values = prefill(self.dec.decoder, self.dec.head, ids_p, mask_p)
+        self.buf.fill(keys, values, mask_p, idx, slots)
+        self.logits = self.logits.index_copy(0, slots, logits[idx])
+        self.row[slots] = which
+        self.age[slots], self.ended[slots] = 0, False
+        self.pos[slots] = mask_p[idx].sum(-1, keepdim=True)
+        self.col[slots] = mask_p.shape[1]
+        if self.used is not None:
+            self.used[slots] = prompt_tokens(ids_p[idx], mask_p[idx], logits.shape[-1])
 
 
 def _nothing() -> None:
     """No step marking (no CUDA graphs)."""
-
-
-def _cut_at_stops(gen, outs, done, since: int, t: int, stop: tuple[str, ...]) -> None:
-    """End each row at the first of steps ``since``..``t`` (where it was live) whose token
-    completes a stop string: later tokens become padding, ``done`` is set."""
-    out_tok, out_live, out_lp = outs
-    w = stop_window(stop)
-    lo = max(since + 1 - w, 0)
-    toks, live = out_tok[:, lo : t + 1].tolist(), out_live[:, since : t + 1].tolist()
-    for r, flags in enumerate(live):
-        for at in (since + s for s, alive in enumerate(flags) if alive):
-            if hits_stop(gen.tokenizer, toks[r][max(at + 1 - w, 0) - lo : at + 1 - lo], stop):
-                out_tok[r, at + 1 :], out_live[r, at + 1 :] = gen.pad, False
-                out_lp[r, at + 1 :], done[r] = 0.0, True
-                break

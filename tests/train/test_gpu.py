@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from helpers import ROOT, make_config, run_grpo
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpo_core import config
 from grpo_core.cli import gpu_verdict
@@ -164,6 +165,46 @@ def test_the_decode_bound_matches_hand_figures():
     assert tokens_per_second_bound(smol, 128, 0, ceil) == pytest.approx(128 / 1.08e-3)
 
 
+def test_the_roofline_judges_each_phase_against_the_ceilings():
+    """bench/roofline.py's GPU mode (gpu_bound.phase_bounds), against hand figures at 4 TB/s,
+    800 TFLOP/s and 2.5 us a graph kernel. Generation of 8 TFLOP reading 20 GB over 128 steps
+    of 30 layers: memory 5 ms, compute 10 ms, launches 128 x 30 x 12 x 2.5 us = 115.2 ms, the
+    bound; taking 460.8 ms it reaches 0.25 of it. Reference 4 TFLOP: 5 ms, in 100 ms 0.05;
+    training 24 TFLOP: 30 ms, in 60 ms 0.5. With 800 GB to read, memory (200 ms) bounds."""
+    from grpo_core.cli.gpu_bound import phase_bounds
+
+    ceil = {"bandwidth_gbs": 4000.0, "bf16_tflops": 800.0, "graph_kernel_us": 2.5}
+    work = {"generate": 8e12, "decode_bytes": 2e10, "reference": 4e12, "train": 2.4e13}
+    seconds = {"generate": 0.4608, "reference": 0.1, "train": 0.06}
+    j = phase_bounds(work, seconds, ceil, decode_steps=128, layers=30)
+    assert j["generate"]["by"] == "launch" and j["generate"]["bound_s"] == pytest.approx(0.1152)
+    assert j["generate"]["fraction"] == pytest.approx(0.25)
+    assert j["reference"]["by"] == "compute" and j["reference"]["bound_s"] == pytest.approx(0.005)
+    assert j["reference"]["fraction"] == pytest.approx(0.05)
+    assert j["train"]["bound_s"] == pytest.approx(0.03)
+    assert j["train"]["fraction"] == pytest.approx(0.5)
+    heavy = phase_bounds({**work, "decode_bytes": 8e11}, seconds, ceil, 128, 30)["generate"]
+    assert heavy["by"] == "memory" and heavy["bound_s"] == pytest.approx(0.2)
+    assert heavy["fraction"] == pytest.approx(0.2 / 0.4608)
+
+
+def test_the_roofline_s_gpu_mode_refuses_without_cuda():
+    """``bench/roofline.py --device cuda`` on a machine without a GPU: one line, exit 3."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal does not apply")
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "roofline.py"), "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,  # only a hang takes this long: the refusal comes before any work
+    )
+    assert p.returncode == 3 and p.stdout == "", p.stdout
+    assert p.stderr.strip().splitlines() == [
+        "bench/roofline.py: --device cuda needs a CUDA device; none is visible to torch"
+    ]
+
+
 def test_gpu_step_refuses_without_cuda_and_reports_figures(tmp_path):
     """bench/gpu_step.py without a GPU: one line, exit 3 (``--device cpu`` is the smoke run);
     its digest of a side's calls: medians after the warm-up steps."""
@@ -298,6 +339,76 @@ def test_the_probes_measure_on_cpu(tiny_model, tmp_path):
         assert gpu_probes.distributed(str(tmp_path), "fsdp")["skipped"].startswith(
             "needs 2 or more GPUs, 0 visible"
         )
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts casts of float32 leaf tensors that require grad (the trained weights) to bf16:
+    what autocast does to a weight a forward multiplies, unless its cache holds the cast."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if (
+            func is torch.ops.aten._to_copy.default
+            and kwargs.get("dtype") == torch.bfloat16
+            and x.dtype == torch.float32
+            and x.requires_grad
+            and x.is_leaf
+        ):
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def _casts_per_micro_batch(tiny_model, addition_data, out, monkeypatch) -> tuple[list, dict]:
+    """Weight casts in each micro-batch's policy pass of one step (4 micro-batches, one
+    update) of a CPU run under bf16 autocast (the numerics a GPU run has: float32 master
+    weights, bf16 autocast; the CPU's autocast caches casts the same way), and the step's
+    metrics record."""
+    from grpo_core import phases
+    from grpo_core import run as run_module
+    from grpo_core.trainer import train
+
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    monkeypatch.setattr(run_module, "numerics", lambda device, dtype: bf16)
+    counts = []
+    real = getattr(phases.completion_logprobs, "__wrapped__", phases.completion_logprobs)
+
+    def counted(*a, **kw):
+        with _WeightCasts() as casts:
+            found = real(*a, **kw)
+        counts.append(casts.count)
+        return found
+
+    counted.__wrapped__ = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(phases, "completion_logprobs", counted)
+    train_section = {"steps": 1, "prompts_per_step": 4, "micro_batch_groups": 1}
+    train(config.validate(make_config(tiny_model, addition_data, str(out), train=train_section)))
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        return counts, json.loads(f.readline())
+
+
+def test_weights_are_cast_once_per_update_not_per_micro_batch(
+    tiny_model, addition_data, tmp_path, monkeypatch
+):
+    """One update of 4 micro-batches casts the trained weights to bf16 in the first
+    micro-batch only (grpo_core/model/casts.py keeps autocast's cache over the update);
+    with a region per micro-batch alone (the code before it) every micro-batch cast them
+    all again. The update is the same: the same loss and gradient norm."""
+    from contextlib import nullcontext
+
+    from grpo_core import phases
+
+    kept, a = _casts_per_micro_batch(tiny_model, addition_data, tmp_path / "kept", monkeypatch)
+    monkeypatch.setattr(phases, "casts_kept", lambda autocast, sharded: nullcontext())
+    each, b = _casts_per_micro_batch(tiny_model, addition_data, tmp_path / "each", monkeypatch)
+    assert len(kept) == len(each) == 4
+    assert kept[0] >= 8 and kept[1:] == [0, 0, 0], kept  # 2 layers of 7 projections, the head
+    assert each == [kept[0]] * 4, each
+    assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"])
 
 
 @pytest.mark.gpu
