@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -36,3 +39,19 @@ def write_failure(exc: Exception, where: str) -> str:
     except OSError:
         pass
     return str(exc).splitlines()[0]
+
+
+@contextmanager
+def out_of_memory(advice: str) -> Iterator[None]:
+    """Running out of memory inside (a MemoryError, torch's CPU allocator failing, or
+    ``torch.OutOfMemoryError`` on a GPU) as a UserError: ``advice``, then the size refused."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        text = str(exc)
+        oom = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+        if not (oom or "can't allocate memory" in text):
+            raise
+        size = re.search(r"allocate (\d[\d.]* ?[A-Za-z]+)", text, re.IGNORECASE)
+        refused = f"could not allocate {size.group(1)}" if size else type(exc).__name__
+        raise UserError(f"{advice} ({refused})") from exc

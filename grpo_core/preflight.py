@@ -23,7 +23,7 @@ from grpo_core.hookspecs import Environment
 from grpo_core.observe import tracking
 from grpo_core.registry import registry
 from grpo_core.store import hub, rundir
-from grpo_core.store.gguf import gguf_path
+from grpo_core.store.gguf import cache_problem, gguf_path
 from grpo_core.store.models import attention_problem, load_tokenizer
 
 #: rows of each data set looked at
@@ -86,14 +86,13 @@ def environment_columns(config: Config) -> tuple[str, ...]:
 def _model(model: ModelSection, chat_template: str) -> list[str]:
     gguf = gguf_path(model)
     if gguf is not None:  # converted (and its chat template read) when the run loads it
-        return (
-            []
-            if os.path.isfile(gguf)
-            else [
+        if not os.path.isfile(gguf):
+            return [
                 f"model.gguf_file: {gguf} not found (expected a .gguf file, by name inside "
                 f"model.name_or_path or as a path)"
             ]
-        )
+        problem = cache_problem()
+        return [problem] if problem else []
     path = model.name_or_path
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -139,9 +138,9 @@ def _template(path: str) -> list[str]:
 
 
 def _runtime(config: Config) -> list[str]:
-    """The machine can run this config: its device, quantization, generator, vLLM limits and
-    DeepSpeed settings."""
-    problems = []
+    """The machine can run this config: its CPU threads, device, quantization, generator, vLLM
+    limits and DeepSpeed settings."""
+    problems = _threads(config.runtime.threads)
     cuda = torch.cuda.is_available()
     device = config.runtime.device
     if device == "cuda" and not cuda:
@@ -163,6 +162,21 @@ def _runtime(config: Config) -> list[str]:
     if isinstance(ds, dict):
         problems += _deepspeed(ds, config.generator.name)
     return problems
+
+
+def _threads(threads: int | None) -> list[str]:
+    """``runtime.threads`` at most one per CPU this process may use: torch's threads beyond
+    that only wait on one another, and a count in the tens of thousands exhausts the OS's
+    limit on threads, so the next thread anything starts (the model's loader) fails with a
+    message that blames the model."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if threads is None or cpus is None or threads <= cpus:
+        return []
+    return [
+        f"runtime.threads: {threads} is more than the {cpus} CPUs this process may use; "
+        f"torch gains nothing from more than one thread per CPU (set at most {cpus}, or null "
+        f"for torch's default)"
+    ]
 
 
 def _deepspeed_config(ds, problems: list[str]):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 
 from grpo_core import phases, saving
-from grpo_core.errors import TrainingError
+from grpo_core.config.view import Config
+from grpo_core.errors import TrainingError, out_of_memory
 from grpo_core.interrupt import StopRequests
 from grpo_core.run import finish, start
 
@@ -28,7 +29,7 @@ def train(
     a checkpoint directory; ``overwrite``: replace an earlier run in ``output.dir``. SIGINT or
     SIGTERM stops it after the current step with a checkpoint (grpo_core.interrupt)."""
     run = start(cfg, resume, force, overwrite)
-    with StopRequests() as stops:
+    with StopRequests() as stops, out_of_memory(_too_big(run.config)):
         for step in range(run.progress.start, run.config.train.steps):
             t0 = time.time()
             sampled, scored = run.sampler.next(run, step)  # 1-2. G completions each, rewards
@@ -49,3 +50,14 @@ def train(
     summary = finish(run)
     run.callbacks.end(summary)
     return summary
+
+
+def _too_big(config: Config) -> str:
+    """What to say when a step runs out of memory: its size, and what makes it smaller."""
+    s, t = config.sampling, config.train
+    return (
+        f"sampling.group_size: out of memory in a step of {t.prompts_per_step} prompts x "
+        f"{s.group_size} completions of up to {s.max_new_tokens} new tokens; lower "
+        f"sampling.group_size, train.prompts_per_step or sampling.max_new_tokens, or work on "
+        f"fewer at once (sampling.generation_batch_size, train.micro_batch_groups)"
+    )

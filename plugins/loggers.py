@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 
 from grpo_core.hookspecs import Logger, hookimpl
@@ -122,7 +123,8 @@ _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
 
 class MLflow(Logger):
     """An MLflow run tagged with the run's id (a resumed run continues it). Without a
-    tracking URI (option or MLFLOW_TRACKING_URI) it writes to ``<run dir>/mlflow``. Metric
+    tracking URI (option or MLFLOW_TRACKING_URI) it writes to ``<run dir>/mlflow``, where a
+    resumed run continues a copy cut back to the resumed step (nothing logged twice). Metric
     names lose the characters MLflow refuses (``eval/pass@4`` -> ``eval/pass_4``)."""
 
     packages = ("mlflow",)
@@ -140,7 +142,8 @@ class MLflow(Logger):
         from mlflow.tracking import MlflowClient
 
         uri, artifacts = self.uri or os.environ.get("MLFLOW_TRACKING_URI"), None
-        if not uri:
+        own = not uri  # the run's own store, in its directory
+        if own:
             root = os.path.abspath(os.path.join(run_dir, "mlflow"))
             os.makedirs(root, exist_ok=True)
             uri, artifacts = f"sqlite:///{root}/mlflow.db", f"file://{root}/artifacts"
@@ -156,7 +159,9 @@ class MLflow(Logger):
             if start_step
             else []
         )
-        if earlier:
+        if earlier and own:
+            self.run_id = self._before(earlier[0], start_step, exp_id)
+        elif earlier:
             self.run_id = earlier[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
         else:
@@ -164,6 +169,36 @@ class MLflow(Logger):
                 exp_id, run_name=self.run_name or run_id, tags={"grpo_run_id": run_id}
             ).info.run_id
             self.client.log_dict(self.run_id, config, "config.json")
+
+    def _before(self, old, start_step: int, exp_id: str) -> str:
+        """A resumed run in its own store repeats no step: MLflow cannot delete a metric's
+        points, so the earlier MLflow run is copied into a new one up to ``start_step`` (its
+        tags, params, metric points and tables before that step, the config) and deleted."""
+        from mlflow.entities import Param
+
+        c, was = self.client, old.info.run_id
+        tags = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.")}
+        run_id = c.create_run(exp_id, run_name=old.info.run_name, tags=tags).info.run_id
+        points = [
+            m
+            for key in old.data.metrics
+            for m in c.get_metric_history(was, key)
+            if m.step < start_step
+        ]
+        params = [Param(k, v) for k, v in old.data.params.items()]
+        for i in range(0, max(len(points), len(params)), 1000):  # MLflow's batch limit
+            c.log_batch(run_id, metrics=points[i : i + 1000], params=params[i : i + 1000])
+        kept = ["config.json"] + [
+            f.path
+            for f in c.list_artifacts(was, TABLE)
+            if int(f.path.rsplit("step-", 1)[1].split(".")[0]) < start_step
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in kept:
+                local = c.download_artifacts(was, path, tmp)
+                c.log_artifact(run_id, local, os.path.dirname(path) or None)
+        c.delete_run(was)
+        return run_id
 
     def log(self, metrics, step):
         from mlflow.entities import Metric

@@ -612,7 +612,8 @@ RUNTIME = _obj(
             "type": ["integer", "null"],
             "minimum": 1,
             "default": None,
-            "description": "CPU threads for torch (null: torch's default)",
+            "description": "CPU threads for torch, at most one per CPU the process may use "
+            "(null: torch's default)",
         },
         "logprob_chunk": {
             **POS_INT,

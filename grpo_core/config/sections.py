@@ -305,7 +305,7 @@ class RuntimeSection:
 
     #: auto: CUDA when available
     device: str
-    #: CPU threads for torch (null: torch's default)
+    #: CPU threads for torch, at most one per CPU the process may use (null: torch's default)
     threads: int | None
     #: tokens per LM-head chunk in log-prob passes
     logprob_chunk: int

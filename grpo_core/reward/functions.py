@@ -34,6 +34,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from grpo_core.errors import PluginError
@@ -52,12 +53,33 @@ class FunctionFactory:
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
 
+    def __getstate__(self) -> dict:
+        code = getattr(inspect.unwrap(self.fn), "__code__", None)
+        return {"fn": self.fn, "file": code.co_filename if code else None}
+
+    def __setstate__(self, state: dict) -> None:
+        """A function pickled by value (cloudpickle) comes back with its code's file name
+        ``<dynamic-code>``: put its real file back, so that a failure's message and traceback
+        name the file and line the function is written on."""
+        self.fn = state["fn"]
+        target = inspect.unwrap(self.fn)
+        code = getattr(target, "__code__", None)
+        if code is not None and state["file"] and code.co_filename != state["file"]:
+            target.__code__ = _in_file(code, state["file"])
+
     def __call__(self) -> Reward:
         return KeywordReward(self.fn)
 
     def columns_for(self, options: dict) -> tuple[str, ...]:
         """The dataset fields the function declares it reads (its ``columns`` attribute)."""
         return tuple(getattr(self.fn, "columns", ()))
+
+
+def _in_file(code: CodeType, file: str) -> CodeType:
+    """``code`` and the code objects nested in it (lambdas, inner functions) as written in
+    ``file``."""
+    consts = tuple(_in_file(c, file) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=file, co_consts=consts)
 
 
 class KeywordReward(Reward):

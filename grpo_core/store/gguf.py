@@ -36,6 +36,26 @@ def cache_root() -> str:
     return os.path.join(base, "grpo_core")
 
 
+def cache_problem() -> str | None:
+    """Why converted models cannot be kept under :func:`cache_root` (None when they can): a
+    part of its path that exists but is not a directory (the folder itself is made when
+    missing)."""
+    root = cache_root()
+    named = next(
+        (v for v in ("GRPO_CORE_CACHE", "XDG_CACHE_HOME") if os.environ.get(v)), "the cache"
+    )
+    path = os.path.abspath(root)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.isdir(path):
+        return None
+    found = "a file" if path == os.path.abspath(root) else f"inside {path}, a file"
+    return (
+        f"{named}: {root} is {found} (expected a directory for the converted GGUF models, "
+        f"made if missing)"
+    )
+
+
 def gguf_path(model: ModelSection) -> str | None:
     """The GGUF file the config names (None when it names none): ``gguf_file`` inside
     ``name_or_path`` when that directory holds it, else ``gguf_file`` as a path."""
@@ -58,6 +78,9 @@ def model_dir(model: ModelSection) -> str:
             f"model.gguf_file: {path} not found (expected a .gguf file, by name "
             f"inside model.name_or_path or as a path)"
         )
+    problem = cache_problem()
+    if problem:
+        raise UserError(problem)
     out = os.path.join(cache_root(), "gguf", cache_key(path))
     if not os.path.isfile(os.path.join(out, "config.json")):
         print(

@@ -35,8 +35,14 @@ def tiny(tmp_path, tiny_model, addition_data, **sections) -> str:
             tiny_model,
             addition_data,
             str(tmp_path / "unused"),
-            reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-            train={"steps": 3, "prompts_per_step": 2},
+            # in the trainer's process: one process fewer to start per run (isolation has its
+            # own tests, tests/plugins/test_isolation.py)
+            reward={
+                "name": "format",
+                "options": {"tags": [], "patterns": ["[0-9]"]},
+                "isolation": "inline",
+            },
+            train={"steps": 2, "prompts_per_step": 2},
             optimizer={"lr": 1e-2},
             runtime={"device": "cpu", "threads": 1},
             **sections,
@@ -84,7 +90,7 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
         tmp_path,
         tiny_model,
         addition_data,
-        eval={"data": addition_data, "split": "train", "every_n_steps": 3, "max_problems": 4},
+        eval={"data": addition_data, "split": "train", "every_n_steps": 2, "max_problems": 4},
     )
     out = tmp_path / "cmp"
     p = run_grpo(
@@ -95,7 +101,7 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
         "--seeds",
         "2",
         "--steps",
-        "3",
+        "2",
         "--threshold",
         "0.5",
         "--out",
@@ -118,7 +124,7 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
         )
         assert row[6].endswith("seeds)")  # steps to the threshold, with how many reached
     assert cells(md, "grpo vs rloo")  # the pairwise tests
-    assert "done, 3/3 steps" in p.stderr  # a progress line per run
+    assert "done, 2/2 steps" in p.stderr  # a progress line per run
     assert len([d for d in os.listdir(out) if d.endswith("-seed0") or d.endswith("-seed1")]) == 4
     for metric in ("reward", "entropy", "reward_vs_generated_tokens"):
         png = out / f"{metric}.png"
@@ -187,7 +193,7 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
         "--seeds",
         "2",
         "--steps",
-        "3",
+        "2",
         "--out",
         str(out),
     ]
@@ -214,7 +220,7 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
         (result,) = [r for r in rows if len(r) == 10]
         assert result[1] == f"{v},optimizer.lr={best}"
         runs = [metrics(out / f"{slug}_optimizer.lr-{best}-seed{s}") for s in (0, 1)]
-        finals = [r[-1]["reward"] for r in runs]  # last 10% of 3 steps: the last one
+        finals = [r[-1]["reward"] for r in runs]  # last 10% of 2 steps: the last one
         aucs = [np.mean([x["reward"] for x in r]) for r in runs]
         for cell, vals in ((result[2], finals), (result[3], aucs)):
             assert interval(cell) == (
@@ -258,7 +264,7 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
     third = run_grpo(*args, cwd=ROOT, timeout=900)
     assert third.returncode == 0, third.stderr
     assert third.stderr.count("finished earlier, reused") == 7
-    assert len(metrics(partial)) == 3 and (partial / "compare_run.json").exists()
+    assert len(metrics(partial)) == 2 and (partial / "compare_run.json").exists()
 
 
 def test_compare_streams_child_warnings(tiny_model, addition_data, tmp_path):

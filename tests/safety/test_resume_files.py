@@ -6,8 +6,10 @@ tests/multiprocess/test_async.py.)"""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +35,12 @@ def config(tiny_model, data, out, steps=4):
         tiny_model,
         data,
         out,
-        reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
+        # in the trainer's process: one process fewer to start per run
+        reward={
+            "name": "format",
+            "options": {"tags": [], "patterns": ["[0-9]"]},
+            "isolation": "inline",
+        },
         sampling={"group_size": 2, "max_new_tokens": 4},
         train={"steps": steps, "prompts_per_step": 2, "micro_batch_groups": 2, "seed": 5},
         runtime={"device": "cpu", "threads": 1},  # the same kernels: the same bits
@@ -125,3 +132,62 @@ def test_truncation_keeps_the_steps_before_and_rebuilds_the_text(tmp_path):
     assert text.count("PROMPT: ") == 4 and "anything" not in text and "rew\n" not in text
     assert "--- step 1 group 1 reward nan advantage -0.250 {'math': nan}\nPROMPT: p1\n" in text
     assert text.startswith("--- step 0 group 0 reward 0.500 advantage -0.250 {'math': 1.0}\n")
+
+
+def test_sigkill_then_resume_logs_each_step_once_to_the_runs_own_mlflow(
+    tiny_model, addition_data, tmp_path
+):
+    """The MLflow store in the run directory (the default without a tracking URI): killed
+    after a step was logged but before its checkpoint, the resumed run logs that step again;
+    the active MLflow run must hold each step's metric points and table once."""
+    import pytest
+
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from mlflow.tracking import MlflowClient
+
+    out = str(tmp_path / "cut")
+    cfg = config(tiny_model, addition_data, out, steps=6)
+    cfg["output"] = {**cfg["output"], "checkpoint_every": 2, "loggers": [{"name": "mlflow"}]}
+    path = write_config(tmp_path / "c.json", cfg)
+    p = grpo_train(path)
+    try:
+        t0 = time.monotonic()
+        while lines(out) < 1:  # the store is made before the first step
+            assert p.poll() is None and time.monotonic() - t0 < HANG, p.stderr.read()
+            time.sleep(0.02)
+        client = MlflowClient(f"sqlite:///{out}/mlflow/mlflow.db")
+        (exp,) = [e for e in client.search_experiments() if e.name == "grpo-core"]
+        (killed,) = client.search_runs([exp.experiment_id])
+        logged: list[int] = []
+        while max(logged, default=0) < 2:  # step 2 logged, checkpoint after step 1 only
+            assert p.poll() is None and time.monotonic() - t0 < HANG, p.stderr.read()
+            time.sleep(0.05)
+            logged = [m.step for m in client.get_metric_history(killed.info.run_id, "reward")]
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    # as if the kill had landed before any later checkpoint's rename: the oldest one is kept,
+    # so the resumed run replays steps the store already holds
+    first, *later = sorted(
+        glob.glob(os.path.join(out, "**", "step-*", "state.json"), recursive=True)
+    )
+    for state in later:
+        shutil.rmtree(os.path.dirname(state))
+    logged = [m.step for m in client.get_metric_history(killed.info.run_id, "reward")]
+    assert json.load(open(first))["step"] <= max(logged)
+    resumed = grpo_train(path, "--resume")
+    assert resumed.wait(HANG) == 0, resumed.stderr.read()
+    (run,) = client.search_runs([exp.experiment_id])  # the active one
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "reward")]
+    want = [json.loads(x) for x in open(os.path.join(out, FILES[0]))]
+    assert steps == [r["step"] for r in want] == list(range(6))
+    got = sorted(client.get_metric_history(run.info.run_id, "reward"), key=lambda m: m.step)
+    assert [m.value for m in got] == [r["reward"] for r in want]
+    assert run.data.tags["grpo_run_id"] == killed.data.tags["grpo_run_id"]
+    tables = [f.path for f in client.list_artifacts(run.info.run_id, "completions")]
+    assert tables == [f"completions/step-{s:08d}.json" for s in range(6)]
+    for name in tables:  # each step's 2 prompts x 2 completions, once
+        local = client.download_artifacts(run.info.run_id, name, str(tmp_path / "t"))
+        assert len(json.load(open(local))["data"]) == 4, name
+    assert [f.path for f in client.list_artifacts(run.info.run_id)][0] == "completions"
+    assert "config.json" in [f.path for f in client.list_artifacts(run.info.run_id)]
