@@ -27,12 +27,11 @@ from grpo_core.config.view import Config, view
 from grpo_core.errors import UserError
 from grpo_core.tiny import write_jsonl
 
-SYSTEM_PROMPT = (  # one worked example of two steps: one line of calculations, then a box
-    "You solve math word problems. Reply in one line: each calculation, then the answer in "
+SYSTEM_PROMPT = (  # one worked example: answers become one line that ends in a box
+    "You solve math word problems. Reply in one line: the calculation, then the answer in "
     "\\boxed{}.\n"
-    "Example question: A bag holds 6 pears. Ann buys 4 bags and eats 3 of the pears. How many "
-    "pears does Ann have left?\n"
-    "Example reply: 6 * 4 = 24. 24 - 3 = 21. \\boxed{21}"
+    "Example question: A bag holds 6 pears. Ann buys 4 bags. How many pears does Ann buy?\n"
+    "Example reply: 6 * 4 = 24. \\boxed{24}"
 )
 #: a small bonus for a reply that ends in a box: rewards the asked-for form from the first
 #: step, when nearly every group is still all wrong on the answer (docs/recipes.md)
@@ -67,9 +66,9 @@ def locate_model() -> tuple[str, str]:
 
 
 def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
-    """The recipe (docs/recipes.md): full fine-tuning, no KL, 4 prompts x 16 completions of up
-    to 48 tokens a step, the math reward with a 0.2 bonus for ending in a box; accuracy is
-    the math dimension alone."""
+    """The recipe (docs/recipes.md): full fine-tuning, no KL, 4 prompts x 16 completions a
+    step, the math reward with a 0.2 bonus for ending in a box; accuracy is the math
+    dimension alone."""
     return {
         "model": {"name_or_path": gguf[0], "gguf_file": gguf[1]},
         "data": {
@@ -77,7 +76,7 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
             "columns": ["answer"],
             "system_prompt": SYSTEM_PROMPT,
         },
-        "sampling": {"group_size": 16, "max_new_tokens": 48, "temperature": 1.0},
+        "sampling": {"group_size": 16, "max_new_tokens": 40, "temperature": 1.0},
         "train": {"steps": steps, "prompts_per_step": 4, "seed": 0},
         "optimizer": {"lr": 2e-5, "max_grad_norm": 1.0},
         "runtime": {"device": "auto", "threads": 2},  # CUDA (bf16 autocast) when present
@@ -177,8 +176,10 @@ def run(
     GSM8K 0: none)."""
     t0 = time.time()
     gguf = locate_model()
-    # trained and judged on one- and two-step problems, half each (docs/recipes.md)
-    train_rows, heldout = word_problems.split(N_TRAIN, heldout_n)
+    # trained on one-step problems, judged on held-out one- and two-step ones (docs/recipes.md)
+    train_rows, heldout = word_problems.split(
+        N_TRAIN, heldout_n, train_templates=word_problems.ONE_STEP
+    )
     write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
     import yaml

@@ -173,8 +173,9 @@ def split(
     train_templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows): distinct problems, none in both, each half one-step and
-    half two-step (the pretrained demo's split, docs/recipes.md); ``train_templates`` draws
-    the training rows from those templates only, with the same held-out rows."""
+    half two-step; ``train_templates`` draws the training rows from those templates only
+    (the pretrained demo trains on :data:`ONE_STEP`, docs/recipes.md), with the same held-out
+    rows."""
     rows = problems(n_train + n_heldout, seed)
     if train_templates is None:
         return rows[:n_train], rows[n_train:]

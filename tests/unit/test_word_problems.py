@@ -46,7 +46,7 @@ ONE_STEP_WORDS = ("buys", "gave", "A box holds", "shares")
 TWO_STEP_WORDS = ("then gives", "packs of", "trays of", "notebooks")
 
 
-def test_the_demo_split_trains_and_judges_on_both_kinds_half_each():
+def test_the_default_split_holds_both_kinds_half_each_and_names_them():
     train, held = word_problems.split(300, 50, seed=1)
     for rows in (train, held):
         kinds = [r["kind"] for r in rows]
