@@ -109,11 +109,11 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
 
 def accuracies(
     config: Config, model_path: str | None, *row_sets: list[dict] | None
-) -> list[float | None]:
-    """Greedy accuracy of the config's model (or the plain model in ``model_path``) on each
-    set of rows (None for a set that is None), evaluated as validation during training
-    evaluates (the config's ``eval`` section: greedy, judged on ``eval.correct_dimension``);
-    the model is loaded once."""
+) -> list[tuple[float, list[dict]] | None]:
+    """(greedy accuracy, the evaluation's records) of the config's model (or the plain model
+    in ``model_path``) on each set of rows (None for a set that is None), evaluated as
+    validation during training evaluates (the config's ``eval`` section: greedy, judged on
+    ``eval.correct_dimension``); the model is loaded once."""
     import grpo_core
     from grpo_core.observe.evaluate import evaluate_configured
     from grpo_core.reward.isolation import build_reward
@@ -137,17 +137,17 @@ def accuracies(
     gen = grpo_core.create("generator", config.generator.name, config.generator.options)
     gen.setup(model, tokenizer, device)
     reward = build_reward(config.reward)
-    out: list[float | None] = []
+    out: list[tuple[float, list[dict]] | None] = []
     try:
         for rows in row_sets:
             if rows is None:
                 out.append(None)
                 continue
             # as validation during training: its settings, seed, batches and autocast
-            report, _ = evaluate_configured(
+            report, records = evaluate_configured(
                 model, tokenizer, gen, rows, config, reward, device, progress=True
             )
-            out.append(report["accuracy"])
+            out.append((report["accuracy"], records))
     finally:
         reward.close()
     return out
@@ -172,7 +172,8 @@ def run(
     gsm8k_n: int = N_GSM8K,
 ) -> int:
     """Prepare the data, measure, train, measure again; writes ``summary.json`` and
-    ``curve.png``. ``heldout_n``, ``gsm8k_n``: problems evaluated (fewer for a quick check)."""
+    ``curve.png``. ``heldout_n``, ``gsm8k_n``: problems evaluated (fewer for a quick check;
+    GSM8K 0: none)."""
     t0 = time.time()
     gguf = locate_model()
     # trained on one-step problems, judged on held-out one- and two-step ones (docs/recipes.md)
@@ -187,13 +188,13 @@ def run(
     with open(cfg_path, "w", encoding="utf-8") as f:
         yaml.safe_dump(demo_config(out, steps or STEPS, gguf), f, sort_keys=False)
     cfg = config_mod.load(cfg_path, overrides)
-    gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if os.path.isfile(GSM8K_TEST) else None
+    gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if gsm8k_n and os.path.isfile(GSM8K_TEST) else None
     print(
         f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",
         flush=True,
     )
     config = view(cfg)
-    before, gsm_before = accuracies(config, None, heldout, gsm8k)
+    held_before, gsm_before = accuracies(config, None, heldout, gsm8k)
     from grpo_core.trainer import train
 
     lora = bool(config.model.lora)
@@ -201,13 +202,19 @@ def run(
         cfg = with_values(cfg, {"model.lora.save_merged": True})
     result = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
     final = os.path.join(result["run_dir"], "final", *(["merged"] if lora else []))
-    after, gsm_after = accuracies(config, final, heldout, gsm8k)
+    held_after, gsm_after = accuracies(config, final, heldout, gsm8k)
+    assert held_before is not None and held_after is not None  # held-out rows given: numbers
+    (before, records_before), (after, records_after) = held_before, held_after
+    kinds_before = word_problems.accuracy_by_kind(heldout, records_before)
+    kinds_after = word_problems.accuracy_by_kind(heldout, records_after)
     summary = {
         "heldout_before": before,
         "heldout_after": after,
         "heldout_n": len(heldout),
-        "gsm8k_before": gsm_before,
-        "gsm8k_after": gsm_after,
+        "heldout_by_kind_before": kinds_before,
+        "heldout_by_kind_after": kinds_after,
+        "gsm8k_before": gsm_before[0] if gsm_before else None,
+        "gsm8k_after": gsm_after[0] if gsm_after else None,
         "gsm8k_n": len(gsm8k) if gsm8k else 0,
         "steps": result["steps"],
         "seconds": time.time() - t0,
@@ -216,14 +223,17 @@ def run(
     }
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    assert before is not None and after is not None  # held-out rows given: numbers
     plot_curve(result["run_dir"], before, after, os.path.join(out, "curve.png"))
+    per_kind = ", ".join(f"{k} {kinds_before[k]:.2f} -> {v:.2f}" for k, v in kinds_after.items())
     print(
         f"\nheld-out greedy accuracy {before:.2f} -> {after:.2f} on {len(heldout)} problems "
-        f"never trained on; {summary['seconds']:.0f} s in all"
+        f"never trained on ({per_kind}); {summary['seconds']:.0f} s in all"
     )
     if gsm8k:
-        print(f"GSM8K test ({len(gsm8k)} problems) {gsm_before:.3f} -> {gsm_after:.3f}")
+        print(
+            f"GSM8K test ({len(gsm8k)} problems) "
+            f"{summary['gsm8k_before']:.3f} -> {summary['gsm8k_after']:.3f}"
+        )
     print(
         f"summary: {os.path.join(out, 'summary.json')}; curve: {os.path.join(out, 'curve.png')}"
         f"; model: {final}"

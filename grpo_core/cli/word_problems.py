@@ -139,19 +139,31 @@ def problems(
     templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
     exclude: frozenset[str] = frozenset(),
 ) -> list[dict]:
-    """``n`` distinct problems as rows ``{"prompt", "answer"}`` in a seeded order: from
-    ``templates`` when given, else half one-step and half two-step; none whose question is
-    in ``exclude``."""
+    """``n`` distinct problems as rows ``{"prompt", "answer", "kind"}`` (kind: ``one-step``
+    or ``two-step``) in a seeded order: from ``templates`` when given, else half one-step and
+    half two-step; none whose question is in ``exclude``."""
     rng = random.Random(seed)
     seen: set[str] = set(exclude)
     rows: list[dict] = []
     while len(rows) < n:
         kinds = templates or (ONE_STEP if len(rows) % 2 == 0 else TWO_STEP)
-        question, answer = rng.choice(kinds)(rng, rng.choice(NAMES), rng.choice(ITEMS))
+        template = rng.choice(kinds)
+        question, answer = template(rng, rng.choice(NAMES), rng.choice(ITEMS))
         if question not in seen:
             seen.add(question)
-            rows.append({"prompt": question, "answer": str(answer)})
+            kind = "one-step" if template in ONE_STEP else "two-step"
+            rows.append({"prompt": question, "answer": str(answer), "kind": kind})
     return rows
+
+
+def accuracy_by_kind(rows: list[dict], records: list[dict]) -> dict[str, float]:
+    """Share of correct completions per kind of problem: ``records`` are an evaluation's
+    (grpo_core.observe.evaluate), each naming its row of ``rows`` by position (``problem``)
+    and whether it was ``correct``; kinds in sorted order."""
+    right: dict[str, list[int]] = {}
+    for r in records:
+        right.setdefault(rows[r["problem"]]["kind"], []).append(bool(r["correct"]))
+    return {kind: sum(v) / len(v) for kind, v in sorted(right.items())}
 
 
 def split(
@@ -160,10 +172,10 @@ def split(
     seed: int = 0,
     train_templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows): distinct problems, none in both. The held-out rows are
-    half one-step, half two-step; ``train_templates`` draws the training rows from those
-    templates only (the pretrained demo trains on :data:`ONE_STEP`, docs/recipes.md), with
-    the same held-out rows as the default split."""
+    """(training rows, held-out rows): distinct problems, none in both, each half one-step and
+    half two-step; ``train_templates`` draws the training rows from those templates only
+    (the pretrained demo trains on :data:`ONE_STEP`, docs/recipes.md), with the same held-out
+    rows."""
     rows = problems(n_train + n_heldout, seed)
     if train_templates is None:
         return rows[:n_train], rows[n_train:]

@@ -319,7 +319,7 @@ def test_the_demos_final_evaluation_repeats_the_last_validation(
     train(cfg)
     with open(os.path.join(problems, "test.jsonl"), encoding="utf-8") as f:
         held = [json.loads(line) for line in f][:4]
-    (after,) = accuracies(view(cfg), os.path.join(out, "final"), held)
+    ((after, _),) = accuracies(view(cfg), os.path.join(out, "final"), held)
     (during, in_training), (report, final) = seen["during"][0], seen["after"][0]
     assert len(seen["during"]) == len(seen["after"]) == 1
     assert [r["prompt"] for r in final] == [r["prompt"] for r in in_training]
@@ -392,6 +392,10 @@ def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_p
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
     assert summary["heldout_n"] == 4 and summary["steps"] == 1 and summary["seconds"] > 0
     assert all(0 <= summary[k] <= 1 for k in ("heldout_before", "heldout_after"))
+    for when in ("before", "after"):  # 2 problems of each kind: overall = the kinds' mean
+        kinds = summary[f"heldout_by_kind_{when}"]
+        assert sorted(kinds) == ["one-step", "two-step"]
+        assert sum(kinds.values()) / 2 == pytest.approx(summary[f"heldout_{when}"])
     assert (summary["gsm8k_before"] is None) == (not os.path.isfile(demo_pretrained.GSM8K_TEST))
     assert os.path.isfile(os.path.join(summary["model_dir"], "model.safetensors"))
     assert os.path.getsize(os.path.join(out, "curve.png")) > 0

@@ -42,12 +42,40 @@ def test_each_template_answers_its_own_story():
             assert answer == FORMULAS[template.__name__](*numbers) > 0, question
 
 
+ONE_STEP_WORDS = ("buys", "gave", "A box holds", "shares")
+TWO_STEP_WORDS = ("then gives", "packs of", "trays of", "notebooks")
+
+
+def test_the_default_split_holds_both_kinds_half_each_and_names_them():
+    train, held = word_problems.split(300, 50, seed=1)
+    for rows in (train, held):
+        kinds = [r["kind"] for r in rows]
+        assert kinds.count("one-step") == kinds.count("two-step") == len(rows) // 2
+        for r in rows:  # the kind names the template that wrote the story
+            two = any(w in r["prompt"] for w in TWO_STEP_WORDS)
+            assert two == (r["kind"] == "two-step"), r
+
+
+def test_accuracy_by_kind_counts_each_completion_under_its_problems_kind():
+    rows = [{"kind": "one-step"}, {"kind": "two-step"}, {"kind": "one-step"}]
+    records = [  # two completions a problem, as an evaluation with n = 2 lists them
+        {"problem": 0, "correct": True},
+        {"problem": 0, "correct": True},
+        {"problem": 1, "correct": False},
+        {"problem": 1, "correct": True},
+        {"problem": 2, "correct": False},
+        {"problem": 2, "correct": True},
+    ]
+    # one-step: 3 right of 4 completions; two-step: 1 of 2
+    assert word_problems.accuracy_by_kind(rows, records) == {"one-step": 0.75, "two-step": 0.5}
+    assert word_problems.accuracy_by_kind(rows, []) == {}
+
+
 def test_one_step_training_rows_keep_the_mixed_heldout_apart():
     train, held = word_problems.split(300, 50, seed=1, train_templates=word_problems.ONE_STEP)
     assert held == word_problems.split(300, 50, seed=1)[1]  # the same held-out problems
     assert len(train) == 300 and not {r["prompt"] for r in train} & {r["prompt"] for r in held}
-    one_step = ("buys", "gave", "A box holds", "shares")
-    two_step = ("then gives", "packs of", "trays of", "notebooks")
-    assert all(any(w in r["prompt"] for w in one_step) for r in train)
-    assert not any(any(w in r["prompt"] for w in two_step) for r in train)
-    assert any(any(w in r["prompt"] for w in two_step) for r in held)
+    assert all(any(w in r["prompt"] for w in ONE_STEP_WORDS) for r in train)
+    assert not any(any(w in r["prompt"] for w in TWO_STEP_WORDS) for r in train)
+    assert {r["kind"] for r in train} == {"one-step"}
+    assert any(any(w in r["prompt"] for w in TWO_STEP_WORDS) for r in held)
