@@ -493,7 +493,7 @@ def test_validate_names_what_an_environment_run_cannot_do(tiny_model, addition_d
     )
     out = run_grpo("validate", write_config(tmp_path / "c.json", cfg))
     assert out.returncode == 2
-    for key in ("baseline.name: 'remax'", "groups.resample_zero_std_max", "data.columns:"):
+    for key in ("baseline.name: remax", "groups.resample_zero_std_max", "data.columns:"):
         assert key in out.stderr, out.stderr
     cfg = make_config(
         tiny_model,
