@@ -224,21 +224,29 @@ def run(
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     plot_curve(result["run_dir"], before, after, os.path.join(out, "curve.png"))
+    report(out, summary)
+    return 0
+
+
+def report(out: str, summary: dict) -> None:
+    """The demo's closing lines: held-out accuracy before and after (overall and per kind),
+    GSM8K's when measured, and where the summary, curve and model are."""
+    kinds_before, kinds_after = summary["heldout_by_kind_before"], summary["heldout_by_kind_after"]
     per_kind = ", ".join(f"{k} {kinds_before[k]:.2f} -> {v:.2f}" for k, v in kinds_after.items())
     print(
-        f"\nheld-out greedy accuracy {before:.2f} -> {after:.2f} on {len(heldout)} problems "
-        f"never trained on ({per_kind}); {summary['seconds']:.0f} s in all"
+        f"\nheld-out greedy accuracy {summary['heldout_before']:.2f} -> "
+        f"{summary['heldout_after']:.2f} on {summary['heldout_n']} problems never trained on "
+        f"({per_kind}); {summary['seconds']:.0f} s in all"
     )
-    if gsm8k:
+    if summary["gsm8k_n"]:
         print(
-            f"GSM8K test ({len(gsm8k)} problems) "
+            f"GSM8K test ({summary['gsm8k_n']} problems) "
             f"{summary['gsm8k_before']:.3f} -> {summary['gsm8k_after']:.3f}"
         )
     print(
         f"summary: {os.path.join(out, 'summary.json')}; curve: {os.path.join(out, 'curve.png')}"
-        f"; model: {final}"
+        f"; model: {summary['model_dir']}"
     )
-    return 0
 
 
 def plot_curve(run_dir: str, before: float, after: float, path: str) -> None:
