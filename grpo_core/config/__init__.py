@@ -127,7 +127,12 @@ def full_schema() -> dict:
 
 
 def fill_defaults(schema: dict, value: Any) -> Any:
-    """Fill ``default`` values from ``schema`` into ``value`` (objects and arrays, recursively)."""
+    """Fill ``default`` values from ``schema`` into ``value`` (objects and arrays, recursively).
+    A plugin section given without its ``name`` (``objective: {entropy_coef: 0.01}``, or
+    ``--set objective.entropy_coef=0.01``) takes the section's default plugin."""
+    if isinstance(value, dict) and "x-plugin" in schema and isinstance(schema.get("default"), dict):
+        for key, default in schema["default"].items():
+            value.setdefault(key, copy.deepcopy(default))
     if isinstance(value, dict) and "properties" in schema:
         for key, sub in schema["properties"].items():
             if key not in value and "default" in sub:

@@ -194,6 +194,20 @@ def test_defaults_filled_and_overrides(tmp_path, capsys):
     assert eff["sampling"]["group_size"] == 8 and eff["kl"]["name"] == "fixed"
 
 
+def test_a_plugin_section_without_its_name_takes_the_default_plugin(tmp_path, capsys):
+    """``--set objective.entropy_coef=...`` on a config without an ``objective`` section
+    means the default objective with a bonus; ``reward`` has no default, so its name stays
+    required."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    assert main(["validate", str(path), "--set", "objective.entropy_coef=0.01"]) == 0
+    eff = yaml.safe_load(capsys.readouterr().out)["objective"]
+    assert eff["name"] == "grpo" and eff["entropy_coef"] == 0.01
+    assert eff["options"]["clip_low"] == 0.2  # the default plugin's options filled
+    with pytest.raises(ConfigError, match=r"reward\.name: missing, required"):
+        config.validate({**GOOD, "reward": {"options": {}}})
+
+
 def test_bad_override_syntax(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(GOOD))
