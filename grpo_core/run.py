@@ -38,6 +38,7 @@ from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, KLController, Objective, Reward
 from grpo_core.log import log
+from grpo_core.model.casts import stored_as_computed
 from grpo_core.observe import tracking
 from grpo_core.observe.callbacks import Callbacks
 from grpo_core.observe.evaluate import held_out_rows
@@ -199,7 +200,7 @@ def start(
         config, sampling=resolve_sampling(policy, config.sampling, rank == 0)
     )
     kl = _plugin("kl", config.kl)
-    reference = _reference(kl, policy, config, device)
+    reference = _reference(kl, policy, config, device, how)
     if how in ("ddp", "fsdp"):  # the reference is spread the same way
         for model in {id(m): m for m in (policy, reference) if m is not None}.values():
             parallel.shard(model, how, config.distributed, device)
@@ -304,15 +305,22 @@ def _claim(cfg: dict, out: str, rank: int, resume: str | bool | None, overwrite:
     return run_id
 
 
-def _reference(kl: KLController, policy: Any, config: Config, device: torch.device) -> Any:
+def _reference(
+    kl: KLController, policy: Any, config: Config, device: torch.device, how: str
+) -> Any:
     """The frozen reference: none when the KL coefficient stays 0; with LoRA the base model
-    (the policy with its adapter disabled, no second copy); else a copy of the policy."""
+    (the policy with its adapter disabled, no second copy); else a copy of the policy, whose
+    matrix weights, on one unsharded device under bf16 autocast, are stored in bf16
+    (``stored_as_computed``: the same log-probs, half the bytes, no casts per forward)."""
     if not kl.needs_reference():
         return None
     if is_peft(policy):
         return policy
     where = "cpu" if config.model.reference_device == "cpu" else device
-    return copy.deepcopy(policy).to(where).eval().requires_grad_(False)
+    reference = copy.deepcopy(policy).to(where).eval().requires_grad_(False)
+    if how == "none" and where == device:
+        stored_as_computed(reference, numerics(device, config.model.dtype))
+    return reference
 
 
 def _prompt_limit(config: Config, policy: Any) -> int:

@@ -131,7 +131,10 @@ def plan(
     layer = (P - shape.vocab * H * (1 if shape.tied else 2)) / shape.layers
     gathered = 2 * layer * wb if strategy in ("fsdp", "zero3") and gpus > 1 else 0.0
     out = {"weights": P * wb / w_s + gathered}
-    out["reference"] = P * wb / r_s if reference and not lora_rank else 0.0
+    # one unsharded process under autocast stores the reference's matrices in bf16
+    # (grpo_core.model.casts.stored_as_computed); the embedding keeps the weights' dtype
+    ref_b = ab + (wb - ab) * shape.vocab * H / P if strategy == "none" else wb
+    out["reference"] = P * ref_b / r_s if reference and not lora_rank else 0.0
     out["gradients"] = trainable * wb / g_s
     deepspeed = strategy.startswith("zero")
     # DeepSpeed: an fp32 master copy and fp32 moments; torch: the moments, as the weights

@@ -87,6 +87,10 @@ def test_the_plan_by_hand():
     assert e["activations"] == 16 * 2 * (8 * 4 + 4 * 8 + 4 * 2) * 4  # 16 tokens x 2 layers x 72
     # resident from the second step: weights, reference, moments; then the backward phase
     assert e["total"] == 3 * 1456 + 2912 - 1456 + (1456 + 9216 + 800) == 17296
+    # auto (float32 weights, bf16 compute), one process: the reference's matrices in bf16, its
+    # 40-number embedding in float32 (norms counted as matrices: a few numbers a layer)
+    assert plan(s, 2, 1, 3, 5, dtype="auto")["reference"] == 324 * 2 + 40 * 4
+    assert plan(s, 2, 4, 3, 5, dtype="auto", strategy="ddp", gpus=2)["reference"] == 364 * 4
     gc = plan(s, 2, 1, 3, 5, dtype="float32", logprob_chunk=4, gradient_checkpointing=True)
     assert gc["activations"] == 16 * (2 * 4 + 2 * 72) * 4  # layer inputs + one layer twice
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 
@@ -15,6 +16,7 @@ from safetensors.torch import load_file
 import grpo_core
 from grpo_core import config
 from grpo_core.loss.losses import Normaliser, objective_loss
+from grpo_core.model.casts import stored_as_computed
 from grpo_core.model.logprobs import completion_logprobs, reference_logprobs
 from grpo_core.rollout import SamplingParams
 from grpo_core.store.models import load_model, load_tokenizer
@@ -86,6 +88,32 @@ def test_lora_trains_only_adapters_and_reference_is_the_base(tiny_model, additio
     torch.testing.assert_close(
         completion_logprobs(merged, ro, 1.0, 64)[0], adapted, rtol=1e-4, atol=1e-5
     )
+
+
+def test_a_reference_stored_in_bf16_gives_the_same_logprobs_under_autocast(tiny_model):
+    """stored_as_computed: the frozen reference's linear weights and biases stored in autocast's dtype.
+    Autocast would cast each float32 weight to bf16 at every call (round to nearest, as
+    ``.to`` does), so the stored copy is the very tensor the matrix product gets: the
+    log-probs are bitwise the float32 reference's. The embedding (tied to the output head
+    here) and the norms keep float32, as autocast computes them."""
+    tok = load_tokenizer(model_cfg(tiny_model))
+    policy = load_model(model_cfg(tiny_model), CPU)
+    ro = rollout(policy, tok)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    expected = reference_logprobs(reference, ro, 1.0, 64, bf16)
+    before = sum(p.nbytes for p in reference.parameters())
+    assert stored_as_computed(reference, torch.autocast("cpu", enabled=False)) is reference
+    assert {p.dtype for p in reference.parameters()} == {torch.float32}  # no autocast: kept
+    stored_as_computed(reference, bf16)
+    linear = [m for m in reference.modules() if type(m) is torch.nn.Linear]
+    embedding = reference.get_input_embeddings().weight
+    assert all(m.weight.dtype == torch.bfloat16 for m in linear if m.weight is not embedding)
+    assert embedding.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for n, p in reference.named_parameters() if "norm" in n)
+    matrices = sum(p.numel() for m in linear for p in m.parameters() if p is not embedding)
+    assert sum(p.nbytes for p in reference.parameters()) == before - 2 * matrices
+    assert torch.equal(reference_logprobs(reference, ro, 1.0, 64, bf16), expected)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
