@@ -345,8 +345,8 @@ def _results(args, results: dict, budget: float, metrics: list[str], data: dict)
         "",
         f"| variant | settings | final reward [{ci}] | AUC per step [{ci}] | AUC to "
         f"{budget:,.0f} tokens [{ci}] |{held_out} steps to {t} | tokens to {t} | seconds "
-        f"to {t} | tokens per run | wall s per run |",
-        "|---|---|---|---|---|" + "---|" * (5 + bool(held_out)),
+        f"to {t} | tokens per run | wall s per run | s per step | peak MiB |",
+        "|---|---|---|---|---|" + "---|" * (7 + bool(held_out)),
     ]
     for name, v in results.items():
         figs = [r["figures"] for r in v["runs"]]
@@ -362,7 +362,9 @@ def _results(args, results: dict, budget: float, metrics: list[str], data: dict)
             f"{_ci(sums['auc_tokens'])} |"
             + (f" {_ci(sums['eval'])} |" if held_out else "")
             + f" {_reach(reach['step'], '')} | {_reach(reach['tokens'], '')} | "
-            f"{_reach(reach['seconds'], ' s')} | {toks:,.0f} | {secs:.0f} |"
+            f"{_reach(reach['seconds'], ' s')} | {toks:,.0f} | {secs:.0f} | "
+            f"{np.median([f['step_seconds'] for f in figs]):.2f} | "
+            f"{_peak([f['peak_mb'] for f in figs])} |"
         )
         data["variants"][name] = {
             "settings": v["settings"],
@@ -377,11 +379,19 @@ def _results(args, results: dict, budget: float, metrics: list[str], data: dict)
                     **{m: r["figures"][m] for m in metrics},
                     "reach": r["figures"]["reach"],
                     "tokens": r["figures"]["tokens"][-1],
+                    "step_seconds": r["figures"]["step_seconds"],
+                    "peak_mb": r["figures"]["peak_mb"],
                 }
                 for r in v["runs"]
             ],
         }
     return lines
+
+
+def _peak(values: list[float]) -> str:
+    """The largest peak memory of a variant's runs, in MiB ("n/a" when none was logged)."""
+    logged = [v for v in values if not math.isnan(v)]
+    return f"{max(logged):,.0f}" if logged else "n/a"
 
 
 def _pairs(args, results: dict, metrics: list[str], data: dict) -> list[str]:

@@ -164,8 +164,10 @@ def run_figures(
 ) -> dict:
     """Final reward (mean of the last 10% of steps), area under the reward curve per step
     (the mean reward over all steps), the last held-out ``eval/accuracy`` (NaN without one),
-    cumulative generated tokens and seconds per step, and the step, tokens and seconds at
-    which the trailing ``window``-step mean reward first reaches ``threshold`` (None if
+    cumulative generated tokens and seconds per step, the median seconds of a step and the
+    peak memory in MiB (the largest ``peak_memory_mb`` logged: the device's on a GPU, the
+    process's resident size on a CPU; NaN when not logged), and the step, tokens and seconds
+    at which the trailing ``window``-step mean reward first reaches ``threshold`` (None if
     never)."""
     rewards = np.array([np.nan if r.get("reward") is None else float(r["reward"]) for r in records])
     tokens = np.cumsum([step_tokens(r, prompts_per_step, greedy) for r in records])
@@ -183,7 +185,10 @@ def run_figures(
             }
             break
     held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
+    peaks = [float(r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb") is not None]
     return {
+        "step_seconds": float(np.median(np.diff(seconds, prepend=0.0))),
+        "peak_mb": max(peaks) if peaks else math.nan,
         "final": float(np.nanmean(rewards[-max(1, len(rewards) // 10) :])),
         "auc": float(np.nanmean(rewards)),
         "reach": reach,

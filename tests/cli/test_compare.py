@@ -113,7 +113,13 @@ def test_compare_two_baselines_two_seeds(tiny_model, addition_data, tmp_path):
     md = (out / "compare.md").read_text()
     for name in ("grpo", "rloo"):
         (row,) = cells(md, name)
-        assert len(row) == 11  # with held-out accuracy: the runs validated
+        assert len(row) == 13  # with held-out accuracy: the runs validated
+        runs = [metrics(out / f"{name}-seed{s}") for s in (0, 1)]
+        # seconds a step: the median over the seeds of each run's median step
+        per_run = [np.median([r["time/step"] for r in run]) for run in runs]
+        assert float(row[11]) == pytest.approx(np.median(per_run), abs=0.006)
+        peak = max(r["peak_memory_mb"] for run in runs for r in run)  # MiB, the largest
+        assert row[12] == f"{peak:,.0f}" and peak > 100  # a CPU process's resident size
         mean, lo, hi = interval(row[2])  # final reward [95% CI]
         assert lo <= mean <= hi
         held_out = [metrics(out / f"{name}-seed{s}")[-1]["eval/accuracy"] for s in (0, 1)]
@@ -217,7 +223,7 @@ def test_vary_a_config_key_tune_per_variant_then_resume(tiny_model, addition_dat
         assert data["tuning"][v]["chosen"] == f"optimizer.lr={best}"
         # evaluation: seeds 0 and 1 at the chosen value, final reward and AUC with intervals;
         # two seeds: every resample has probability >= 1/4, so the 95% interval is [min, max]
-        (result,) = [r for r in rows if len(r) == 10]
+        (result,) = [r for r in rows if len(r) == 12]
         assert result[1] == f"{v},optimizer.lr={best}"
         runs = [metrics(out / f"{slug}_optimizer.lr-{best}-seed{s}") for s in (0, 1)]
         finals = [r[-1]["reward"] for r in runs]  # last 10% of 2 steps: the last one
