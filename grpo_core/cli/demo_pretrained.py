@@ -170,32 +170,24 @@ def run(
     overrides: list[str] | None = None,
     heldout_n: int = N_HELDOUT,
     gsm8k_n: int = N_GSM8K,
-    one_step_first: int | None = None,
 ) -> int:
     """Prepare the data, measure, train, measure again; writes ``summary.json`` and
     ``curve.png``. ``heldout_n``, ``gsm8k_n``: problems evaluated (fewer for a quick check;
-    GSM8K 0: none). ``one_step_first``: None trains on one-step problems only; k trains on
-    one-step problems for k steps, then on one- and two-step ones alternating."""
+    GSM8K 0: none)."""
     t0 = time.time()
     gguf = locate_model()
     # trained on one-step problems, judged on held-out one- and two-step ones (docs/recipes.md)
     train_rows, heldout = word_problems.split(
         N_TRAIN, heldout_n, train_templates=word_problems.ONE_STEP
     )
-    import yaml
-
-    recipe = demo_config(out, steps or STEPS, gguf)
-    if one_step_first is not None:
-        recipe["data"]["shuffle"] = False  # the curriculum's order is the order trained in
-    cfg_path = os.path.join(out, "config.yaml")
-    with open(cfg_path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(recipe, f, sort_keys=False)
-    cfg = config_mod.load(cfg_path, overrides)
-    if one_step_first is not None:
-        first = one_step_first * cfg["train"]["prompts_per_step"]
-        train_rows = word_problems.curriculum(N_TRAIN, heldout, first, cfg["train"]["seed"])
     write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
+    import yaml
+
+    cfg_path = os.path.join(out, "config.yaml")
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(demo_config(out, steps or STEPS, gguf), f, sort_keys=False)
+    cfg = config_mod.load(cfg_path, overrides)
     gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if gsm8k_n and os.path.isfile(GSM8K_TEST) else None
     print(
         f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",

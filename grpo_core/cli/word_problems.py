@@ -182,14 +182,3 @@ def split(
     held = rows[n_train:]
     exclude = frozenset(r["prompt"] for r in held)
     return problems(n_train, seed + 1, train_templates, exclude), held
-
-
-def curriculum(n_train: int, heldout: list[dict], first: int, seed: int) -> list[dict]:
-    """Training rows in the order a run takes them (``data.shuffle: false``): ``first``
-    one-step problems, then one-step and two-step problems alternating; none in ``heldout``;
-    which problems, and their order, drawn from ``seed`` (the run's ``train.seed``)."""
-    exclude = frozenset(r["prompt"] for r in heldout)
-    one = problems(n_train, 1000 + seed, ONE_STEP, exclude)
-    two = problems(n_train - first, 2000 + seed, TWO_STEP, exclude)
-    mixed = [row for pair in zip(one[first:], two, strict=False) for row in pair]
-    return (one[:first] + mixed)[:n_train]
