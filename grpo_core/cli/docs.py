@@ -75,8 +75,18 @@ def _rows(props: dict, required: list, prefix: str) -> list[str]:
             rows += _rows(s["properties"], s.get("required", []), path)
             continue
         default = "required" if key in required and "default" not in s else _default(s)
+        if key == "name" and prefix in PLUGIN_DEFAULTS:  # a section without name takes it
+            default = f"`{PLUGIN_DEFAULTS[prefix]}`"
         rows.append(f"| `{path}` | {_type(s)} | {default} | {s.get('description', '')} |")
     return rows
+
+
+#: the plugin a top-level section selects when it is written without ``name``
+PLUGIN_DEFAULTS = {
+    section: s["default"]["name"]
+    for section, s in CORE_SCHEMA["properties"].items()
+    if "x-plugin" in s and isinstance(s.get("default"), dict) and "name" in s["default"]
+}
 
 
 def config_reference() -> str:
@@ -91,7 +101,11 @@ def config_reference() -> str:
             article = "An" if s["x-plugin"][0] in "aeiou" else "A"
             out.append(
                 f"{article} `{s['x-plugin']}` plugin by name"
-                + (f" (default `{default}`)" if default else "")
+                + (
+                    f" (default `{default}`, also for a section written without `name`)"
+                    if default
+                    else ""
+                )
                 + "; `grpo plugins` lists them."
                 + (" Optional (default `null`)." if s.get("default", 0) is None else "")
                 + "\n"
