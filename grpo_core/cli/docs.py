@@ -62,6 +62,14 @@ def _default(s: dict) -> str:
     return "`" + json.dumps(s["default"]) + "`"
 
 
+#: the plugin a top-level section selects when it is written without ``name``
+PLUGIN_DEFAULTS = {
+    section: s["default"]["name"]
+    for section, s in CORE_SCHEMA["properties"].items()
+    if "x-plugin" in s and isinstance(s.get("default"), dict) and "name" in s["default"]
+}
+
+
 def _rows(props: dict, required: list, prefix: str) -> list[str]:
     rows = []
     for key, s in props.items():
@@ -81,14 +89,6 @@ def _rows(props: dict, required: list, prefix: str) -> list[str]:
     return rows
 
 
-#: the plugin a top-level section selects when it is written without ``name``
-PLUGIN_DEFAULTS = {
-    section: s["default"]["name"]
-    for section, s in CORE_SCHEMA["properties"].items()
-    if "x-plugin" in s and isinstance(s.get("default"), dict) and "name" in s["default"]
-}
-
-
 def config_reference() -> str:
     """docs/config.md: every section and key, with its type, default and description."""
     out = [HEADER]
@@ -97,7 +97,7 @@ def config_reference() -> str:
         req = " (required)" if section in CORE_SCHEMA["required"] else ""
         out.append(f"## `{section}`{req}\n\n{s.get('description', '')}\n")
         if "x-plugin" in s:
-            default = (s.get("default") or {}).get("name")
+            default = PLUGIN_DEFAULTS.get(section)
             article = "An" if s["x-plugin"][0] in "aeiou" else "A"
             out.append(
                 f"{article} `{s['x-plugin']}` plugin by name"

@@ -171,7 +171,8 @@ def run_figures(
     never)."""
     rewards = np.array([np.nan if r.get("reward") is None else float(r["reward"]) for r in records])
     tokens = np.cumsum([step_tokens(r, prompts_per_step, greedy) for r in records])
-    seconds = np.cumsum([float(r.get("time/step") or 0.0) for r in records])
+    step_seconds = np.array([float(r.get("time/step") or 0.0) for r in records])
+    seconds = np.cumsum(step_seconds)
     if len(rewards) == 0 or np.all(np.isnan(rewards)):
         raise ValueError("no reward in the run's metrics")
     reach = None
@@ -187,7 +188,7 @@ def run_figures(
     held_out = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
     peaks = [float(r["peak_memory_mb"]) for r in records if r.get("peak_memory_mb") is not None]
     return {
-        "step_seconds": float(np.median(np.diff(seconds, prepend=0.0))),
+        "step_seconds": float(np.median(step_seconds)),
         "peak_mb": max(peaks) if peaks else math.nan,
         "final": float(np.nanmean(rewards[-max(1, len(rewards) // 10) :])),
         "auc": float(np.nanmean(rewards)),
