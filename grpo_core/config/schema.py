@@ -339,9 +339,9 @@ GROUPS = _obj(
             "minimum": 1,
             "default": None,
             "description": "std-driven group sizes: draw this many completions per "
-            "prompt first, then share the rest of P x G among the "
-            "prompts in proportion to their rewards' std (null: "
-            "every group G)",
+            "prompt first, then share the rest of the step's tokens (P x G "
+            "completions' worth) among the prompts, the most to those whose "
+            "first rewards agree (the smallest std) (null: every group G)",
         },
         "dynamic_sampling": {
             "type": "boolean",
