@@ -113,7 +113,12 @@ def score(
     scored = refine(scored)
     t1 = time.time()
     greedy, seconds = run.targets.greedy_rewards(run, sampled)
-    return replace(scored, greedy_rewards=greedy, seconds=t1 - t0, greedy_seconds=seconds)
+    return replace(
+        scored,
+        greedy_rewards=greedy,
+        seconds=t1 - t0 - scored.extra_seconds,  # the extra completions' generation: its own
+        greedy_seconds=seconds,
+    )
 
 
 def _chunk(run: Run) -> int | None:
@@ -318,7 +323,7 @@ def observe(
             "grad_norm": updated.grad_norm,
             "skipped_updates": updated.skipped,
             "lr": run.scheduler.get_last_lr()[0],
-            "time/generate": sampled.seconds,
+            "time/generate": sampled.seconds + scored.extra_seconds,
             "time/reward": scored.seconds,
             "time/greedy": scored.greedy_seconds,
             "time/reference": targets.seconds,

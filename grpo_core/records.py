@@ -84,7 +84,8 @@ class Scored:
     problem: str | None = None
     greedy_rewards: torch.Tensor | None = None  # [P]
     extra_completions: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # scoring, and drawing the extra completions (all of time/reward)
+    extra_seconds: float = 0.0  # generating the extra completions: time/generate's, not reward's
     greedy_seconds: float = 0.0
     filler: torch.Tensor | None = None  # [P] bool: no signal, left out of the loss (DAPO)
     groups: dict = field(default_factory=dict)  # dynamic sampling's counts (groups/...)
@@ -119,6 +120,7 @@ class Scored:
             problem=self.problem,
             greedy_rewards=None if self.greedy_rewards is None else self.greedy_rewards[idx],
             seconds=self.seconds,
+            extra_seconds=self.extra_seconds,
             greedy_seconds=self.greedy_seconds,
         )
 
@@ -138,6 +140,7 @@ class Scored:
             else torch.cat([p.greedy_rewards for p in parts if p.greedy_rewards is not None]),
             extra_completions=sum(p.extra_completions for p in parts),
             seconds=sum(p.seconds for p in parts),
+            extra_seconds=sum(p.extra_seconds for p in parts),
             greedy_seconds=sum(p.greedy_seconds for p in parts),
         )
 

@@ -59,6 +59,7 @@ class Dynamic(Sampler):
         kept: list[tuple[Sampled, Scored]] = []
         have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
         drawn: list[torch.Tensor] = []  # every round's rewards, kept or filtered
+        rounds_drawn: list[tuple[Sampled, Scored]] = []  # every round, for its times
         while rounds < gc.max_rounds:
             needs = [int(n[0]) for n in dist.gather_numbers([float(P - have)])]
             if not sum(needs):
@@ -77,6 +78,7 @@ class Dynamic(Sampler):
                 continue
             j = phases.score(run, step, s)
             drawn.append(j.rewards)
+            rounds_drawn.append((s, j))
             signal = has_signal(j.grid, gc.min_std)
             idx = torch.nonzero(signal).squeeze(1).tolist()
             if idx:
@@ -101,10 +103,20 @@ class Dynamic(Sampler):
                 **_sums("reward_kept", signal),
             }
         )
-        return Sampled.cat([s for s, _ in kept]), replace(
+        # every round's times once, kept or filtered: the kept groups' parts hold only their
+        # own rounds' times, and the last round's twice when it also gave the filler
+        gen, judged = [s for s, _ in rounds_drawn], [j for _, j in rounds_drawn]
+        sampled = replace(
+            Sampled.cat([s for s, _ in kept]),
+            seconds=sum(s.seconds for s in gen),
+            greedy_seconds=sum(s.greedy_seconds for s in gen),
+        )
+        return sampled, replace(
             scored,
             filler=left_out,
             groups={**_means(counts), "groups/rounds": float(rounds)},
+            seconds=sum(j.seconds for j in judged),
+            greedy_seconds=sum(j.greedy_seconds for j in judged),
         )
 
 

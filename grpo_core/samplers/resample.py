@@ -3,6 +3,7 @@ equal gets n more completions of its prompt, scored and appended to it, once per
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -70,9 +71,11 @@ def draw_more(
     ro = scored.rollout
     idx = torch.nonzero(which).squeeze(1).tolist()
     sub = batch.select(idx)
+    t0 = time.time()
     extra = run.generator.generate(
         sub.prompt_ids, n, run.sampling, seed=seed ^ 0x5BD1E995, row_offset=offset
     ).to(ro.group.device)
+    seconds = time.time() - t0
     got = phases.rewards(run, sub, extra)
     extra = replace(
         extra,
@@ -89,6 +92,7 @@ def draw_more(
         extras=joined([scored.extras, got.extras], sizes, None),
         problem=scored.problem or got.problem,
         extra_completions=scored.extra_completions + extra.size,
+        extra_seconds=scored.extra_seconds + seconds,
     )
 
 
