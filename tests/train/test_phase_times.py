@@ -14,9 +14,9 @@ import types
 
 import pytest
 from grpo_core_plugins.generators.hf import HFGenerator
-from helpers import make_config
+from test_group_sizes import run_cfg
 
-from grpo_core import config, phases
+from grpo_core import phases
 from grpo_core.samplers import resample
 from grpo_core.trainer import train
 
@@ -54,19 +54,7 @@ def calls(monkeypatch):
 
 
 def run(model, data, out, **groups) -> list[dict]:
-    cfg = make_config(
-        model,
-        data,
-        str(out),
-        reward={"name": "format", "options": {"tags": [], "patterns": ["[0-9]"]}},
-        groups=groups,
-        sampling={"group_size": 4, "max_new_tokens": 6},
-        train={"steps": 2, "prompts_per_step": 4, "micro_batch_groups": 2, "seed": 3},
-        optimizer={"lr": 1e-2},
-        runtime={"device": "cpu", "threads": 1},
-        output={"dir": str(out), "progress": False, "samples_every": 0, "tensorboard": "off"},
-    )
-    train(config.validate(cfg))
+    train(run_cfg(model, data, out, **groups))
     return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
 
 
