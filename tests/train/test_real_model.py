@@ -16,6 +16,7 @@ import shutil
 
 import pytest
 import torch
+import yaml
 from helpers import make_config, run_grpo, write_config
 from safetensors.torch import load_file
 
@@ -399,3 +400,7 @@ def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_p
     assert (summary["gsm8k_before"] is None) == (not os.path.isfile(demo_pretrained.GSM8K_TEST))
     assert os.path.isfile(os.path.join(summary["model_dir"], "model.safetensors"))
     assert os.path.getsize(os.path.join(out, "curve.png")) > 0
+    # config.yaml is what ran, the overrides in it: grpo train or compare on it repeats the run
+    written = yaml.safe_load(open(os.path.join(out, "config.yaml")))
+    assert written["sampling"]["group_size"] == 2 and written["runtime"]["threads"] == 1
+    assert written["kl"] == {"name": "fixed", "options": {"coef": 0.04}}  # the recipe's own
