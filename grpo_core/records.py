@@ -84,7 +84,7 @@ class Scored:
     problem: str | None = None
     greedy_rewards: torch.Tensor | None = None  # [P]
     extra_completions: int = 0
-    seconds: float = 0.0  # scoring, and drawing the extra completions (all of time/reward)
+    seconds: float = 0.0  # scoring, the extra completions' included: time/reward
     extra_seconds: float = 0.0  # generating the extra completions: time/generate's, not reward's
     greedy_seconds: float = 0.0
     filler: torch.Tensor | None = None  # [P] bool: no signal, left out of the loss (DAPO)

@@ -58,8 +58,7 @@ class Dynamic(Sampler):
         gc, P, G = run.config.groups, run.prompts, run.config.first_group_size
         kept: list[tuple[Sampled, Scored]] = []
         have, rounds, generated, filtered, spare = 0, 0, 0, 0, None
-        drawn: list[torch.Tensor] = []  # every round's rewards, kept or filtered
-        rounds_drawn: list[tuple[Sampled, Scored]] = []  # every round, for its times
+        drawn: list[tuple[Sampled, Scored]] = []  # every round, kept or filtered
         while rounds < gc.max_rounds:
             needs = [int(n[0]) for n in dist.gather_numbers([float(P - have)])]
             if not sum(needs):
@@ -77,8 +76,7 @@ class Dynamic(Sampler):
             if s is None:
                 continue
             j = phases.score(run, step, s)
-            drawn.append(j.rewards)
-            rounds_drawn.append((s, j))
+            drawn.append((s, j))
             signal = has_signal(j.grid, gc.min_std)
             idx = torch.nonzero(signal).squeeze(1).tolist()
             if idx:
@@ -99,13 +97,13 @@ class Dynamic(Sampler):
                 "groups/filtered": filtered,
                 "groups/generated": generated,
                 "groups/filler": filler,
-                **_sums("reward", torch.cat(drawn) if drawn else torch.zeros(0)),
+                **_sums("reward", torch.cat([j.rewards for _, j in drawn] or [torch.zeros(0)])),
                 **_sums("reward_kept", signal),
             }
         )
         # every round's times once, kept or filtered: the kept groups' parts hold only their
         # own rounds' times, and the last round's twice when it also gave the filler
-        gen, judged = [s for s, _ in rounds_drawn], [j for _, j in rounds_drawn]
+        gen, judged = [s for s, _ in drawn], [j for _, j in drawn]
         sampled = replace(
             Sampled.cat([s for s, _ in kept]),
             seconds=sum(s.seconds for s in gen),
