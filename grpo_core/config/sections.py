@@ -141,8 +141,8 @@ class GroupsSection:
     #: extra completions per zero-std group
     resample_zero_std_max: int
     #: std-driven group sizes: draw this many completions per prompt first, then share the
-    #: rest of P x G among the prompts in proportion to their rewards' std (null: every group
-    #: G)
+    #: rest of the step's tokens (P x G completions' worth) among the prompts, the most to
+    #: those whose first rewards agree (the smallest std) (null: every group G)
     adaptive_first: int | None
     #: replace groups with no signal by groups of new prompts until the step has
     #: prompts_per_step groups with signal (DAPO)
