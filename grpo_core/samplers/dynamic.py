@@ -92,18 +92,18 @@ class Dynamic(Sampler):
         scored = Scored.cat([j for _, j in kept])
         left_out = torch.arange(scored.prompts) >= P - filler  # the filler groups come last
         signal = scored.rewards[~left_out[scored.rollout.group.cpu()]]
+        gen, judged = [s for s, _ in drawn], [j for _, j in drawn]
         counts = dist.sum_named(
             {
                 "groups/filtered": filtered,
                 "groups/generated": generated,
                 "groups/filler": filler,
-                **_sums("reward", torch.cat([j.rewards for _, j in drawn] or [torch.zeros(0)])),
+                **_sums("reward", torch.cat([j.rewards for j in judged] or [torch.zeros(0)])),
                 **_sums("reward_kept", signal),
             }
         )
         # every round's times once, kept or filtered: the kept groups' parts hold only their
         # own rounds' times, and the last round's twice when it also gave the filler
-        gen, judged = [s for s, _ in drawn], [j for _, j in drawn]
         sampled = replace(
             Sampled.cat([s for s, _ in kept]),
             seconds=sum(s.seconds for s in gen),
