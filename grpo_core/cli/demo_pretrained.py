@@ -212,8 +212,8 @@ def run(
     held_after, gsm_after = accuracies(config, final, heldout, gsm8k)
     assert held_before is not None and held_after is not None  # held-out rows given: numbers
     (before, records_before), (after, records_after) = held_before, held_after
-    kinds_before = word_problems.accuracy_by_kind(heldout, records_before)
-    kinds_after = word_problems.accuracy_by_kind(heldout, records_after)
+    kinds_before = by_kind(heldout, records_before)
+    kinds_after = by_kind(heldout, records_after)
     summary = {
         "heldout_before": before,
         "heldout_after": after,
@@ -233,6 +233,13 @@ def run(
     plot_curve(result["run_dir"], before, after, os.path.join(out, "curve.png"))
     report(out, summary)
     return 0
+
+
+def by_kind(rows: list[dict], records: list[dict]) -> dict[str, float]:
+    """Accuracy on the one-step and on the two-step problems of an evaluation's records."""
+    from grpo_core.observe.evaluate import accuracy_by
+
+    return {kind: v["accuracy"] for kind, v in accuracy_by(rows, records, "kind").items()}
 
 
 def report(out: str, summary: dict) -> None:

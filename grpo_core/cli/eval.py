@@ -13,7 +13,7 @@ from grpo_core import config as config_mod
 from grpo_core.config.view import view
 from grpo_core.env.episodes import EpisodeRunner
 from grpo_core.errors import UserError
-from grpo_core.observe.evaluate import evaluate_configured, held_out_rows, write
+from grpo_core.observe.evaluate import accuracy_by, evaluate_configured, held_out_rows, write
 from grpo_core.reward.isolation import build_reward
 from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
@@ -70,6 +70,13 @@ def evaluate_cli(args) -> int:
         args.max_problems,
         key="--data" if args.data else "eval.data" if config.eval.data else "data.path",
     )
+    for column in args.by or []:
+        missing = sum(column not in r for r in rows)
+        if missing:
+            raise UserError(
+                f"--by {column}: {missing} of {len(rows)} held-out problems have no "
+                f"{column!r} field (fields of the first: {', '.join(sorted(rows[0]))})"
+            )
     report, records = evaluate_configured(  # as validation during training evaluates
         model,
         tokenizer,
@@ -85,6 +92,8 @@ def evaluate_cli(args) -> int:
     )
     if episodes is not None:
         episodes.close()
+    if args.by:
+        report["by"] = {column: accuracy_by(rows, records, column) for column in args.by}
     report["model"] = config.model.name_or_path
     report["long_prompts"] = long
     out = args.out or os.path.join(config.output.dir, "eval")

@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--max-problems", type=int, default=None, help="first N (default: eval.max_problems)"
     )
+    ev.add_argument(
+        "--by",
+        action="append",
+        metavar="COLUMN",
+        help="also the accuracy per value of this data column (repeatable)",
+    )
     ev.add_argument("--out", default=None, help="report directory")
     ev.set_defaults(func=cmd_eval)
 

@@ -139,9 +139,10 @@ def problems(
     templates: list[Callable[[random.Random, str, str], Problem]] | None = None,
     exclude: frozenset[str] = frozenset(),
 ) -> list[dict]:
-    """``n`` distinct problems as rows ``{"prompt", "answer", "kind"}`` (kind: ``one-step``
-    or ``two-step``) in a seeded order: from ``templates`` when given, else half one-step and
-    half two-step; none whose question is in ``exclude``."""
+    """``n`` distinct problems as rows ``{"prompt", "answer", "kind", "template"}`` (kind:
+    ``one-step`` or ``two-step``; template: the story's, e.g. ``sub`` or ``trays_sold``, for
+    ``grpo eval --by template``) in a seeded order: from ``templates`` when given, else half
+    one-step and half two-step; none whose question is in ``exclude``."""
     rng = random.Random(seed)
     seen: set[str] = set(exclude)
     rows: list[dict] = []
@@ -152,18 +153,9 @@ def problems(
         if question not in seen:
             seen.add(question)
             kind = "one-step" if template in ONE_STEP else "two-step"
-            rows.append({"prompt": question, "answer": str(answer), "kind": kind})
+            name = template.__name__.lstrip("_")
+            rows.append({"prompt": question, "answer": str(answer), "kind": kind, "template": name})
     return rows
-
-
-def accuracy_by_kind(rows: list[dict], records: list[dict]) -> dict[str, float]:
-    """Share of correct completions per kind of problem: ``records`` are an evaluation's
-    (grpo_core.observe.evaluate), each naming its row of ``rows`` by position (``problem``)
-    and whether it was ``correct``; kinds in sorted order."""
-    right: dict[str, list[int]] = {}
-    for r in records:
-        right.setdefault(rows[r["problem"]]["kind"], []).append(bool(r["correct"]))
-    return {kind: sum(v) / len(v) for kind, v in sorted(right.items())}
 
 
 def split(

@@ -225,6 +225,24 @@ def held_out_rows(
     return kept[:cut] if cut else kept, long
 
 
+def accuracy_by(rows: list[dict], records: list[dict], column: str) -> dict[str, dict]:
+    """Accuracy per value of a data column (MATH-500's ``level``, the word problems'
+    ``kind``): ``{value: {"problems", "accuracy"}}`` in sorted order of the values as text,
+    each accuracy the share of correct completions of that value's problems (the report's
+    ``accuracy`` restricted to them). ``records`` are :func:`evaluate`'s, each naming its
+    row of ``rows`` by position; every row must hold ``column``."""
+    right: dict[str, list[bool]] = {}
+    problems: dict[str, set[int]] = {}
+    for r in records:
+        value = str(rows[r["problem"]][column])
+        right.setdefault(value, []).append(bool(r["correct"]))
+        problems.setdefault(value, set()).add(r["problem"])
+    return {
+        v: {"problems": len(problems[v]), "accuracy": sum(right[v]) / len(right[v])}
+        for v in sorted(right)
+    }
+
+
 def write(out_dir: str, report: dict, records: list[dict]) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:

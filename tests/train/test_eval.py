@@ -10,7 +10,7 @@ import pytest
 from helpers import ROOT, make_config, run_grpo, write_config
 
 from grpo_core import config
-from grpo_core.observe.evaluate import pass_at_k
+from grpo_core.observe.evaluate import accuracy_by, pass_at_k
 from grpo_core.trainer import train
 
 
@@ -21,6 +21,51 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(10, 3, 4) == pytest.approx(1 - comb(7, 4) / comb(10, 4))
     with pytest.raises(ValueError):
         pass_at_k(2, 1, 4)
+
+
+def test_accuracy_by_counts_each_completion_under_its_problems_value():
+    rows = [{"level": 1}, {"level": 2}, {"level": 1}]
+    records = [  # two completions a problem, as an evaluation with n = 2 lists them
+        {"problem": 0, "correct": True},
+        {"problem": 0, "correct": True},
+        {"problem": 1, "correct": False},
+        {"problem": 1, "correct": True},
+        {"problem": 2, "correct": False},
+        {"problem": 2, "correct": True},
+    ]
+    # level 1: 3 right of 4 completions over 2 problems; level 2: 1 of 2
+    assert accuracy_by(rows, records, "level") == {
+        "1": {"problems": 2, "accuracy": 0.75},
+        "2": {"problems": 1, "accuracy": 0.5},
+    }
+    assert accuracy_by(rows, [], "level") == {}
+
+
+def test_grpo_eval_by_a_column(warm_model, tmp_path):
+    """``--by COLUMN``: the accuracy per value of a data column, each the share of correct
+    completions among that value's problems (read back from completions.jsonl); a column the
+    held-out rows lack is one line naming the flag and the column."""
+    from grpo_core.tiny import addition_rows, write_jsonl
+
+    rows = [dict(r, size="big" if int(r["answer"]) >= 10 else "small") for r in addition_rows(0)[0]]
+    data = str(tmp_path / "test.jsonl")
+    write_jsonl(data, rows[:12])
+    cfg = write_config(tmp_path / "c.json", make_config(warm_model, data, str(tmp_path / "run")))
+    out = tmp_path / "ev"
+    p = run_grpo("eval", cfg, "--n", "2", "--temperature", "1", "--by", "size", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    report = json.load(open(out / "report.json"))
+    by = report["by"]["size"]
+    completions = [json.loads(x) for x in open(out / "completions.jsonl")]
+    for value, figures in by.items():
+        mine = [c for c in completions if rows[c["problem"]]["size"] == value]
+        assert figures["problems"] == len(mine) // 2
+        assert figures["accuracy"] == sum(c["correct"] for c in mine) / len(mine)
+    assert sorted(by) == ["big", "small"] and sum(v["problems"] for v in by.values()) == 12
+    assert 0 < report["accuracy"] < 1  # the warm model solves some and misses some
+    bad = run_grpo("eval", cfg, "--by", "level", "--out", str(tmp_path / "bad"))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: --by level: 12 of 12"), bad.stderr
 
 
 def test_grpo_eval_writes_report_and_completions(tiny_model, addition_data, tmp_path):

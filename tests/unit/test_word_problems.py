@@ -44,6 +44,16 @@ def test_each_template_answers_its_own_story():
 
 ONE_STEP_WORDS = ("buys", "gave", "A box holds", "shares")
 TWO_STEP_WORDS = ("then gives", "packs of", "trays of", "notebooks")
+TEMPLATE_OF = {  # words only one template's stories hold; "buys" last (three others buy too)
+    "then gives": "buy_give",
+    "gave": "sub",
+    "A box holds": "mul",
+    "shares": "div",
+    "packs of": "packs_plus",
+    "trays of": "trays_sold",
+    "notebooks": "spend",
+    "buys": "add",
+}
 
 
 def test_the_default_split_holds_both_kinds_half_each_and_names_them():
@@ -51,24 +61,11 @@ def test_the_default_split_holds_both_kinds_half_each_and_names_them():
     for rows in (train, held):
         kinds = [r["kind"] for r in rows]
         assert kinds.count("one-step") == kinds.count("two-step") == len(rows) // 2
-        for r in rows:  # the kind names the template that wrote the story
+        for r in rows:  # the kind and the template name the template that wrote the story
             two = any(w in r["prompt"] for w in TWO_STEP_WORDS)
             assert two == (r["kind"] == "two-step"), r
-
-
-def test_accuracy_by_kind_counts_each_completion_under_its_problems_kind():
-    rows = [{"kind": "one-step"}, {"kind": "two-step"}, {"kind": "one-step"}]
-    records = [  # two completions a problem, as an evaluation with n = 2 lists them
-        {"problem": 0, "correct": True},
-        {"problem": 0, "correct": True},
-        {"problem": 1, "correct": False},
-        {"problem": 1, "correct": True},
-        {"problem": 2, "correct": False},
-        {"problem": 2, "correct": True},
-    ]
-    # one-step: 3 right of 4 completions; two-step: 1 of 2
-    assert word_problems.accuracy_by_kind(rows, records) == {"one-step": 0.75, "two-step": 0.5}
-    assert word_problems.accuracy_by_kind(rows, []) == {}
+            words = next(w for w in TEMPLATE_OF if w in r["prompt"])
+            assert r["template"] == TEMPLATE_OF[words], r
 
 
 def test_one_step_training_rows_keep_the_mixed_heldout_apart():
