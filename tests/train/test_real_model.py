@@ -404,3 +404,4 @@ def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_p
     written = yaml.safe_load(open(os.path.join(out, "config.yaml")))
     assert written["sampling"]["group_size"] == 2 and written["runtime"]["threads"] == 1
     assert written["kl"] == {"name": "fixed", "options": {"coef": 0.04}}  # the recipe's own
+    assert written["optimizer"]["lr"] == 1e-5  # what docs/recipes.md measured on three seeds
