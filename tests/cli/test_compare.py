@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -405,3 +406,40 @@ def test_a_cut_finished_run_record_is_one_line(tiny_model, addition_data, tmp_pa
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "compare_run.json: cannot read it" in lines[0] and "delete it" in lines[0]
     assert os.path.isfile(os.path.join(os.path.dirname(marker), "metrics.jsonl"))  # kept
+
+
+def test_a_study_kept_without_its_weights_resumes_in_another_checkout(
+    tiny_model, addition_data, tmp_path
+):
+    """What bench/smollm2_compare relies on: a study whose paths are relative and whose model
+    is ``${env:NAME}``, its runs kept without what .gitignore leaves out of them (weights,
+    samples, events, locks), is reused in full from another directory with the model
+    elsewhere."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    shutil.copy(addition_data, here / "train.jsonl")
+    cfg = json.loads(open(tiny(tmp_path, tiny_model, addition_data)).read())
+    cfg["model"]["name_or_path"] = "${env:STUDY_MODEL}"
+    cfg["data"]["path"] = "train.jsonl"
+    write_config(here / "c.json", cfg)
+    args = ["compare", "c.json", "--baselines", "grpo,rloo", "--seeds", "1", "--out", "runs"]
+    first = run_grpo(*args, cwd=here, env={"STUDY_MODEL": tiny_model}, timeout=900)
+    assert first.returncode == 0, first.stderr
+    shutil.copytree(here, there)
+    left_out = [
+        line.removeprefix("/bench/smollm2_compare/runs/*/").rstrip("/")
+        for line in open(os.path.join(ROOT, ".gitignore")).read().splitlines()
+        if line.startswith("/bench/smollm2_compare/runs/*/")
+    ]
+    assert "final" in left_out
+    for pattern in left_out:
+        for path in glob.glob(str(there / "runs" / "*" / pattern)):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    assert not glob.glob(str(there / "runs" / "*" / "final"))
+    moved = shutil.copytree(tiny_model, tmp_path / "elsewhere")
+    again = run_grpo(*args, cwd=there, env={"STUDY_MODEL": str(moved)}, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("finished earlier, reused") == 2
+    before, after = ((d / "runs" / "compare.md").read_text() for d in (here, there))
+    for variant in ("grpo", "rloo"):  # the same figures, from the same records
+        assert cells(after, variant) == cells(before, variant) != []
