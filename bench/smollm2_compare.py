@@ -2,6 +2,7 @@
 demo's word problems (issue #49; the figures in docs/baselines.md).
 
     python bench/smollm2_compare.py [--baselines grpo,rloo,remax,ppo] [more grpo compare flags]
+    python bench/smollm2_compare.py --status     # the finished runs so far, as a table
 
 The study lives in ``bench/smollm2_compare/``: ``config.yaml`` (the demo's recipe at one
 thread), ``data/`` (its training and held-out problems) and ``runs/`` (one directory per run).
@@ -16,6 +17,8 @@ then the four-baseline invocation, which reuses every run and writes the report.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import sys
 
@@ -58,12 +61,35 @@ def prepare() -> str:
     return path
 
 
+def status() -> str:
+    """A markdown table of the finished runs: held-out greedy accuracy at each evaluation,
+    the mean training reward over the last 20 steps, and the run's wall time."""
+    lines = [
+        "| run | held-out at each evaluation | training reward, last 20 steps | seconds |",
+        "|---|---|---|---|",
+    ]
+    for marker in sorted(glob.glob(os.path.join(DEFAULTS["--out"], "*", "compare_run.json"))):
+        run = os.path.dirname(marker)
+        with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        with open(marker, encoding="utf-8") as f:
+            seconds = json.load(f)["seconds"]
+        heldout = " / ".join(f"{r['eval/accuracy']:.2f}" for r in records if "eval/accuracy" in r)
+        last = [r["reward"] for r in records[-20:]]
+        mean = sum(last) / len(last)
+        lines.append(f"| {os.path.basename(run)} | {heldout} | {mean:.3f} | {seconds:,.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     from grpo_core.cli import demo_pretrained
     from grpo_core.cli.main import main as grpo
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.chdir(here)  # every path in the study is relative to the repository
+    if argv == ["--status"]:
+        print(status())
+        return 0
     os.environ["SMOLLM2_DIR"] = demo_pretrained.locate_model()[0]
     flags = [x for k, v in DEFAULTS.items() if k not in argv for x in (k, v)]
     return grpo(["compare", prepare(), *flags, *argv])
