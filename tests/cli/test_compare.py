@@ -427,8 +427,8 @@ def test_a_study_kept_without_its_weights_resumes_in_another_checkout(
     assert first.returncode == 0, first.stderr
     shutil.copytree(here, there)
     left_out = [
-        line.removeprefix("/bench/smollm2_compare/runs/*/").rstrip("/")
-        for line in open(os.path.join(ROOT, ".gitignore")).read().splitlines()
+        line.strip().removeprefix("/bench/smollm2_compare/runs/*/").rstrip("/")
+        for line in open(os.path.join(ROOT, ".gitignore"), encoding="utf-8")
         if line.startswith("/bench/smollm2_compare/runs/*/")
     ]
     assert "final" in left_out
