@@ -42,6 +42,7 @@ from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.config.view import view
 from grpo_core.errors import ConfigError, UserError
 from grpo_core.observe.metrics import read, strict_json
+from grpo_core.registry import registry
 from grpo_core.store import rundir
 
 TUNE_SEED0 = 1000
@@ -81,9 +82,13 @@ def parse_axis(flag: str, item: str) -> tuple[str, list[Setting]]:
 
 def apply(cfg: dict, settings: list[Setting]) -> dict:
     """A copy of ``cfg`` with the settings applied; a plugin section given another plugin's
-    name starts from that plugin's default options."""
+    name starts from that plugin's default options. A ``--baselines`` name that is a critic
+    (``ppo``) sets the critic section, beside the group baseline."""
     cfg = copy.deepcopy(cfg)  # keeps ${env:NAME} values resolvable and unresolvable
     for key, _, value in settings:
+        if key == "baseline" and _is_critic(value):
+            cfg["critic"] = {"name": value, "options": {}}
+            continue
         if key in PLUGIN_SECTIONS:
             section = cfg.get(key) or {}
             if section.get("name") != value:
@@ -100,6 +105,12 @@ def apply(cfg: dict, settings: list[Setting]) -> dict:
             node = node[part]
         node[parts[-1]] = value
     return cfg
+
+
+def _is_critic(name: str) -> bool:
+    """A critic plugin's name that no baseline plugin also has."""
+    found = registry().find
+    return found("critic", name) is not None and found("baseline", name) is None
 
 
 def label(settings: list[Setting]) -> str:

@@ -431,6 +431,22 @@ def decoder_counts(model, rollout: Rollout, packing: str) -> tuple[int, int]:
     return padded_counts(rollout, layout == "shared")
 
 
+def completion_hidden(run, decoder, rollout: Rollout, packing: str = "off") -> torch.Tensor:
+    """[N, H]: the hidden state that predicts each completion token (N: the ones of
+    ``completion_mask``, row by row), from ``decoder`` called through ``run`` over the
+    layout ``choose_layout`` picks: packed, each prompt once under its completions, or
+    prompt + completion per row. Every layout gives the same states and gradients; the
+    policy's log-probs and a critic's values both read them."""
+    sel = rollout.completion_mask.bool()
+    layout, capacity = choose_layout(decoder, rollout, packing)
+    with _grouped_query_sdpa(decoder, rollout.completion_ids.device):
+        if layout in ("varlen", "tree"):
+            return _packed_hidden(run, decoder, rollout, layout, capacity)
+        if layout == "shared":
+            return _shared_hidden(run, rollout, _cache_kw(decoder))[sel]
+        return _repeated_hidden(run, rollout)[sel]
+
+
 def completion_logprobs(
     model,
     rollout: Rollout,
@@ -456,14 +472,7 @@ def completion_logprobs(
     decoder = base.get_decoder()
     run = _ThroughModel(model, decoder)
     sel = rollout.completion_mask.bool()
-    layout, capacity = choose_layout(decoder, rollout, packing)
-    with _grouped_query_sdpa(decoder, rollout.completion_ids.device):
-        if layout in ("varlen", "tree"):
-            h = _packed_hidden(run, decoder, rollout, layout, capacity)
-        elif layout == "shared":
-            h = _shared_hidden(run, rollout, _cache_kw(decoder))[sel]
-        else:
-            h = _repeated_hidden(run, rollout)[sel]
+    h = completion_hidden(run, decoder, rollout, packing)
     with _head_in_place(model):
         lp, ent = token_logprobs(
             h,

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from grpo_core.model.logprobs import repeated_inputs
+from grpo_core.model.logprobs import completion_hidden
 from grpo_core.rollout import Rollout
 
 
@@ -25,7 +25,10 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, ro: Rollout) -> torch.Tensor:
-        """[B, T] float32 values, 0 on padding."""
-        T, Lp = ro.completion_ids.shape[1], ro.prompt_ids.shape[1]
-        h = self.decoder(**repeated_inputs(ro)).last_hidden_state[:, Lp - 1 : Lp - 1 + T]
-        return self.head(h).squeeze(-1).float() * ro.completion_mask
+        """[B, T] values, 0 on padding, in float32 or the model's wider dtype. The decoder
+        runs as the policy's log-probs do (``completion_hidden``): each prompt once under its
+        group's completions where that saves tokens, not once per completion."""
+        sel = ro.completion_mask.bool()
+        v = self.head(completion_hidden(self.decoder, self.decoder, ro)).squeeze(-1)
+        v = v.to(torch.promote_types(v.dtype, torch.float32))
+        return torch.zeros(sel.shape, dtype=v.dtype, device=v.device).masked_scatter(sel, v)

@@ -332,6 +332,24 @@ def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp
     assert p.stderr.strip().splitlines()[-1].startswith("error: --vary 'colour=red'")
 
 
+def test_ppo_in_baselines_sets_the_critic_section(tiny_model, addition_data, tmp_path, capsys):
+    """``--baselines grpo,ppo``: PPO is a critic beside the group baseline, so its variant
+    carries a ``critic`` section (not the deprecated ``baseline.name: ppo``, no notice)."""
+    from grpo_core import config
+    from grpo_core.cli.compare import apply
+    from grpo_core.config.view import view
+
+    base = make_config(tiny_model, addition_data, str(tmp_path / "r"))
+    ppo = apply(base, [("baseline", "ppo", "ppo")])
+    assert ppo["critic"] == {"name": "ppo", "options": {}}
+    assert ppo.get("baseline") == base.get("baseline") and "critic" not in base
+    checked = view(config.validate(ppo))
+    assert checked.critic is not None and checked.critic.name == "ppo"
+    rloo = apply(base, [("baseline", "rloo", "rloo")])
+    assert rloo["baseline"]["name"] == "rloo" and "critic" not in rloo
+    assert "deprecated" not in capsys.readouterr().err
+
+
 def test_recipe_example_validates(tmp_path):
     p = run_grpo("validate", RECIPE, *gsm8k_or_stand_in(tmp_path), cwd=ROOT)
     assert p.returncode == 0, p.stderr

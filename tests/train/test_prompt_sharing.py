@@ -180,6 +180,38 @@ def test_grouped_query_sdpa_is_the_same_attention_without_copies(model64, monkey
     assert repeats
 
 
+def test_critic_values_share_the_prompt_as_the_policy_does(model64, monkeypatch):
+    """PPO's value model runs its decoder as the policy's log-probs do: each prompt once
+    under its completions gives the values and gradients of the prompt repeated, 0 on
+    padding, with two decoder calls instead of one over three times the prompt tokens."""
+    from grpo_core.model.value import ValueModel
+
+    ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=4)
+    critic = ValueModel(model64)
+    torch.nn.init.normal_(critic.head.weight, generator=torch.Generator().manual_seed(5))
+    calls = Calls(model64)
+    critic.decoder.register_forward_hook(lambda *_: setattr(calls, "n", calls.n + 1))
+    target = torch.randn(ro.completion_mask.shape, dtype=torch.float64)
+
+    def path(threshold):
+        monkeypatch.setattr(logprobs, "SHARE_MIN_SAVED_TOKENS", threshold)
+        critic.zero_grad(set_to_none=True)
+        calls.n = 0
+        values = critic(ro)
+        ((values - target) ** 2 * ro.completion_mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in critic.named_parameters() if p.grad is not None}
+        return values.detach(), calls.n, grads
+
+    (shared, n_shared, g_shared), (repeated, n_repeated, g_repeated) = path(SHARE), path(REPEAT)
+    assert (n_shared, n_repeated) == (2, 1)
+    assert shared.dtype == torch.float64 and shared.abs().max() > 1e-3
+    assert (shared[ro.completion_mask == 0] == 0).all()
+    torch.testing.assert_close(shared, repeated, rtol=1e-12, atol=1e-12)
+    assert g_shared.keys() == g_repeated.keys() and len(g_shared) > 2
+    for n in g_shared:
+        torch.testing.assert_close(g_shared[n], g_repeated[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
 def test_micro_batches_of_some_prompts_at_temperature(model64, monkeypatch):
     """A micro-batch holds some groups; ``group`` indexes the whole prompt tensor."""
     ro = make_rollout(model64.config.vocab_size, model64.config.pad_token_id, seed=3)
