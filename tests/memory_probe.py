@@ -3,7 +3,7 @@ second step holds the optimizer's moments from the first) next to ``grpo plan-me
 estimate, for the same settings.
 
     python tests/memory_probe.py [--gradient-checkpointing] [--lora-rank R] [--new-tokens N]
-                                 [--model DIR] [--device cpu|cuda]
+                                 [--critic] [--model DIR] [--device cpu|cuda]
 
 Without ``--model`` a randomly initialised Qwen2-shaped model (6 layers, 512 wide) is built.
 On the CPU the measure is the process's peak resident size over what it held before training
@@ -11,6 +11,7 @@ On the CPU the measure is the process's peak resident size over what it held bef
 The CPU peak is the high-water mark of this address space (``peak_rss_bytes``), reset just
 before training, so neither the model build before it nor the test worker that started this
 process counts.
+``--critic``: PPO's (``critic: ppo``), measured against the plan's PPO peak.
 Prints one JSON object: measured and estimated bytes, and the plan's components.
 """
 
@@ -78,6 +79,7 @@ def settings(d: str, model: str, args) -> dict:
                 "samples_every": 0,
             },
             "health": {"enabled": False},
+            **({"critic": {"name": "ppo"}} if args.critic else {}),
         }
     )
 
@@ -98,6 +100,7 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--critic", action="store_true")
     p.add_argument("--model", default=None)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
@@ -120,7 +123,8 @@ def main() -> None:
         gradient_checkpointing=args.gradient_checkpointing,
         logprob_chunk=64,
     )
-    json.dump({"measured": peak - base, "estimated": est["total"], "plan": est}, sys.stdout)
+    estimated = est["ppo_total" if args.critic else "total"]
+    json.dump({"measured": peak - base, "estimated": estimated, "plan": est}, sys.stdout)
 
 
 if __name__ == "__main__":

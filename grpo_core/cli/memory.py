@@ -50,22 +50,27 @@ GiB = 2**30
 DEFAULT_DEVICE_GIB = 79.6
 
 
-def load_shape(spec: str) -> Shape:
+def load_shape(spec: str, gguf_file: str | None = None) -> Shape:
     """A preset, a hub id naming one (Qwen/Qwen2.5-0.5B-Instruct), a model directory or its
-    config.json."""
+    config.json, or (``gguf_file``, a run config's ``model.gguf_file``) a GGUF file in the
+    directory ``spec``."""
     name = spec.lower().rsplit("/", 1)[-1]
     for preset, shape in PRESETS.items():
         if name == preset or (not os.path.exists(spec) and name.startswith(preset + "-")):
             return Shape(**shape)
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
-    if not os.path.exists(path):
+    if gguf_file:
+        path = os.path.join(spec, gguf_file)
+        c = _gguf_config(path)
+    elif not os.path.exists(path):
         raise UserError(
             f"--model: {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json"
         )
-    try:
-        c = read_file(path)  # bounded like a config: /dev/zero, a FIFO, garbage are refused
-    except ConfigError as exc:
-        raise UserError(f"--model: {exc.problems[0]}") from None
+    else:
+        try:
+            c = read_file(path)  # bounded like a config: /dev/zero, a FIFO, garbage are refused
+        except ConfigError as exc:
+            raise UserError(f"--model: {exc.problems[0]}") from None
     sizes: dict[str, int] = {}
     for key in (
         "hidden_size",
@@ -92,6 +97,21 @@ def load_shape(spec: str) -> Shape:
         sizes["vocab_size"],
         bool(c.get("tie_word_embeddings", False)),
     )
+
+
+def _gguf_config(path: str) -> dict:
+    """The model config that transformers reads from a GGUF file's metadata."""
+    if not os.path.isfile(path):
+        raise UserError(f"model.gguf_file: {path} is not a file")
+    try:
+        from transformers import AutoConfig
+
+        folder, name = os.path.split(path)
+        return AutoConfig.from_pretrained(folder, gguf_file=name).to_dict()
+    except ImportError as exc:
+        raise UserError(f"model.gguf_file: reading {path} needs 'grpo-core[gguf]': {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model.gguf_file: {path} is not a GGUF model file: {exc}") from None
 
 
 def plan(
@@ -162,7 +182,11 @@ def plan(
     step = out["gradients"] + trainable * 4 / o_s  # foreach temporaries
     resident = out["weights"] + out["reference"] + out["optimizer"] + awake
     out["total"] = resident + max(generation, backward, step)
-    critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s + out["activations"]
+    # PPO's critic: a second model with its gradients (kept between steps: set to None only
+    # at its next fit) and optimizer state; its forward and backward run after the policy's,
+    # over the same tokens (grpo_core.model.value shares prompts as the policy does), so its
+    # activations fit inside the policy's backward phase, whose logits it does not have
+    critic = P * wb / w_s + P * wb / g_s + P * opt_bytes / o_s
     out["ppo_total"] = out["total"] + critic
     return out
 
@@ -199,6 +223,7 @@ def _settings(args) -> dict:
     """The planner's inputs: a run config's values, then any flag given, then defaults."""
     got = {
         "model": None,
+        "gguf_file": None,
         "group_size": 8,
         "prompts": 8,
         "prompt_tokens": 256,
@@ -248,6 +273,7 @@ def _from_config(path: str) -> dict:
     mc, sc = config.model, config.sampling
     got = dict(
         model=mc.name_or_path,
+        gguf_file=mc.gguf_file,
         group_size=sc.group_size,
         prompts=config.train.prompts_per_step,
         max_new_tokens=sc.max_new_tokens,
@@ -272,6 +298,8 @@ def _from_config(path: str) -> dict:
 def _apply_flags(got: dict, args) -> None:
     """Overrides ``got`` in place with each flag given on the command line (a flag left
     unset, None or False, keeps the config's value or the default)."""
+    if args.model is not None:  # another model: the config's GGUF file is not its
+        got["gguf_file"] = None
     for key in got:
         value = getattr(args, key, None)
         if value is not None and value is not False:
@@ -325,7 +353,7 @@ def count(n: float) -> str:
 
 def plan_cli(args) -> int:
     s = _settings(args)
-    shape = load_shape(s["model"])
+    shape = load_shape(s["model"], s["gguf_file"])
     engine = 0.0
     if s["vllm_memory_utilization"]:
         device = device_memory_gib(s["device_memory"])
@@ -387,7 +415,7 @@ def plan_cli(args) -> int:
         )
         print(f"{name:14} | " + " | ".join(f"{est[k] / GiB:.2f}" for k in keys))
     print(
-        "PPO peak: the same plus a critic of the same size with its gradients, optimizer "
-        "and activations."
+        "PPO peak: the same plus a critic of the same size with its gradients and optimizer "
+        "state (its activations come after the policy's backward, within that phase's peak)."
     )
     return 0

@@ -87,6 +87,9 @@ def test_the_plan_by_hand():
     assert e["activations"] == 16 * 2 * (8 * 4 + 4 * 8 + 4 * 2) * 4  # 16 tokens x 2 layers x 72
     # resident from the second step: weights, reference, moments; then the backward phase
     assert e["total"] == 3 * 1456 + 2912 - 1456 + (1456 + 9216 + 800) == 17296
+    # PPO: a critic's weights, gradients and two moments resident; its activations come
+    # after the policy's backward and fit inside that phase
+    assert e["ppo_total"] == 17296 + 4 * 1456
     # auto (float32 weights, bf16 compute), one process: the reference's matrices in bf16, its
     # 40-number embedding in float32 (norms counted as matrices: a few numbers a layer)
     assert plan(s, 2, 1, 3, 5, dtype="auto")["reference"] == 324 * 2 + 40 * 4
@@ -130,8 +133,9 @@ def test_a_child_does_not_report_its_parents_peak_as_its_own():
         ["--gradient-checkpointing"],
         ["--lora-rank", "8"],
         ["--gradient-checkpointing", "--lora-rank", "8"],
+        ["--critic"],
     ],
-    ids=["full", "checkpointing", "lora", "lora+checkpointing"],
+    ids=["full", "checkpointing", "lora", "lora+checkpointing", "ppo"],
 )
 def test_estimate_within_15_percent_of_a_measured_cpu_run(switches):
     if "--lora-rank" in switches:

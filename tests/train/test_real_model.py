@@ -223,6 +223,26 @@ def test_the_cli_names_a_bad_file_in_one_line(gguf, problems, tmp_path):
     ), done.stderr
 
 
+def test_plan_memory_reads_the_models_shape_from_a_gguf_run_config(gguf, problems, tmp_path):
+    """``grpo plan-memory RUN.yaml`` on a run whose model is a GGUF file: the shape comes from
+    the file's metadata (SmolLM2-135M: 30 layers of width 576, a 49,152 vocabulary, tied),
+    so the plan counts its 134.5 M parameters; a file that is not GGUF is one line."""
+    from grpo_core.cli.memory import load_shape
+
+    shape = load_shape(*gguf)
+    assert (shape.layers, shape.hidden, shape.vocab, shape.tied) == (30, 576, 49152, True)
+    assert abs(shape.params() - 134_515_008) < 0.001 * 134_515_008  # the loaded model's count
+    cfg = real_config(gguf, problems, tmp_path / "run")
+    done = run_grpo("plan-memory", write_config(tmp_path / "c.json", cfg), "--strategy", "none")
+    assert done.returncode == 0, done.stderr
+    assert "(135 M parameters)" in done.stdout and "PPO peak" in done.stdout
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
+    cfg["model"] = {"name_or_path": str(tmp_path), "gguf_file": "bad.gguf"}
+    bad = run_grpo("plan-memory", write_config(tmp_path / "b.json", cfg))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: model.gguf_file: ")
+
+
 def test_two_grpo_steps_count_truncation_and_score_real_completions(trained):
     run_dir = trained["run_dir"]
     records = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
