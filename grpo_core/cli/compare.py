@@ -85,9 +85,9 @@ def apply(cfg: dict, settings: list[Setting]) -> dict:
     name starts from that plugin's default options. A ``--baselines`` name that is a critic
     (``ppo``) sets the critic section, beside the group baseline."""
     cfg = copy.deepcopy(cfg)  # keeps ${env:NAME} values resolvable and unresolvable
-    for key, _, value in settings:
-        if key == "baseline" and _is_critic(value):
-            cfg["critic"] = {"name": value, "options": {}}
+    for key, text, value in settings:
+        if key == "baseline" and _is_critic(text):
+            cfg["critic"] = {"name": text, "options": {}}
             continue
         if key in PLUGIN_SECTIONS:
             section = cfg.get(key) or {}
