@@ -36,7 +36,7 @@ import grpo_core
 from grpo_core import config as config_mod
 from grpo_core.cli import stats
 from grpo_core.cli.plots import build_report, plot_study
-from grpo_core.config.file import scalar, unresolved
+from grpo_core.config.file import scalar, unresolved, with_values
 from grpo_core.config.redact import redact
 from grpo_core.config.schema import CORE_SCHEMA
 from grpo_core.config.view import view
@@ -87,7 +87,7 @@ def apply(cfg: dict, settings: list[Setting]) -> dict:
     cfg = copy.deepcopy(cfg)  # keeps ${env:NAME} values resolvable and unresolvable
     for key, text, value in settings:
         if key == "baseline" and _is_critic(text):
-            cfg["critic"] = {"name": text, "options": {}}
+            cfg = with_values(cfg, {"critic": {"name": text, "options": {}}})
             continue
         if key in PLUGIN_SECTIONS:
             section = cfg.get(key) or {}
