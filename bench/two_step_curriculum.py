@@ -1,9 +1,10 @@
 """Two-step word problems by a curriculum on SmolLM2-135M-Instruct (issue #49 item 2; the
 figures in docs/recipes.md, the ninth round).
 
-    python bench/two_step_curriculum.py OUT [--stage3-steps 20]
+    python bench/two_step_curriculum.py OUT [--seed 0] [--stage3-steps 20]
 
-Stage 1 is the pretrained demo's recipe (one-step training problems, seed 0) at one thread;
+Stage 1 is the pretrained demo's recipe (one-step training problems; ``--seed``, the
+demo's ``train.seed``, which every later stage keeps) at one thread;
 stage 2 continues from its final weights on two-step problems only, under a system prompt
 whose worked example takes two calculations; stage 3 continues from stage 2 on problems half
 one-step and half two-step, under a prompt with both worked examples. Each stage's final
@@ -86,12 +87,13 @@ def by_kind(stage: str, prompt: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage3-steps", type=int, default=20)
     args = p.parse_args()
     from grpo_core.trainer import train
 
     s1, s2, s3 = (os.path.join(args.out, f"stage{i}") for i in (1, 2, 3))
-    demo_pretrained.run(s1, overrides=ONE_THREAD, gsm8k_n=0)
+    demo_pretrained.run(s1, overrides=[*ONE_THREAD, f"train.seed={args.seed}"], gsm8k_n=0)
     exclude = frozenset(held_out(s1))
     two = word_problems.problems(2000, 7, word_problems.TWO_STEP, exclude)
     train(config_mod.load(next_stage(s1, s2, PROMPTS["two-step example"], two, 30)))
