@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import yaml
 
@@ -157,13 +158,13 @@ def plan(args, base: dict) -> tuple[list[list[Setting]], list[list[Setting]]]:
 
 class Progress:
     """Follows a child run's metrics.jsonl and prints a compact line: each quarter of the run
-    on a log, in place about once a second on a terminal."""
+    on a log or beside other runs, in place about once a second on a terminal."""
 
-    def __init__(self, run_dir: str, steps: int, tag: str):
+    def __init__(self, run_dir: str, steps: int, tag: str, in_place: bool):
         self.path, self.steps, self.tag = os.path.join(run_dir, "metrics.jsonl"), steps, tag
         self.offset, self.step, self.t0 = 0, 0, time.time()
         self.rewards: list[float | None] = []  # the last 20 steps' mean rewards
-        self.tty, self.shown, self.last = sys.stderr.isatty(), 0, 0.0
+        self.tty, self.shown, self.last = in_place and sys.stderr.isatty(), 0, 0.0
 
     def update(self, final: bool = False) -> None:
         if os.path.exists(self.path):
@@ -198,9 +199,12 @@ class Progress:
             self.shown, self.last = quarter, time.time()
 
 
-def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str]:
+def train_child(
+    path: str, run_dir: str, steps: int, tag: str, stop: threading.Event, in_place: bool
+) -> tuple[int, str]:
     """Run ``grpo train path``: progress from its metrics, its warnings echoed as they come;
-    returns (exit code, its whole output). The child is stopped if we are interrupted."""
+    returns (exit code, its whole output). The child is stopped if we are interrupted or
+    ``stop`` is set (another run failed)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_core.cli", "train", path],
         stdout=subprocess.PIPE,
@@ -222,9 +226,9 @@ def train_child(path: str, run_dir: str, steps: int, tag: str) -> tuple[int, str
     ]
     for t in pumps:
         t.start()
-    progress = Progress(run_dir, steps, tag)
+    progress = Progress(run_dir, steps, tag, in_place)
     try:
-        while proc.poll() is None:
+        while proc.poll() is None and not stop.is_set():
             time.sleep(0.5)
             progress.update()
     finally:
@@ -249,10 +253,13 @@ def _ends_with(parent: int):
     return arm
 
 
-def execute(cfg: dict, run_dir: str, tag: str) -> dict:
-    """One run: reused when it finished earlier with this config, else run from scratch. Its
-    config is written beside its directory (``<run>.yaml``), which is the trainer's own; what
-    is written keeps ``${env:NAME}`` references, never their values."""
+def execute(
+    cfg: dict, run_dir: str, tag: str, stop: threading.Event, in_place: bool = True
+) -> dict:
+    """One run: reused when it finished earlier with this config, else run from scratch (and
+    ended when ``stop`` is set). Its config is written beside its directory (``<run>.yaml``),
+    which is the trainer's own; what is written keeps ``${env:NAME}`` references, never their
+    values. ``in_place``: progress rewrites one line on a terminal (one run at a time)."""
     written = unresolved(cfg)
     marker, path = os.path.join(run_dir, DONE), run_dir + ".yaml"
     done = _finished(run_dir)
@@ -278,11 +285,11 @@ def execute(cfg: dict, run_dir: str, tag: str) -> dict:
         for suffix in ("", ".yaml", ".log"):
             if os.path.exists(earlier + suffix):
                 os.replace(earlier + suffix, run_dir + suffix)
-        return execute(cfg, run_dir, tag)
+        return execute(cfg, run_dir, tag, stop, in_place)
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(written, f, sort_keys=False)
     t0 = time.time()
-    code, output = train_child(path, run_dir, view(cfg).train.steps, tag)
+    code, output = train_child(path, run_dir, view(cfg).train.steps, tag, stop, in_place)
     with open(run_dir + ".log", "w", encoding="utf-8") as f:
         f.write(redact(output))  # the child redacts its own output too
     if code != 0:
@@ -335,49 +342,96 @@ def _set_aside(run_dir: str, written: dict) -> str:
 
 
 class Study:
-    """Every run of a comparison, run or reused in order, with its per-run figures."""
+    """Every run of a comparison, run or reused, up to ``--jobs`` at once, with its per-run
+    figures."""
 
     def __init__(self, args, base: dict, total: int):
         self.args, self.base, self.count, self.total = args, base, 0, total
         self.dirs: dict[str, str] = {}  # run directory -> the settings it holds
+        self.stop = threading.Event()  # set when one run fails: the others' children end
 
-    def runs(self, settings: list[Setting], seeds: list[int]) -> list[dict]:
-        out = []
-        for seed in seeds:
-            run_dir = os.path.join(self.args.out, f"{slug(label(settings))}-seed{seed}")
-            if self.dirs.setdefault(run_dir, label(settings)) != label(settings):
-                raise UserError(
-                    f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
-                    f"the run directory {run_dir}; write the values differently"
-                )
-            fixed: list[Setting] = [("train.seed", str(seed), seed)]
-            if self.args.steps and "train.steps" not in (k for k, _, _ in settings):
-                fixed.append(("train.steps", str(self.args.steps), self.args.steps))
-            fixed += [
-                ("output.dir", run_dir, run_dir),
-                ("output.progress", "false", False),
-                ("output.checkpoint_every", "0", 0),
-            ]
-            cfg = config_mod.validate(apply(self.base, [*settings, *fixed]))
-            config = view(cfg)
-            self.count += 1
-            tag = f"[{self.count}/{self.total}] {label(settings) or 'base'} seed {seed}"
-            run = execute(cfg, run_dir, tag)
-            b = config.baseline
-            greedy = grpo_core.create("baseline", b.name, b.options).needs_greedy
-            run["seed"], run["dir"] = seed, run_dir
+    def runs(self, jobs: list[tuple[list[Setting], int]]) -> list[dict]:
+        """The runs of ``jobs`` ((settings, seed) each), in their order; all configs are
+        validated before any runs."""
+        planned = [self._plan(settings, seed) for settings, seed in jobs]
+        with ThreadPoolExecutor(self.args.jobs) as pool:
+            futures = [pool.submit(self._run, *p) for p in planned]
             try:
-                run["figures"] = stats.run_figures(
-                    run["records"],
-                    config.train.prompts_per_step,
-                    bool(greedy),
-                    self.args.threshold,
-                    self.args.window,
-                )
-            except ValueError as exc:
-                raise UserError(f"{tag}: {exc} ({run_dir})") from exc
-            out.append(run)
-        return out
+                wait(futures, return_when=FIRST_EXCEPTION)
+                # the first that failed ends the study, not the first in order
+                failed = [e for f in futures if f.done() and (e := f.exception()) is not None]
+                if failed:
+                    raise failed[0]
+                return [f.result() for f in futures]
+            except BaseException:
+                self.stop.set()
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def _plan(self, settings: list[Setting], seed: int) -> tuple[dict, str, str]:
+        """(config, run directory, progress tag) of one run."""
+        run_dir = os.path.join(self.args.out, f"{slug(label(settings))}-seed{seed}")
+        if self.dirs.setdefault(run_dir, label(settings)) != label(settings):
+            raise UserError(
+                f"{self.dirs[run_dir]!r} and {label(settings)!r} would share "
+                f"the run directory {run_dir}; write the values differently"
+            )
+        fixed: list[Setting] = [("train.seed", str(seed), seed)]
+        if self.args.steps and "train.steps" not in (k for k, _, _ in settings):
+            fixed.append(("train.steps", str(self.args.steps), self.args.steps))
+        fixed += [
+            ("output.dir", run_dir, run_dir),
+            ("output.progress", "false", False),
+            ("output.checkpoint_every", "0", 0),
+        ]
+        cfg = config_mod.validate(apply(self.base, [*settings, *fixed]))
+        self.count += 1
+        return cfg, run_dir, f"[{self.count}/{self.total}] {label(settings) or 'base'} seed {seed}"
+
+    def _run(self, cfg: dict, run_dir: str, tag: str) -> dict:
+        config = view(cfg)
+        run = execute(cfg, run_dir, tag, self.stop, in_place=self.args.jobs == 1)
+        b = config.baseline
+        greedy = grpo_core.create("baseline", b.name, b.options).needs_greedy
+        run["seed"], run["dir"] = config.train.seed, run_dir
+        try:
+            run["figures"] = stats.run_figures(
+                run["records"],
+                config.train.prompts_per_step,
+                bool(greedy),
+                self.args.threshold,
+                self.args.window,
+            )
+        except ValueError as exc:
+            raise UserError(f"{tag}: {exc} ({run_dir})") from exc
+        return run
+
+
+def choose(
+    args, names: list[str], candidates: list[list[Setting]], seeds: int, trials: list[dict]
+) -> tuple[dict, dict[str, list[Setting]]]:
+    """Each variant's candidate with the best mean ``--criterion`` over its tuning runs
+    (``trials``: variant by variant, candidate by candidate, ``seeds`` each; the first
+    candidate on a tie): (the tuning record per variant, the chosen settings per variant)."""
+    done = iter(trials)
+    tuned: dict = {}
+    chosen: dict[str, list[Setting]] = {name: [] for name in names}
+    for name in names if trials else []:
+        scores = []
+        for cand in candidates:
+            values = [next(done)["figures"][args.criterion] for _ in range(seeds)]
+            scores.append(
+                {"value": label(cand), "scores": values, "mean": sum(values) / len(values)}
+            )
+        best = max(range(len(scores)), key=lambda i: (scores[i]["mean"], -i))
+        chosen[name] = candidates[best]
+        tuned[name] = {
+            "candidates": scores,
+            "chosen": label(chosen[name]),
+            "edge": len(candidates) > 2 and best in (0, len(candidates) - 1),
+        }
+    return tuned, chosen
 
 
 def compare_cli(args) -> int:
@@ -388,6 +442,7 @@ def compare_cli(args) -> int:
         ("--tune-seeds", args.tune_seeds),
         ("--steps", args.steps),
         ("--window", args.window),
+        ("--jobs", args.jobs),
     ):
         if value is not None and value < 1:
             raise UserError(f"{flag}: expected a number >= 1, got {value}")
@@ -399,28 +454,15 @@ def compare_cli(args) -> int:
     study = Study(args, base, len(variants) * (args.seeds + len(candidates) * len(tune_seeds)))
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    results, tuned = {}, {}
-    for variant in variants:
-        name, chosen = label(variant) or "base", []
-        if tuning:
-            scores = []
-            for cand in candidates:
-                runs = study.runs(variant + cand, tune_seeds)
-                values = [r["figures"][args.criterion] for r in runs]
-                scores.append(
-                    {"value": label(cand), "scores": values, "mean": sum(values) / len(values)}
-                )
-            best = max(range(len(scores)), key=lambda i: (scores[i]["mean"], -i))
-            chosen = candidates[best]
-            tuned[name] = {
-                "candidates": scores,
-                "chosen": label(chosen),
-                "edge": len(candidates) > 2 and best in (0, len(candidates) - 1),
-            }
-        results[name] = {
-            "settings": label(variant + chosen),
-            "runs": study.runs(variant + chosen, list(range(args.seeds))),
-        }
+    names = [label(v) or "base" for v in variants]
+    trials = [(v + c, s) for v in variants for c in candidates for s in tune_seeds]
+    tuned, chosen = choose(args, names, candidates, len(tune_seeds), study.runs(trials))
+    finals = [(v + chosen[n], s) for v, n in zip(variants, names) for s in range(args.seeds)]
+    runs = iter(study.runs(finals))
+    results = {
+        n: {"settings": label(v + chosen[n]), "runs": [next(runs) for _ in range(args.seeds)]}
+        for v, n in zip(variants, names)
+    }
     text, data = build_report(args, results, tuned, tune_seeds, time.time() - t0)
     with open(os.path.join(args.out, "compare.md"), "w", encoding="utf-8") as f:
         f.write(text)

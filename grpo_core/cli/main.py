@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--seeds", type=int, default=3, help="evaluation seeds (0, 1, ...)")
     co.add_argument("--steps", type=int, default=None, help="train.steps of every run")
     co.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once (each its own grpo train process: its memory and threads, times N)",
+    )
+    co.add_argument(
         "--threshold", type=float, default=0.9, help="reward for 'steps/tokens/seconds to reach'"
     )
     co.add_argument(

@@ -461,3 +461,69 @@ def test_a_study_kept_without_its_weights_resumes_in_another_checkout(
     before, after = ((d / "runs" / "compare.md").read_text() for d in (here, there))
     for variant in ("grpo", "rloo"):  # the same figures, from the same records
         assert cells(after, variant) == cells(before, variant) != []
+
+
+def test_jobs_run_side_by_side_with_the_same_results(tiny_model, addition_data, tmp_path):
+    """--jobs 2: runs start together (each one's start before the other's end), and a run
+    gives the same metrics as when it runs alone."""
+    cfg, out = tiny(tmp_path, tiny_model, addition_data), tmp_path / "cmp"
+    args = ["compare", cfg, "--baselines", "grpo,rloo", "--seeds", "1", "--steps", "2"]
+    p = run_grpo(*args, "--jobs", "2", "--out", str(out), cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    span = {  # config written just before the child starts; marker once it has finished
+        name: (
+            os.path.getmtime(out / f"{name}.yaml"),
+            os.path.getmtime(out / name / "compare_run.json"),
+        )
+        for name in ("grpo-seed0", "rloo-seed0")
+    }
+    assert max(s for s, _ in span.values()) < min(e for _, e in span.values()), span
+    assert cells((out / "compare.md").read_text(), "rloo")
+    side_by_side = metrics(out / "rloo-seed0")
+    os.remove(out / "rloo-seed0" / "compare_run.json")  # run it again, alone
+    again = run_grpo(*args, "--out", str(out), cwd=ROOT, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("finished earlier, reused") == 1
+    alone = metrics(out / "rloo-seed0")
+    keys = ("reward", "loss", "grad_norm", "completion_len")
+    assert [[r[k] for k in keys] for r in alone] == [[r[k] for k in keys] for r in side_by_side]
+
+
+def test_a_failed_run_ends_the_runs_beside_it(tiny_model, addition_data, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1 + 1"}\n')  # no "answer" column
+    cfg, out = tiny(tmp_path, tiny_model, addition_data), tmp_path / "cmp"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "grpo_core.cli",
+            "compare",
+            cfg,
+            "--vary",
+            f"data.path={addition_data},{bad}",
+            "--seeds",
+            "1",
+            "--steps",
+            "1000000",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        _, err = first.communicate(timeout=HANG)
+    finally:
+        first.kill()
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert first.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "bad.jsonl" in lines[0] and "failed" in lines[0], lines[0]
+    (good,) = [d for d in glob.glob(str(out / "*-seed0")) if "bad" not in d]
+    child = int(open(os.path.join(good, ".grpo-lock")).read())
+    _wait(lambda: not _alive(child), "end of the long run beside the failed one")
+    assert not os.path.exists(os.path.join(good, "compare_run.json"))

@@ -195,7 +195,7 @@ def test_compare_writes_configs_with_the_reference(tmp_path, monkeypatch):
     cfg = compare.apply(cfg, [("baseline", "rloo", "rloo")])
     (tmp_path / "cmp").mkdir()  # the study directory (compare_cli makes it)
     with pytest.raises(Exception, match="stop"):
-        compare.execute(cfg, str(tmp_path / "cmp" / "rloo-seed0"), "rloo seed 0")
+        compare.execute(cfg, str(tmp_path / "cmp" / "rloo-seed0"), "rloo seed 0", threading.Event())
     text = open(calls[0]).read()
     assert (
         SECRET not in text
