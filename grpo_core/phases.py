@@ -230,7 +230,7 @@ def _mini_batch(
         total += float(loss.detach())
         terms["positions"], terms["padding"] = _layout(run, sub)
         for k, v in terms.items():
-            stats[k] = stats.get(k, 0.0) + (v / count if k.startswith("loss/") else v)
+            stats[k] = stats.get(k, 0.0) + (v / count if k.startswith(("loss/", "pull/")) else v)
     return total
 
 

@@ -101,6 +101,20 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return mask * (entropy.detach() >= threshold).to(mask.dtype)
 
 
+def pulls(policy: torch.Tensor, kl_term: torch.Tensor, logp: torch.Tensor) -> dict[str, float]:
+    """How hard each term of the loss pulls the sampled tokens' log-probs: the L1 norm of its
+    gradient with respect to ``logp`` [B, T] (``pull/policy``, ``pull/kl``; additive over
+    micro-batches, as the loss is). A term's value says nothing of this: a policy term over
+    zero-mean advantages is near 0 however strong its gradient (PPO's whitened advantages:
+    ~1e-7), so weighing a KL penalty by the two values misjudges it; by their pulls it does
+    not. Two small backward passes, through the per-token arithmetic only."""
+    out = {}
+    for name, term in (("pull/policy", policy), ("pull/kl", kl_term)):
+        (grad,) = torch.autograd.grad(term, logp, retain_graph=True, allow_unused=True)
+        out[name] = 0.0 if grad is None else float(grad.abs().sum())
+    return out
+
+
 def objective_loss(
     term: PolicyTerm,
     mask: torch.Tensor,
@@ -127,7 +141,8 @@ def objective_loss(
     stats are detached sums for logging: each term's share of the loss (``loss/policy``,
     ``loss/kl``, ``loss/entropy``; they add up to the loss, and over micro-batches to the
     step's), the token sums of KL (only with a reference: no KL is not a KL of 0) and entropy,
-    the token count and the objective's counts (``count/<name>``, apart from the names above).
+    the token count, the objective's counts (``count/<name>``, apart from the names above)
+    and, with a KL term, each term's pull on the log-probs (``pull/policy``, ``pull/kl``).
     """
     mask = mask.to(term.loss.dtype)
     policy_pt = term.loss if is_weights is None else term.loss * is_weights
@@ -144,8 +159,11 @@ def objective_loss(
     if entropy is not None and entropy_coef:
         parts["loss/entropy"] = -entropy_coef * aggregate(entropy, mask, aggregation, norm)
         loss = loss + parts["loss/entropy"]
+    pulled = {}
+    if kl is not None and kl_coef and logp is not None and logp.requires_grad:
+        pulled = pulls(policy, parts["loss/kl"], logp)
     with torch.no_grad():
-        stats = {k: float(v) for k, v in parts.items()}
+        stats = {k: float(v) for k, v in parts.items()} | pulled
         if kl is not None:
             stats["kl"] = float((kl * mask).sum())
         stats["entropy"] = float((entropy * mask).sum()) if entropy is not None else 0.0

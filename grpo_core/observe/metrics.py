@@ -261,8 +261,9 @@ def rollout_metrics(
 
 def update_metrics(iterations: list[dict[str, float]]) -> dict[str, float]:
     """The update's metrics from each inner iteration's sums (over micro-batches and ranks):
-    per-token KL (absent without a reference) and entropy, the loss and its terms, the
-    clip fractions. Each is the mean over the inner iterations, so a clip that only bites
+    per-token KL (absent without a reference) and entropy, the loss and its terms (and, with
+    a KL term, each term's pull on the log-probs), the clip fractions. Each is the mean over
+    the inner iterations, so a clip that only bites
     after the first update (where the ratio is 1) shows; with more than one iteration the
     last one's values also go under ``<name>_last``."""
     each = [_iteration_metrics(s) for s in iterations]
@@ -282,6 +283,7 @@ def _iteration_metrics(s: dict[str, float]) -> dict[str, float]:
     if "clip_low" in counts and "clip_high" in counts:  # TRL's region: either bound, not both
         out["clip_region_frac"] = (counts["clip_low"] + counts["clip_high"]) / tokens
     out.update({k: v for k, v in s.items() if k.startswith("critic/")})  # PPO: already means
+    out.update({k: v for k, v in s.items() if k.startswith("pull/")})  # what each term pulls
     if "positions" in s:  # the policy pass's decoder positions that were padding
         out["padding_frac"] = s["padding"] / max(s["positions"], 1.0)
     return out

@@ -146,25 +146,43 @@ def test_moved():
 def test_kl_term_dominating_with_a_flat_reward():
     mon = HealthMonitor(window=10, settings={"kl_option": "kl.options.coef"})
     out = []
-    for s in range(10):  # policy term |0.02| on average, KL term 0.5: 25x
+    for s in range(10):  # the KL pulls the log-probs 2.5x as hard as the policy term
         out += mon.observe(
             {
                 **healthy(s),
                 "reward": 0.16 + 0.01 * (s % 2),
                 "kl_coef": 5.0,
-                "loss/kl": 0.5,
-                "loss/policy": 0.02 * (-1) ** s,
+                "pull/kl": 0.5,
+                "pull/policy": 0.2,
             }
         )
     assert out == [
-        "the KL term is 25x the policy term (0.5 vs 0.02) and the reward stayed "
-        "flat (0.164 -> 0.166) for 10 steps: the KL penalty holds the policy at the "
-        "reference; lower kl.options.coef from 5 (e.g. to 0.2)"
-    ]
+        "the KL term pulls the log-probs 2.5x as hard as the policy term (gradient norms "
+        "0.5 vs 0.2) and the reward stayed flat (0.164 -> 0.166) for 10 steps: the KL penalty "
+        "holds the policy at the reference; lower kl.options.coef from 5 (e.g. to 0.2)"
+    ]  # 5 x 0.1 / 2.5: the KL's pull brought to a tenth of the policy's
     rising = stream(
-        kl_coef=lambda s: 5.0, **{"loss/kl": lambda s: 0.5, "loss/policy": lambda s: 0.02}
+        kl_coef=lambda s: 5.0, **{"pull/kl": lambda s: 0.5, "pull/policy": lambda s: 0.2}
     )
     assert not fired(rising, "KL term")  # the healthy stream's reward rises 0.05 a window
+
+
+def test_a_policy_term_near_zero_in_value_is_not_held_by_a_small_kl():
+    """PPO's whitened advantages: the policy term's value ~1e-7 beside a KL term of 0.015
+    (the SmolLM2 PPO runs' records, where the value-based check said "lower the coefficient
+    100x"), but the policy pulls the log-probs 40x as hard as the KL: no advice."""
+    w = stream(
+        10,
+        reward=lambda s: 0.65,
+        kl_coef=lambda s: 0.04,
+        **{
+            "loss/policy": lambda s: 1e-7 * (-1) ** s,
+            "loss/kl": lambda s: 0.015,
+            "pull/policy": lambda s: 0.6,
+            "pull/kl": lambda s: 0.015,
+        },
+    )
+    assert not fired(w, "KL term") and not fired(w, "holds the policy")
 
 
 def test_a_part_of_the_reward_falling_while_the_total_rises():
@@ -343,20 +361,20 @@ def test_no_kl_verdict_without_a_policy_gradient():
         reward=lambda s: 0.0,
         zero_std_frac=lambda s: 1.0,
         solved_frac=lambda s: 0.0,
-        **{"loss/kl": lambda s: 0.001, "loss/policy": lambda s: 0.0},
+        **{"pull/kl": lambda s: 0.001, "pull/policy": lambda s: 0.0},
     )
     assert fired(w, "every completion got the same reward") and not fired(w, "KL term")
 
 
 @pytest.mark.parametrize("rise", [0.0, 0.05])
 def test_a_kl_term_that_holds_the_policy_still(rise):
-    """KL term 30x the policy term: advice to lower the coefficient while the reward stays
-    flat (rising under 0.02 over the window), none once it rises."""
+    """The KL pulling 3x as hard as the policy term: advice to lower the coefficient while
+    the reward stays flat (rising under 0.02 over the window), none once it rises."""
     w = stream(
         10,
         **{
-            "loss/kl": lambda s: 0.3,
-            "loss/policy": lambda s: 0.01 * (-1) ** s,
+            "pull/kl": lambda s: 0.3,
+            "pull/policy": lambda s: 0.1,
             "kl_coef": lambda s: 5.0,
             "reward": lambda s: 0.12 + (rise if s >= 5 else 0.0),
         },
@@ -365,7 +383,7 @@ def test_a_kl_term_that_holds_the_policy_still(rise):
     if rise:
         assert advice == []
     else:
-        assert len(advice) == 1 and "the KL term is 30x the policy term" in advice[0], w
+        assert len(advice) == 1 and "pulls the log-probs 3x as hard" in advice[0], w
 
 
 def collapse_stream(grad_norm, entropy, reward, settings, window=6, n=8):
