@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import yaml
 
@@ -52,6 +52,11 @@ PLUGIN_SECTIONS = tuple(k for k, v in CORE_SCHEMA["properties"].items() if v.get
 
 Setting = tuple[str, str, object]  # (key path, value as typed, parsed value)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
+_SAYING = threading.Lock()
+
+
+class Stopped(Exception):
+    """A run not started, or ended, because another run of the study failed."""
 
 
 def split_values(text: str) -> list[str]:
@@ -140,6 +145,10 @@ def plan(args, base: dict) -> tuple[list[list[Setting]], list[list[Setting]]]:
     if not axes:
         raise UserError("grpo compare: give --baselines A,B, --vary KEY=A,B and/or --tune KEY=A,B")
     for key, values in axes.items():
+        typed = [text for _, text, _ in values]
+        twice = sorted({t for t in typed if typed.count(t) > 1})
+        if twice:
+            raise UserError(f"{flags[key]}: {', '.join(twice)} given more than once")
         for setting in values:
             try:
                 config_mod.validate(apply(base, [setting]))
@@ -166,7 +175,8 @@ class Progress:
         self.rewards: list[float | None] = []  # the last 20 steps' mean rewards
         self.tty, self.shown, self.last = in_place and sys.stderr.isatty(), 0, 0.0
 
-    def update(self, final: bool = False) -> None:
+    def update(self, final: str | None = None) -> None:
+        """Read the new records and show where the run is; ``final``: how it ended."""
         if os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as f:
                 f.seek(self.offset)
@@ -183,20 +193,23 @@ class Progress:
         r = [x for x in self.rewards if x is not None]
         mean = f", reward {sum(r) / len(r):.3f} (last {len(r)} steps)" if r else ""
         if final:
-            print(
-                f"{self.tag}: done, {self.step}/{self.steps} steps{mean}, "
-                f"{time.time() - self.t0:.0f} s",
-                file=sys.stderr,
-                flush=True,
+            say(
+                f"{self.tag}: {final}, {self.step}/{self.steps} steps{mean}, "
+                f"{time.time() - self.t0:.0f} s"
             )
         elif due and 0 < self.step < self.steps:
-            print(
+            say(
                 f"{self.tag}: step {self.step}/{self.steps}{mean}, {time.time() - self.t0:.0f} s",
-                end="\r" if self.tty else "\n",
-                file=sys.stderr,
-                flush=True,
+                "\r" if self.tty else "\n",
             )
             self.shown, self.last = quarter, time.time()
+
+
+def say(text: str, end: str = "\n") -> None:
+    """One line on stderr, whole: runs side by side print from their own threads."""
+    with _SAYING:
+        sys.stderr.write(text + end)
+        sys.stderr.flush()
 
 
 def train_child(
@@ -218,7 +231,7 @@ def train_child(
         for line in stream:
             out.append(line)
             if echo and line.lstrip().startswith("warning"):
-                print(f"  {tag}: {line.strip()}", file=sys.stderr, flush=True)
+                say(f"  {tag}: {line.strip()}")
 
     pumps = [
         threading.Thread(target=pump, args=(s, e), daemon=True)
@@ -237,7 +250,9 @@ def train_child(
             proc.wait()
     for t in pumps:
         t.join()
-    progress.update(final=True)
+    progress.update(
+        final="stopped" if stop.is_set() else "done" if proc.returncode == 0 else "failed"
+    )
     return proc.returncode, "".join(out)
 
 
@@ -245,8 +260,10 @@ def _ends_with(parent: int):
     """In the child before it runs: SIGTERM when ``parent`` ends (a graceful stop: the
     trainer saves a checkpoint), and an exit if it already has."""
 
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
     def arm() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:  # it ended before the signal was armed
             os._exit(1)
 
@@ -354,16 +371,17 @@ class Study:
         """The runs of ``jobs`` ((settings, seed) each), in their order; all configs are
         validated before any runs."""
         planned = [self._plan(settings, seed) for settings, seed in jobs]
+        futures: list[Future] = []
         with ThreadPoolExecutor(self.args.jobs) as pool:
-            futures = [pool.submit(self._run, *p) for p in planned]
             try:
+                futures += [pool.submit(self._run, *p) for p in planned]
                 wait(futures, return_when=FIRST_EXCEPTION)
-                # the first that failed ends the study, not the first in order
-                failed = [e for f in futures if f.done() and (e := f.exception()) is not None]
-                if failed:
-                    raise failed[0]
+                if any(f.done() and f.exception() is not None for f in futures):
+                    wait(futures)  # the failed run set ``stop``: the others end or never start
+                    errors = [e for f in futures if (e := f.exception()) is not None]
+                    raise next((e for e in errors if not isinstance(e, Stopped)), errors[0])
                 return [f.result() for f in futures]
-            except BaseException:
+            except BaseException:  # an interrupt too: no child outlives the study
                 self.stop.set()
                 for f in futures:
                     f.cancel()
@@ -390,11 +408,23 @@ class Study:
         return cfg, run_dir, f"[{self.count}/{self.total}] {label(settings) or 'base'} seed {seed}"
 
     def _run(self, cfg: dict, run_dir: str, tag: str) -> dict:
-        config = view(cfg)
-        run = execute(cfg, run_dir, tag, self.stop, in_place=self.args.jobs == 1)
+        """One run with its figures; a failure sets ``stop`` before this thread takes another
+        run (the runs it ends, or that never start, raise Stopped)."""
+        if self.stop.is_set():
+            raise Stopped(tag)
+        try:
+            return self._figures(execute(cfg, run_dir, tag, self.stop, self.args.jobs == 1))
+        except BaseException:
+            if self.stop.is_set():
+                raise Stopped(tag) from None
+            self.stop.set()
+            raise
+
+    def _figures(self, run: dict) -> dict:
+        config = view(run["config"])
         b = config.baseline
         greedy = grpo_core.create("baseline", b.name, b.options).needs_greedy
-        run["seed"], run["dir"] = config.train.seed, run_dir
+        run["seed"], run["dir"] = config.train.seed, config.output.dir
         try:
             run["figures"] = stats.run_figures(
                 run["records"],
@@ -404,7 +434,7 @@ class Study:
                 self.args.window,
             )
         except ValueError as exc:
-            raise UserError(f"{tag}: {exc} ({run_dir})") from exc
+            raise UserError(f"{config.output.dir}: {exc}") from exc
         return run
 
 

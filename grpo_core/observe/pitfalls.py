@@ -217,7 +217,7 @@ def kl_dominates(m: HealthMonitor, converged: bool) -> Iterator[Finding]:
         yield (
             "kl_dominates",
             (
-                f"the KL term pulls the log-probs {ratio:.2g}x as hard as the policy term "
+                f"the KL term pulls the log-probs {ratio:.3g}x as hard as the policy term "
                 f"(gradient norms {term:.3g} vs {policy:.3g}) and the reward stayed flat "
                 f"({r0:.3g} -> {r1:.3g}) for {m.window} steps: the KL penalty holds the policy "
                 f"at the reference; lower {name} from {coef:g} (e.g. to "

@@ -319,6 +319,10 @@ def test_compare_rejects_bad_input_before_running(tiny_model, addition_data, tmp
             "optimizer.lr is already given by --vary 'optimizer.lr=1e-3'",
         ),
         (["--baselines", "grpo", "--seeds", "0"], "--seeds: expected a number >= 1, got 0"),
+        (["--baselines", "grpo", "--jobs", "0"], "--jobs: expected a number >= 1, got 0"),
+        # the same value twice would be one run directory, two runs side by side in it
+        (["--baselines", "grpo,rloo,grpo"], "--baselines 'grpo,rloo,grpo': grpo given more"),
+        (["--tune", "optimizer.lr=1e-3,1e-3"], "optimizer.lr=1e-3,1e-3': 1e-3 given more"),
         (["--seeds", "2"], "give --baselines A,B, --vary KEY=A,B and/or --tune KEY=A,B"),
     ]
     for extra, message in cases:
@@ -489,41 +493,38 @@ def test_jobs_run_side_by_side_with_the_same_results(tiny_model, addition_data, 
     assert [[r[k] for k in keys] for r in alone] == [[r[k] for k in keys] for r in side_by_side]
 
 
-def test_a_failed_run_ends_the_runs_beside_it(tiny_model, addition_data, tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_run_ends_the_study(tiny_model, addition_data, tmp_path, jobs):
+    """The failed run's error, one line; with --jobs 2 the long run beside it is ended, with
+    --jobs 1 the run after it never starts."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1 + 1"}\n')  # no "answer" column
     cfg, out = tiny(tmp_path, tiny_model, addition_data), tmp_path / "cmp"
-    first = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "grpo_core.cli",
-            "compare",
-            cfg,
-            "--vary",
-            f"data.path={addition_data},{bad}",
-            "--seeds",
-            "1",
-            "--steps",
-            "1000000",
-            "--jobs",
-            "2",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    p = run_grpo(
+        "compare",
+        cfg,
+        "--vary",
+        f"data.path={bad},{addition_data}",
+        "--seeds",
+        "1",
+        "--steps",
+        "1000000",
+        "--jobs",
+        str(jobs),
+        "--out",
+        str(out),
         cwd=ROOT,
+        timeout=HANG,
     )
-    try:
-        _, err = first.communicate(timeout=HANG)
-    finally:
-        first.kill()
-    lines = [x for x in err.splitlines() if x.startswith("error:")]
-    assert first.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "bad.jsonl" in lines[0] and "failed" in lines[0], lines[0]
-    (good,) = [d for d in glob.glob(str(out / "*-seed0")) if "bad" not in d]
-    child = int(open(os.path.join(good, ".grpo-lock")).read())
+    assert "seed 0: failed, 0/1000000 steps" in p.stderr and ": done," not in p.stderr
+    good = [d for d in glob.glob(str(out / "*-seed0")) if "bad" not in d]
+    if jobs == 1:
+        assert good == [], good
+        return
+    child = int(open(os.path.join(good[0], ".grpo-lock")).read())
     _wait(lambda: not _alive(child), "end of the long run beside the failed one")
-    assert not os.path.exists(os.path.join(good, "compare_run.json"))
+    assert "seed 0: stopped" in p.stderr
+    assert not os.path.exists(os.path.join(good[0], "compare_run.json"))

@@ -122,11 +122,19 @@ def test_cispo_weights_are_clipped_but_every_token_keeps_its_gradient():
     assert ppo.grad.item() == 0.0 and logp.grad[0, 0].item() != 0.0
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
-def test_each_terms_pull_on_the_log_probs_by_hand(aggregation):
+@pytest.mark.parametrize(
+    "aggregation,w",
+    [
+        ("token_mean", [1 / 5, 1 / 5]),
+        ("seq_mean_token_mean", [1 / 6, 1 / 4]),
+        ("seq_mean_token_sum_norm", [1 / 6, 1 / 6]),
+    ],
+)
+def test_each_terms_pull_on_the_log_probs_by_hand(aggregation, w):
     """At logp = old (ratio 1, nothing clipped) the policy term's gradient in logp_t is
     -A_t w_t and k3's is coef (1 - exp(ref - logp)) w_t, w_t the aggregation's weight of
-    token t: token_mean 1/5 each; seq_mean_token_mean 1/(2*3) on row 0 and 1/(2*2) on row 1.
+    token t: token_mean 1/5 each; seq_mean_token_mean 1/(2*3) on row 0 and 1/(2*2) on row 1;
+    seq_mean_token_sum_norm 1/(2 sequences * 3, the budget).
     The pulls are the L1 norms of those gradients, whatever the terms' values (here the
     policy term's value is small: advantages 1 and -0.5 over 3 and 2 tokens)."""
     logp = leaf(LOGP)
@@ -142,7 +150,6 @@ def test_each_terms_pull_on_the_log_probs_by_hand(aggregation):
         ref_logp=ref,
         kl_coef=0.1,
     )
-    w = [1 / 5] * 2 if aggregation == "token_mean" else [1 / 6, 1 / 4]
     assert stats["pull/policy"] == pytest.approx(3 * w[0] * 1.0 + 2 * w[1] * 0.5, rel=1e-12)
     assert stats["pull/kl"] == pytest.approx(
         0.1 * (math.exp(0.25) - 1) * (3 * w[0] + 2 * w[1]), rel=1e-12
