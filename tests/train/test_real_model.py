@@ -390,6 +390,48 @@ def test_lora_with_gradient_checkpointing_trains_the_adapter(gguf, problems, con
     shutil.rmtree(out)
 
 
+def test_the_two_step_demo_runs_its_stages_in_order(gguf, converted, tmp_path):
+    """``grpo demo --task two-step``, one step a stage: stage 2 trains on two-step problems
+    alone under the two-step prompt from stage 1's final weights, stage 3 on both kinds
+    under both examples from stage 2's; none sees a held-out problem; the overrides hold in
+    every stage; the closing figures are the base model's and stage 3's under stage 3's
+    prompt, each overall the mean of its kinds."""
+    from grpo_core.cli import demo_two_step
+
+    out = str(tmp_path / "demo")
+    small = [
+        "sampling.group_size=2",
+        "sampling.max_new_tokens=8",
+        "train.prompts_per_step=1",
+        "runtime.threads=1",
+        "eval.every_n_steps=1",
+    ]
+    assert demo_two_step.run(out, steps=1, overrides=small, heldout_n=4, stage_steps=(1, 1)) == 0
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["prompt"] == "both examples" and summary["heldout_n"] == 4
+    for when in ("before", "after"):  # 2 problems of each kind: overall = the kinds' mean
+        kinds = summary[when]
+        assert sorted(kinds) == ["all", "one-step", "two-step"]
+        assert (kinds["one-step"] + kinds["two-step"]) / 2 == pytest.approx(kinds["all"])
+    held = {r["prompt"] for r in demo_two_step.held_out_rows(os.path.join(out, "stage1"))}
+    for i, prompt, kinds in (
+        (2, "two-step example", ("two-step", "two-step")),
+        (3, "both examples", ("one-step", "two-step")),
+    ):
+        stage = os.path.join(out, f"stage{i}")
+        cfg = yaml.safe_load(open(os.path.join(stage, "config.yaml")))
+        assert cfg["model"]["name_or_path"] == os.path.join(out, f"stage{i - 1}", "run", "final")
+        assert cfg["data"]["system_prompt"] == demo_two_step.PROMPTS[prompt]
+        assert cfg["runtime"]["threads"] == 1 and cfg["sampling"]["group_size"] == 2
+        rows = [json.loads(x) for x in open(os.path.join(stage, "data", "train.jsonl"))]
+        assert [r["kind"] for r in rows[:2]] == list(kinds) and not held & {
+            r["prompt"] for r in rows
+        }
+        assert len(open(os.path.join(stage, "run", "metrics.jsonl")).readlines()) == 1
+    assert summary["model_dir"] == os.path.join(out, "stage3", "run", "final")
+    assert os.path.isfile(os.path.join(summary["model_dir"], "model.safetensors"))
+
+
 def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_path):
     from grpo_core.cli import demo_pretrained
 

@@ -1,0 +1,134 @@
+"""``grpo demo --task two-step``: the pretrained demo, then two stages that teach two-step word
+problems (docs/recipes.md, the ninth round).
+
+Stage 1 is ``grpo demo --task pretrained`` (one-step training problems, its recipe and
+``--set`` overrides, which every later stage keeps). Stage 2 continues from its final
+weights on two-step problems only, under a system prompt whose worked example takes two
+calculations; stage 3 continues from stage 2 on problems half one-step and half two-step,
+under a prompt with both worked examples. The order is what works: trained on mixed problems
+straight after stage 1, the policy answers two-step problems with one calculation (0.00).
+Held-out greedy accuracy, overall and per kind, of the base model and of stage 3's final
+model under stage 3's prompt closes the demo (``summary.json``); each stage's directory holds
+its config, data and run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+
+import yaml
+
+from grpo_core import config as config_mod
+from grpo_core.cli import demo_pretrained, word_problems
+from grpo_core.config.view import view
+from grpo_core.tiny import write_jsonl
+
+HEAD = (
+    "You solve math word problems. Reply in one line: the calculations, then the answer in "
+    "\\boxed{}.\n"
+)
+TWO_STEP_EXAMPLE = (
+    "Example question: A bag holds 6 pears. Ann buys 4 bags and already had 5 pears. "
+    "How many pears does Ann have now?\n"
+    "Example reply: 6 * 4 = 24. 24 + 5 = 29. \\boxed{29}"
+)
+ONE_STEP_EXAMPLE = (
+    "Example question: A bag holds 6 pears. Ann buys 4 bags. How many pears does Ann buy?\n"
+    "Example reply: 6 * 4 = 24. \\boxed{24}\n"
+)
+PROMPTS = {
+    "one-step example": demo_pretrained.SYSTEM_PROMPT,
+    "two-step example": HEAD + TWO_STEP_EXAMPLE,
+    "both examples": HEAD + ONE_STEP_EXAMPLE + TWO_STEP_EXAMPLE,
+}
+#: stages 2 and 3: (system prompt, training problems' templates (None: half of each kind),
+#: the problems' seed, steps)
+STAGES = (
+    ("two-step example", word_problems.TWO_STEP, 7, 30),
+    ("both examples", None, 11, 20),
+)
+STAGE_STEPS = tuple(stage[-1] for stage in STAGES)
+
+
+def next_stage(prev: str, out: str, prompt: str, rows: list[dict], steps: int) -> str:
+    """The config of a stage that starts from ``prev``'s final weights: ``prev``'s recipe
+    with these training rows, this system prompt and the same held-out problems."""
+    os.makedirs(os.path.join(out, "data"), exist_ok=True)
+    write_jsonl(os.path.join(out, "data", "train.jsonl"), rows)
+    write_jsonl(os.path.join(out, "data", "test.jsonl"), held_out_rows(prev))
+    with open(os.path.join(prev, "config.yaml"), encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    cfg["model"] = {"name_or_path": os.path.join(prev, "run", "final")}
+    cfg["data"].update(path=os.path.join(out, "data", "train.jsonl"), system_prompt=prompt)
+    cfg["eval"]["data"] = os.path.join(out, "data")
+    cfg["output"]["dir"] = os.path.join(out, "run")
+    cfg["train"]["steps"] = steps
+    path = os.path.join(out, "config.yaml")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def held_out_rows(stage: str) -> list[dict]:
+    with open(os.path.join(stage, "data", "test.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def judge(stage: str, model_path: str | None, prompt: str) -> dict[str, float]:
+    """Greedy held-out accuracy, overall and per kind, under ``prompt`` of ``model_path``
+    (None: ``stage``'s configured model) with ``stage``'s evaluation settings."""
+    cfg = view(config_mod.load(os.path.join(stage, "config.yaml"), []))
+    cfg = replace(cfg, data=replace(cfg.data, system_prompt=prompt))
+    rows = held_out_rows(stage)
+    (result,) = demo_pretrained.accuracies(cfg, model_path, rows)
+    assert result is not None  # rows given: a figure
+    return {"all": result[0], **demo_pretrained.by_kind(rows, result[1])}
+
+
+def run(
+    out: str,
+    steps: int | None = None,
+    overrides: list[str] | None = None,
+    heldout_n: int = demo_pretrained.N_HELDOUT,
+    stage_steps: tuple[int, ...] = STAGE_STEPS,
+) -> int:
+    """The three stages in ``out/stage1..3``, then the closing figures (``summary.json``).
+    ``steps``: stage 1's (the pretrained demo's); ``stage_steps``: stages 2 and 3's."""
+    from grpo_core.trainer import train
+
+    t0 = time.time()
+    stages = [os.path.join(out, f"stage{i}") for i in (1, 2, 3)]
+    demo_pretrained.run(stages[0], steps, overrides, heldout_n, gsm8k_n=0)
+    exclude = frozenset(r["prompt"] for r in held_out_rows(stages[0]))
+    for prev, stage, (prompt, templates, seed, _), n in zip(
+        stages, stages[1:], STAGES, stage_steps
+    ):
+        print(f"\n{os.path.basename(stage)}: {n} steps under the {prompt} prompt", flush=True)
+        rows = word_problems.problems(demo_pretrained.N_TRAIN, seed, templates, exclude)
+        train(config_mod.load(next_stage(prev, stage, PROMPTS[prompt], rows, n)), overwrite=True)
+    final_prompt, final = STAGES[-1][0], os.path.join(stages[-1], "run", "final")
+    before = judge(stages[0], None, PROMPTS[final_prompt])
+    after = judge(stages[-1], final, PROMPTS[final_prompt])
+    n, seconds = len(held_out_rows(stages[0])), time.time() - t0
+    summary = {
+        "prompt": final_prompt,
+        "heldout_n": n,
+        "before": before,
+        "after": after,
+        "stage_steps": [steps or demo_pretrained.STEPS, *stage_steps],
+        "seconds": seconds,
+        "model_dir": final,
+    }
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    per_kind = ", ".join(f"{k} {before[k]:.2f} -> {after[k]:.2f}" for k in after if k != "all")
+    print(
+        f"\nheld-out greedy accuracy under the {final_prompt} prompt {before['all']:.2f} -> "
+        f"{after['all']:.2f} on {n} problems never trained on ({per_kind}); {seconds:.0f} s "
+        f"in all\nsummary: {os.path.join(out, 'summary.json')}; model: {final}"
+    )
+    return 0
