@@ -5,8 +5,9 @@ Stage 1 is ``grpo demo --task pretrained`` (one-step training problems, its reci
 ``--set`` overrides, which every later stage keeps). Stage 2 continues from its final
 weights on two-step problems only, under a system prompt whose worked example takes two
 calculations; stage 3 continues from stage 2 on problems half one-step and half two-step,
-under a prompt with both worked examples. The order is what works: trained on mixed problems
-straight after stage 1, the policy answers two-step problems with one calculation (0.00).
+under a prompt with both worked examples. The order is what works: a policy trained on
+one-step problems (a GRPO run of the SmolLM2 study) and then on mixed problems answered
+two-step problems with one calculation (0.00).
 Held-out greedy accuracy, overall and per kind, of the base model and of stage 3's final
 model under stage 3's prompt closes the demo (``summary.json``); each stage's directory holds
 its config, data and run.
@@ -53,15 +54,19 @@ STAGES = (
 STAGE_STEPS = tuple(stage[-1] for stage in STAGES)
 
 
-def next_stage(prev: str, out: str, prompt: str, rows: list[dict], steps: int) -> str:
-    """The config of a stage that starts from ``prev``'s final weights: ``prev``'s recipe
-    with these training rows, this system prompt and the same held-out problems."""
+def next_stage(prev: str, weights: str, out: str, prompt: str, rows: list[dict], steps: int) -> str:
+    """The config of a stage that starts from ``weights`` (``prev``'s final model): ``prev``'s
+    recipe, its model settings and overrides kept, with these training rows, this system
+    prompt and the same held-out problems; a LoRA stage saves merged weights for the next."""
     os.makedirs(os.path.join(out, "data"), exist_ok=True)
     write_jsonl(os.path.join(out, "data", "train.jsonl"), rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), held_out_rows(prev))
     with open(os.path.join(prev, "config.yaml"), encoding="utf-8") as f:
         cfg = yaml.safe_load(f)
-    cfg["model"] = {"name_or_path": os.path.join(prev, "run", "final")}
+    cfg["model"] = {k: v for k, v in cfg["model"].items() if k != "gguf_file"}
+    cfg["model"]["name_or_path"] = weights
+    if cfg["model"].get("lora"):
+        cfg["model"]["lora"]["save_merged"] = True
     cfg["data"].update(path=os.path.join(out, "data", "train.jsonl"), system_prompt=prompt)
     cfg["eval"]["data"] = os.path.join(out, "data")
     cfg["output"]["dir"] = os.path.join(out, "run")
@@ -101,16 +106,25 @@ def run(
     from grpo_core.trainer import train
 
     t0 = time.time()
+    if os.path.exists(os.path.join(out, "summary.json")):  # an earlier run's: not this one's
+        os.remove(os.path.join(out, "summary.json"))
     stages = [os.path.join(out, f"stage{i}") for i in (1, 2, 3)]
     demo_pretrained.run(stages[0], steps, overrides, heldout_n, gsm8k_n=0)
+    with open(os.path.join(stages[0], "summary.json"), encoding="utf-8") as f:
+        first = json.load(f)
+    final = first["model_dir"]  # merged weights under LoRA; wherever output.dir put them
     exclude = frozenset(r["prompt"] for r in held_out_rows(stages[0]))
     for prev, stage, (prompt, templates, seed, _), n in zip(
-        stages, stages[1:], STAGES, stage_steps
+        stages[:-1], stages[1:], STAGES, stage_steps, strict=True
     ):
         print(f"\n{os.path.basename(stage)}: {n} steps under the {prompt} prompt", flush=True)
         rows = word_problems.problems(demo_pretrained.N_TRAIN, seed, templates, exclude)
-        train(config_mod.load(next_stage(prev, stage, PROMPTS[prompt], rows, n)), overwrite=True)
-    final_prompt, final = STAGES[-1][0], os.path.join(stages[-1], "run", "final")
+        path = next_stage(prev, final, stage, PROMPTS[prompt], rows, n)
+        cfg = config_mod.load(path)
+        result = train(cfg, overwrite=True)
+        lora = bool(view(cfg).model.lora)
+        final = os.path.join(result["run_dir"], "final", *(["merged"] if lora else []))
+    final_prompt = STAGES[-1][0]
     before = judge(stages[0], None, PROMPTS[final_prompt])
     after = judge(stages[-1], final, PROMPTS[final_prompt])
     n, seconds = len(held_out_rows(stages[0])), time.time() - t0
@@ -119,7 +133,7 @@ def run(
         "heldout_n": n,
         "before": before,
         "after": after,
-        "stage_steps": [steps or demo_pretrained.STEPS, *stage_steps],
+        "stage_steps": [first["steps"], *stage_steps],
         "seconds": seconds,
         "model_dir": final,
     }

