@@ -24,6 +24,7 @@ import yaml
 
 from grpo_core import config as config_mod
 from grpo_core.cli import demo_pretrained, word_problems
+from grpo_core.config.file import with_values
 from grpo_core.config.view import view
 from grpo_core.tiny import write_jsonl
 
@@ -62,15 +63,19 @@ def next_stage(prev: str, weights: str, out: str, prompt: str, rows: list[dict],
     write_jsonl(os.path.join(out, "data", "train.jsonl"), rows)
     write_jsonl(os.path.join(out, "data", "test.jsonl"), held_out_rows(prev))
     with open(os.path.join(prev, "config.yaml"), encoding="utf-8") as f:
-        cfg = yaml.safe_load(f)
-    cfg["model"] = {k: v for k, v in cfg["model"].items() if k != "gguf_file"}
-    cfg["model"]["name_or_path"] = weights
-    if cfg["model"].get("lora"):
-        cfg["model"]["lora"]["save_merged"] = True
-    cfg["data"].update(path=os.path.join(out, "data", "train.jsonl"), system_prompt=prompt)
-    cfg["eval"]["data"] = os.path.join(out, "data")
-    cfg["output"]["dir"] = os.path.join(out, "run")
-    cfg["train"]["steps"] = steps
+        written = yaml.safe_load(f)
+    values = {
+        "model.name_or_path": weights,
+        "model.gguf_file": None,  # a saved model now, not the GGUF file
+        "data.path": os.path.join(out, "data", "train.jsonl"),
+        "data.system_prompt": prompt,
+        "eval.data": os.path.join(out, "data"),
+        "output.dir": os.path.join(out, "run"),
+        "train.steps": steps,
+    }
+    if view(config_mod.validate(written)).model.lora:
+        values["model.lora.save_merged"] = True
+    cfg = with_values(written, values)
     path = os.path.join(out, "config.yaml")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
