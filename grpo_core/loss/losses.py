@@ -160,7 +160,13 @@ def objective_loss(
         parts["loss/entropy"] = -entropy_coef * aggregate(entropy, mask, aggregation, norm)
         loss = loss + parts["loss/entropy"]
     pulled = {}
-    if kl is not None and kl_coef and logp is not None and policy.requires_grad:
+    if (
+        kl is not None
+        and kl_coef
+        and logp is not None
+        and logp.requires_grad
+        and policy.requires_grad
+    ):
         pulled = pulls(policy, parts["loss/kl"], logp)
     with torch.no_grad():
         stats = {k: float(v) for k, v in parts.items()} | pulled
