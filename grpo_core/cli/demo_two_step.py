@@ -26,6 +26,7 @@ from grpo_core import config as config_mod
 from grpo_core.cli import demo_pretrained, word_problems
 from grpo_core.config.file import with_values
 from grpo_core.config.view import view
+from grpo_core.data.sources import read_rows
 from grpo_core.tiny import write_jsonl
 
 HEAD = (
@@ -84,8 +85,7 @@ def next_stage(prev: str, weights: str, out: str, prompt: str, rows: list[dict],
 
 
 def held_out_rows(stage: str) -> list[dict]:
-    with open(os.path.join(stage, "data", "test.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_rows(os.path.join(stage, "data", "test.jsonl"))
 
 
 def judge(stage: str, model_path: str | None, prompt: str) -> dict[str, float]:
