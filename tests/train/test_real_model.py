@@ -432,6 +432,32 @@ def test_the_two_step_demo_runs_its_stages_in_order(gguf, converted, tmp_path):
     assert os.path.isfile(os.path.join(summary["model_dir"], "model.safetensors"))
 
 
+def test_the_two_step_demo_under_lora_hands_on_merged_weights(gguf, converted, tmp_path):
+    """Under ``model.lora`` a stage's final folder holds an adapter, which the next stage
+    cannot load as its model: each stage after the first starts from the previous stage's
+    merged weights, keeps the adapter settings, and the summary names the merged model."""
+    from grpo_core.cli import demo_two_step
+
+    out = str(tmp_path / "demo")
+    small = [
+        "sampling.group_size=2",
+        "sampling.max_new_tokens=4",
+        "train.prompts_per_step=1",
+        "runtime.threads=1",
+        "eval.every_n_steps=0",
+        "model.lora.r=4",
+    ]
+    assert demo_two_step.run(out, steps=1, overrides=small, heldout_n=2, stage_steps=(1, 1)) == 0
+    for i in (2, 3):
+        cfg = yaml.safe_load(open(os.path.join(out, f"stage{i}", "config.yaml")))
+        merged = os.path.join(out, f"stage{i - 1}", "run", "final", "merged")
+        assert cfg["model"]["name_or_path"] == merged
+        assert cfg["model"]["lora"]["r"] == 4
+        assert os.path.isfile(os.path.join(merged, "model.safetensors"))
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["model_dir"] == os.path.join(out, "stage3", "run", "final", "merged")
+
+
 def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_path):
     from grpo_core.cli import demo_pretrained
 
