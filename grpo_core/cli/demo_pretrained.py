@@ -112,15 +112,20 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
     }
 
 
+#: an evaluation's (accuracy, records)
+Judged = tuple[float, list[dict]]
+
+
 def accuracies(
-    config: Config, model_path: str | None, *row_sets: list[dict] | None
-) -> list[tuple[float, list[dict]] | None]:
-    """(greedy accuracy, the evaluation's records) of the config's model (or the plain model
-    in ``model_path``) on each set of rows (None for a set that is None), evaluated as
-    validation during training evaluates (the config's ``eval`` section: greedy, judged on
-    ``eval.correct_dimension``); the model is loaded once."""
+    config: Config, model_path: str | None, gsm8k: list[dict] | None = None
+) -> tuple[list[dict], Judged, Judged | None]:
+    """(the held-out problems, their judgement, GSM8K's or None) of the config's model (or
+    the plain model in ``model_path``), evaluated as validation during training evaluates: the
+    problems read by :func:`~grpo_core.observe.evaluate.held_out_rows` (``eval.data``, fitted
+    and cut as validation's are), judged greedily by the config's ``eval`` section. The model
+    is loaded once."""
     import grpo_core
-    from grpo_core.observe.evaluate import evaluate_configured
+    from grpo_core.observe.evaluate import evaluate_configured, held_out_rows
     from grpo_core.reward.isolation import build_reward
     from grpo_core.store.models import load_model, load_tokenizer, pick_device, resolve_sampling
 
@@ -142,20 +147,19 @@ def accuracies(
     gen = grpo_core.create("generator", config.generator.name, config.generator.options)
     gen.setup(model, tokenizer, device)
     reward = build_reward(config.reward)
-    out: list[tuple[float, list[dict]] | None] = []
+    held = held_out_rows(config, tokenizer, model)[0]
+
+    def judge(rows: list[dict]) -> Judged:
+        # as validation during training: its settings, seed, batches and autocast
+        report, records = evaluate_configured(
+            model, tokenizer, gen, rows, config, reward, device, progress=True
+        )
+        return report["accuracy"], records
+
     try:
-        for rows in row_sets:
-            if rows is None:
-                out.append(None)
-                continue
-            # as validation during training: its settings, seed, batches and autocast
-            report, records = evaluate_configured(
-                model, tokenizer, gen, rows, config, reward, device, progress=True
-            )
-            out.append((report["accuracy"], records))
+        return held, judge(held), judge(gsm8k) if gsm8k else None
     finally:
         reward.close()
-    return out
 
 
 def gsm8k_rows(path: str, n: int) -> list[dict]:
@@ -187,9 +191,9 @@ def run(
     GSM8K 0: none)."""
     t0 = time.time()
     gguf = locate_model()
-    train_rows, heldout = problems(heldout_n)
+    train_rows, test_rows = problems(heldout_n)  # eval.data: validation's and the demo's
     write_jsonl(os.path.join(out, "data", "train.jsonl"), train_rows)
-    write_jsonl(os.path.join(out, "data", "test.jsonl"), heldout)
+    write_jsonl(os.path.join(out, "data", "test.jsonl"), test_rows)
     import yaml
 
     # the recipe with the overrides in it: config.yaml is what ran, so `grpo train` or
@@ -205,7 +209,7 @@ def run(
         flush=True,
     )
     config = view(cfg)
-    held_before, gsm_before = accuracies(config, None, heldout, gsm8k)
+    heldout, (before, records_before), gsm_before = accuracies(config, None, gsm8k)
     from grpo_core.trainer import train
 
     lora = bool(config.model.lora)
@@ -213,9 +217,7 @@ def run(
         cfg = with_values(cfg, {"model.lora.save_merged": True})
     result = train(cfg, overwrite=True)  # the demo's run directory is the demo's own
     final = os.path.join(result["run_dir"], "final", *(["merged"] if lora else []))
-    held_after, gsm_after = accuracies(config, final, heldout, gsm8k)
-    assert held_before is not None and held_after is not None  # held-out rows given: numbers
-    (before, records_before), (after, records_after) = held_before, held_after
+    _, (after, records_after), gsm_after = accuracies(config, final, gsm8k)
     kinds_before = by_kind(heldout, records_before)
     kinds_after = by_kind(heldout, records_after)
     summary = {

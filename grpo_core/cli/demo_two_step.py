@@ -62,7 +62,7 @@ def next_stage(prev: str, weights: str, out: str, prompt: str, rows: list[dict],
     prompt and the same held-out problems; a LoRA stage saves merged weights for the next."""
     os.makedirs(os.path.join(out, "data"), exist_ok=True)
     write_jsonl(os.path.join(out, "data", "train.jsonl"), rows)
-    write_jsonl(os.path.join(out, "data", "test.jsonl"), held_out_rows(prev))
+    write_jsonl(os.path.join(out, "data", "test.jsonl"), written_held_out(prev))
     with open(os.path.join(prev, "config.yaml"), encoding="utf-8") as f:
         written = yaml.safe_load(f)
     values = {
@@ -84,7 +84,9 @@ def next_stage(prev: str, weights: str, out: str, prompt: str, rows: list[dict],
     return path
 
 
-def held_out_rows(stage: str) -> list[dict]:
+def written_held_out(stage: str) -> list[dict]:
+    """The held-out problems as ``stage`` wrote them (its ``data/test.jsonl``): handed on to
+    the next stage and kept out of its training problems."""
     return read_rows(os.path.join(stage, "data", "test.jsonl"))
 
 
@@ -93,10 +95,8 @@ def judge(stage: str, model_path: str | None, prompt: str) -> dict[str, float]:
     (None: ``stage``'s configured model) with ``stage``'s evaluation settings."""
     cfg = view(config_mod.load(os.path.join(stage, "config.yaml"), []))
     cfg = replace(cfg, data=replace(cfg.data, system_prompt=prompt))
-    rows = held_out_rows(stage)
-    (result,) = demo_pretrained.accuracies(cfg, model_path, rows)
-    assert result is not None  # rows given: a figure
-    return {"all": result[0], **demo_pretrained.by_kind(rows, result[1])}
+    rows, (accuracy, records), _ = demo_pretrained.accuracies(cfg, model_path)
+    return {"all": accuracy, **demo_pretrained.by_kind(rows, records)}
 
 
 def run(
@@ -118,7 +118,7 @@ def run(
     with open(os.path.join(stages[0], "summary.json"), encoding="utf-8") as f:
         first = json.load(f)
     final = first["model_dir"]  # merged weights under LoRA; wherever output.dir put them
-    exclude = frozenset(r["prompt"] for r in held_out_rows(stages[0]))
+    exclude = frozenset(r["prompt"] for r in written_held_out(stages[0]))
     for prev, stage, (prompt, templates, seed, _), n in zip(
         stages[:-1], stages[1:], STAGES, stage_steps, strict=True
     ):
@@ -132,7 +132,7 @@ def run(
     final_prompt = STAGES[-1][0]
     before = judge(stages[0], None, PROMPTS[final_prompt])
     after = judge(stages[-1], final, PROMPTS[final_prompt])
-    n, seconds = len(held_out_rows(stages[0])), time.time() - t0
+    n, seconds = len(written_held_out(stages[0])), time.time() - t0
     summary = {
         "prompt": final_prompt,
         "heldout_n": n,

@@ -309,9 +309,9 @@ def test_the_demos_final_evaluation_repeats_the_last_validation(
     gguf, problems, converted, tmp_path, monkeypatch
 ):
     """One GRPO step with validation at its end, then the pretrained demo's evaluation of the
-    saved final model (demo_pretrained.accuracies): greedy on the same 4 held-out problems
-    with the run's sampling settings (a stop string), the same completions token for token
-    and the same accuracy (float32 on the CPU)."""
+    saved final model (demo_pretrained.accuracies): greedy on the same 4 held-out problems,
+    read by the same function, with the run's sampling settings (a stop string), the same
+    completions token for token and the same accuracy (float32 on the CPU)."""
     from grpo_core import phases
     from grpo_core.cli.demo_pretrained import accuracies
     from grpo_core.observe import evaluate as evaluate_mod
@@ -338,9 +338,8 @@ def test_the_demos_final_evaluation_repeats_the_last_validation(
     cfg["eval"].update(data=problems, every_n_steps=1, max_problems=4, batch_prompts=4)
     cfg = config.validate(cfg)
     train(cfg)
-    with open(os.path.join(problems, "test.jsonl"), encoding="utf-8") as f:
-        held = [json.loads(line) for line in f][:4]
-    ((after, _),) = accuracies(view(cfg), os.path.join(out, "final"), held)
+    held, (after, _), _ = accuracies(view(cfg), os.path.join(out, "final"))
+    assert len(held) == 4  # eval.max_problems: the demo reads its problems as validation does
     (during, in_training), (report, final) = seen["during"][0], seen["after"][0]
     assert len(seen["during"]) == len(seen["after"]) == 1
     assert [r["prompt"] for r in final] == [r["prompt"] for r in in_training]
@@ -413,7 +412,7 @@ def test_the_two_step_demo_runs_its_stages_in_order(gguf, converted, tmp_path):
         kinds = summary[when]
         assert sorted(kinds) == ["all", "one-step", "two-step"]
         assert (kinds["one-step"] + kinds["two-step"]) / 2 == pytest.approx(kinds["all"])
-    held = {r["prompt"] for r in demo_two_step.held_out_rows(os.path.join(out, "stage1"))}
+    held = {r["prompt"] for r in demo_two_step.written_held_out(os.path.join(out, "stage1"))}
     for i, prompt, kinds in (
         (2, "two-step example", ("two-step", "two-step")),
         (3, "both examples", ("one-step", "two-step")),
