@@ -112,7 +112,8 @@ class Reward(Component):
     completion, or a :class:`grpo_core.Scores` that also carries named dimensions and extras.
 
     ``columns`` are the dataset fields named in ``data.columns``, repeated per completion,
-    plus ``completion_tokens`` (token count) and ``group_ids`` (prompt index). ``nan`` marks a
+    plus ``completion_tokens`` (token count), ``completion_ids`` (token ids) and ``group_ids``
+    (prompt index). ``nan`` marks a
     missing reward (left out of its group's statistics).
     """
 
