@@ -35,7 +35,7 @@ def main() -> None:
     stages = [os.path.join(args.out, f"stage{i}") for i in (1, 2, 3)]
     report = {
         stage: {
-            name: demo_two_step.judge(stage, os.path.join(stage, "run", "final"), text)
+            name: demo_two_step.judge(stage, os.path.join(stage, "run", "final"), text)[0]
             for name, text in demo_two_step.PROMPTS.items()
         }
         for stage in stages

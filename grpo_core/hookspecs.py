@@ -113,8 +113,7 @@ class Reward(Component):
 
     ``columns`` are the dataset fields named in ``data.columns``, repeated per completion,
     plus ``completion_tokens`` (token count), ``completion_ids`` (token ids) and ``group_ids``
-    (prompt index). ``nan`` marks a
-    missing reward (left out of its group's statistics).
+    (prompt index). ``nan`` marks a missing reward (left out of its group's statistics).
     """
 
     #: the best score a completion can get, when there is one; a group whose completions all

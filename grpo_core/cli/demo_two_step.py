@@ -90,13 +90,14 @@ def written_held_out(stage: str) -> list[dict]:
     return read_rows(os.path.join(stage, "data", "test.jsonl"))
 
 
-def judge(stage: str, model_path: str | None, prompt: str) -> dict[str, float]:
+def judge(stage: str, model_path: str | None, prompt: str) -> tuple[dict[str, float], int]:
     """Greedy held-out accuracy, overall and per kind, under ``prompt`` of ``model_path``
-    (None: ``stage``'s configured model) with ``stage``'s evaluation settings."""
+    (None: ``stage``'s configured model) with ``stage``'s evaluation settings, and how many
+    problems were judged (``eval.max_problems`` may cut the written ones)."""
     cfg = view(config_mod.load(os.path.join(stage, "config.yaml"), []))
     cfg = replace(cfg, data=replace(cfg.data, system_prompt=prompt))
     rows, (accuracy, records), _ = demo_pretrained.accuracies(cfg, model_path)
-    return {"all": accuracy, **demo_pretrained.by_kind(rows, records)}
+    return {"all": accuracy, **demo_pretrained.by_kind(rows, records)}, len(rows)
 
 
 def run(
@@ -130,9 +131,9 @@ def run(
         lora = bool(view(cfg).model.lora)
         final = os.path.join(result["run_dir"], "final", *(["merged"] if lora else []))
     final_prompt = STAGES[-1][0]
-    before = judge(stages[0], None, PROMPTS[final_prompt])
-    after = judge(stages[-1], final, PROMPTS[final_prompt])
-    n, seconds = len(written_held_out(stages[0])), time.time() - t0
+    before, n = judge(stages[0], None, PROMPTS[final_prompt])
+    after, _ = judge(stages[-1], final, PROMPTS[final_prompt])
+    seconds = time.time() - t0
     summary = {
         "prompt": final_prompt,
         "heldout_n": n,
