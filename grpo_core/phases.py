@@ -298,9 +298,39 @@ def observe(
     updated: Updated,
     started: float,
 ) -> dict:
-    """Phase 5: the step's metrics record (written by rank 0), validation when due, health
-    warnings, samples."""
-    config, ro = run.config, scored.rollout
+    """Phase 5: the step's metrics record, validation when due, health warnings; rank 0
+    writes the record, and the samples every ``output.samples_every`` steps."""
+    record = _record(run, step, sampled, scored, targets, updated, started)
+    last = step + 1 == run.config.train.steps
+    if run.eval_rows is not None and ((step + 1) % run.config.eval.every_n_steps == 0 or last):
+        _validate(run, step, record, run.eval_rows)
+    if run.health:
+        record["health"] = run.health.observe(record)
+        for w in record["health"]:
+            warn(run, step, w)
+    run.progress.observed(record)
+    if run.metrics is not None:  # rank 0
+        run.metrics.write(record)
+        every = run.config.output.samples_every
+        if every and step % every == 0:
+            run.metrics.log_samples(_samples(run, step, sampled, scored, targets), step)
+    return record
+
+
+def _record(
+    run: Run,
+    step: int,
+    sampled: Sampled,
+    scored: Scored,
+    targets: Targets,
+    updated: Updated,
+    started: float,
+) -> dict:
+    """What the step's records measure: the rollout, the updates, the time of each phase,
+    memory, and the strategies' own metrics."""
+    health = run.config.health
+    solved = health.solved_reward if health.solved_reward is not None else run.reward.max_value
+    ro = scored.rollout
     record = {
         "step": step,
         **rollout_metrics(
@@ -310,60 +340,45 @@ def observe(
             ro,
             scored.dimensions,
             scored.extra_completions,
-            config.health.solved_reward
-            if config.health.solved_reward is not None
-            else run.reward.max_value,
+            solved,
             run.device,
         ),
+        **update_metrics(updated.iterations),
+        "kl_coef": run.kl.value,
+        "grad_norm": updated.grad_norm,
+        "skipped_updates": updated.skipped,
+        "lr": run.scheduler.get_last_lr()[0],
+        "time/generate": sampled.seconds + scored.extra_seconds,
+        "time/reward": scored.seconds,
+        "time/greedy": scored.greedy_seconds,
+        "time/reference": targets.seconds,
+        "time/train": updated.seconds,
+        "time/step": time.time() - started,
+        "data/long_prompts": run.stream.long_prompts,
+        **scored.groups,
+        **_memory(run),
     }
-    record.update(
-        {
-            **update_metrics(updated.iterations),
-            "kl_coef": run.kl.value,
-            "grad_norm": updated.grad_norm,
-            "skipped_updates": updated.skipped,
-            "lr": run.scheduler.get_last_lr()[0],
-            "time/generate": sampled.seconds + scored.extra_seconds,
-            "time/reward": scored.seconds,
-            "time/greedy": scored.greedy_seconds,
-            "time/reference": targets.seconds,
-            "time/train": updated.seconds,
-            "time/step": time.time() - started,
-            "data/long_prompts": run.stream.long_prompts,
-            **scored.groups,
-            **_memory(run),
-        }
-    )
     record["tokens_seen"] = run.progress.saw(record["step_tokens"])
     record.update(run.sampler.metrics(step, sampled, targets))
     record.update(run.draw.metrics(sampled, run.device))
-    if run.eval_rows is not None:
-        ec = config.eval
-        if (step + 1) % ec.every_n_steps == 0 or step + 1 == config.train.steps:
-            _validate(run, step, record, run.eval_rows)
-    if run.health:
-        record["health"] = run.health.observe(record)
-        for w in record["health"]:
-            warn(run, step, w)
-    run.progress.observed(record)
-    if run.metrics is not None:  # rank 0
-        run.metrics.write(record)
-        if config.output.samples_every and step % config.output.samples_every == 0:
-            run.metrics.log_samples(
-                write_samples(
-                    run.dir,
-                    step,
-                    sampled.batch,
-                    ro,
-                    scored.dimensions,
-                    scored.extras,
-                    targets.rewards,
-                    targets.per_completion(ro),
-                    run.tokenizer,
-                ),
-                step,
-            )
     return record
+
+
+def _samples(run: Run, step: int, sampled: Sampled, scored: Scored, targets: Targets) -> list:
+    """The step's first groups with their rewards and advantages, written to the run
+    directory; returned for the trackers."""
+    ro = scored.rollout
+    return write_samples(
+        run.dir,
+        step,
+        sampled.batch,
+        ro,
+        scored.dimensions,
+        scored.extras,
+        targets.rewards,
+        targets.per_completion(ro),
+        run.tokenizer,
+    )
 
 
 def _memory(run: Run) -> dict:
