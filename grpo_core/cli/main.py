@@ -149,18 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    def with_config(sp):
-        sp.add_argument("config", help="YAML or JSON config file")
-        sp.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY.PATH=VALUE",
-            help="override a config value (repeatable)",
-        )
-        return sp
-
-    with_config(
+    _with_config(
         sub.add_parser("validate", help="check a config; print the effective config")
     ).set_defaults(func=cmd_validate)
     sc = sub.add_parser("schema", help="print the full JSON Schema")
@@ -173,7 +162,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     _plugins_parser(sub)
 
-    tr = with_config(sub.add_parser("train", help="run GRPO training"))
+    _train_parser(sub)
+    _demo_parser(sub)
+    _eval_parser(sub)
+    _compare_parser(sub)
+    _plot_parser(sub)
+    _plan_memory_parser(sub)
+    # listed for --help; main() hands its arguments to grpo_core.cli.gpu_check unparsed
+    sub.add_parser(
+        "gpu-check",
+        add_help=False,
+        help="check this machine's GPUs end to end; exit 1 when a check fails "
+        "(options: grpo gpu-check --help)",
+    )
+    return p
+
+
+def _with_config(sp):
+    """The config argument and its ``--set`` overrides, which every config command takes."""
+    sp.add_argument("config", help="YAML or JSON config file")
+    sp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (repeatable)",
+    )
+    return sp
+
+
+def _train_parser(sub) -> None:
+    """grpo train: a run, resumed or started again."""
+    tr = _with_config(sub.add_parser("train", help="run GRPO training"))
     tr.add_argument(
         "--resume",
         nargs="?",
@@ -190,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=cmd_train)
 
+
+def _demo_parser(sub) -> None:
+    """grpo demo: the demos, by task."""
     de = sub.add_parser("demo", help="build a tiny model and train it on CPU (the main demo)")
     de.add_argument(
         "--task",
@@ -215,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     de.set_defaults(func=cmd_demo)
 
-    ev = with_config(sub.add_parser("eval", help="evaluate a model on held-out problems"))
+
+def _eval_parser(sub) -> None:
+    """grpo eval: a model on held-out problems, as validation judges it."""
+    ev = _with_config(sub.add_parser("eval", help="evaluate a model on held-out problems"))
     ev.add_argument("--model", help="model directory or hub id (default: the config's)")
     ev.add_argument("--data", help="data file (default: the config's eval.data, else data.path)")
     ev.add_argument("--split", default=None, help="split (default: the config's eval.split)")
@@ -235,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default=None, help="report directory")
     ev.set_defaults(func=cmd_eval)
 
-    co = with_config(
+
+def _compare_parser(sub) -> None:
+    """grpo compare: variants x seeds, tuned per variant."""
+    co = _with_config(
         sub.add_parser(
             "compare", help="variants x seeds, tuned per variant; table with intervals and tests"
         )
@@ -297,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     co.set_defaults(func=cmd_compare)
 
+
+def _plot_parser(sub) -> None:
+    """grpo plot: metrics of run directories."""
     pt = sub.add_parser("plot", help="plot metrics of run directories")
     pt.add_argument("runs", nargs="+")
     pt.add_argument(
@@ -308,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--out", default=None, help="output directory (default: the first run)")
     pt.set_defaults(func=cmd_plot)
 
+
+def _plan_memory_parser(sub) -> None:
+    """grpo plan-memory: the memory a run would need."""
     pm = sub.add_parser("plan-memory", help="estimate accelerator memory for a run")
     pm.add_argument("config", nargs="?", help="a run config to read the settings from")
     pm.add_argument("--model", help="preset (qwen2.5-0.5b...), model directory or config.json")
@@ -348,15 +383,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="each device's memory (default: this machine's GPU, else 80 GB)",
     )
     pm.set_defaults(func=cmd_plan_memory)
-
-    # listed for --help; main() hands its arguments to grpo_core.cli.gpu_check unparsed
-    sub.add_parser(
-        "gpu-check",
-        add_help=False,
-        help="check this machine's GPUs end to end; exit 1 when a check fails "
-        "(options: grpo gpu-check --help)",
-    )
-    return p
 
 
 def _plugins_parser(sub) -> None:
