@@ -39,6 +39,16 @@ def create(kind: str, name: str, options: dict | None = None) -> Any:
     return _checked(kind, name, info.distribution, component)
 
 
+def declared(kind: str, name: str, options: dict | None, attr: str) -> Any:
+    """Declaration ``attr`` of plugin ``name`` (``needs_greedy``, ``token_advantages``), read
+    before the run builds it: from the registered class, or, where the factory is a function,
+    from what it builds with these options."""
+    info = registry().get(kind, name)
+    if isinstance(info.factory, type):
+        return getattr(info.factory, attr)
+    return getattr(create(kind, name, options), attr)
+
+
 def _checked(kind: str, name: str, distribution: str, component: Any) -> Any:
     """The component, if it honours its kind's contract (a plain function becomes a reward)."""
     from grpo_core.hookspecs import CONTRACTS

@@ -11,7 +11,9 @@ component it provides::
 (a JSON Schema for an object) and have its defaults filled in. What ``factory`` returns must
 be an instance of the kind's base class below (a reward may also be a plain function). The
 base classes carry the declarations the trainer reads (what a component needs, what it has),
-with defaults, so the trainer never has to guess by probing attributes.
+with defaults, so the trainer never has to guess by probing attributes; those it plans the run
+by (``needs_greedy``, ``token_advantages``) it reads before the run builds the component, from
+the registered class or else from what the factory builds (grpo_core.building.declared).
 
 A plugin module may declare ``GRPO_CORE_API = (4,)``: the plugin-API versions it supports. A
 plugin none of whose versions this grpo-core serves (:data:`grpo_core.registry.SERVED_APIS`)
@@ -342,8 +344,9 @@ class Logger(Component):
     packages: tuple[str, ...] = ()
 
     def start(self, run_dir: str, run_id: str, config: dict, start_step: int) -> None:
-        """``config``: the run's config as written (``${env:NAME}`` left unresolved, so no
-        secret reaches a tracker). ``run_id`` stays the same when a run is resumed (then
+        """``config``: the run's config as validated, null sampling settings filled from the
+        model's generation_config (``${env:NAME}`` left unresolved, so no secret reaches a
+        tracker). ``run_id`` stays the same when a run is resumed (then
         ``start_step`` > 0), so a tracker can continue the same run."""
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -366,8 +369,8 @@ class Callback(Component):
     plugin API 3."""
 
     def on_train_begin(self, run_dir: str, config: dict, start_step: int) -> None:
-        """``config``: as written (``${env:NAME}`` unresolved); ``start_step`` > 0 on a
-        resume."""
+        """``config``: as a Logger's ``start`` gets it (``${env:NAME}`` unresolved);
+        ``start_step`` > 0 on a resume."""
 
     def on_step_end(self, step: int, metrics: dict) -> bool | None:
         """``metrics``: the step's record as metrics.jsonl gets it (our names). Return True

@@ -98,11 +98,10 @@ def score(
     run: Run, step: int, sampled: Sampled, refine: Callable[[Scored], Scored] = _same
 ) -> Scored:
     """Phase 2: the rollout's rewards; ``refine`` (a sampler's) may then draw and score more
-    completions for some groups; last, the greedy completions' rewards (ReMax)."""
+    completions for some groups; last, the greedy completions' rewards (ReMax). The first
+    reward failure among them all is warned of once."""
     t0 = time.time()
     got = rewards(run, sampled.batch, sampled.rollout, sampled.transcripts)
-    if got.problem:
-        warn(run, step, f"{got.problem}; applied reward.failure: {run.config.reward.failure}")
     scored = Scored(
         rollout=sampled.rollout,
         rewards=got.rewards,
@@ -113,9 +112,13 @@ def score(
     scored = refine(scored)
     t1 = time.time()
     greedy, seconds = run.targets.greedy_rewards(run, sampled)
+    problem = scored.problem or (greedy.problem if greedy else None)
+    if problem:
+        warn(run, step, f"{problem}; applied reward.failure: {run.config.reward.failure}")
     return replace(
         scored,
-        greedy_rewards=greedy,
+        problem=problem,
+        greedy_rewards=greedy.rewards if greedy else None,
         seconds=t1 - t0 - scored.extra_seconds,  # the extra completions' generation: its own
         greedy_seconds=seconds,
     )
@@ -151,14 +154,16 @@ def targets(
             old_logp = completion_logprobs(
                 run.policy, ro, temp, chunk, packing=config.runtime.packing
             )[0]
-        cap, level = (tis["cap"], tis["level"]) if tis else (run.generator.tis_cap, "token")
+        cap, level = (tis.cap, tis.level) if tis else (run.generator.tis_cap, "token")
         is_weights = truncated_is_weights(old_logp, ro.logprobs, mask, cap, level)
     rewards = scored.rewards
     if ref_logp is not None and config.kl.placement == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
         rewards = rewards - run.kl.value * kl_seq
     group = ro.group.cpu()
-    keep = torch.isfinite(rewards) & ~scored.left_out[group]  # missing rewards, DAPO's filler
+    keep = torch.isfinite(rewards)  # a missing reward is out of the loss
+    if scored.filler is not None:  # so are DAPO's filler groups
+        keep &= ~scored.filler[group]
     keep &= ~(scored.flat[group] & config.groups.drop_zero_std)
     # cut by the budget: no loss on them when so configured
     keep &= ~(ro.truncated.cpu() & config.objective.mask_truncated_completions)

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from grpo_core.building import declared
 from grpo_core.config.view import Config
-from grpo_core.hookspecs import Baseline
-from grpo_core.registry import registry
 from grpo_core.samplers import Sampler
 from grpo_core.samplers.dynamic import Dynamic
 from grpo_core.samplers.inline import Inline
@@ -31,9 +30,7 @@ SAMPLERS: tuple[type[Sampler], ...] = (Overlap, Dynamic, Sizes, Resample, Inline
 
 def _greedy(config: Config) -> bool:
     """The baseline declares ``needs_greedy`` (ReMax)."""
-    info = registry().find("baseline", config.baseline.name)
-    factory = info.factory if info else None
-    return isinstance(factory, type) and issubclass(factory, Baseline) and factory.needs_greedy
+    return bool(declared("baseline", config.baseline.name, config.baseline.options, "needs_greedy"))
 
 
 #: the sources of targets and when the config chooses each, the first that applies serving it

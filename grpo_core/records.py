@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from grpo_core.env.episodes import Transcript
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Sampled:
     """Phase 1: this rank's prompts and G completions of each (with an environment: G
     episodes, and their transcripts)."""
@@ -71,7 +71,7 @@ class Sampled:
         )
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Scored:
     """Phase 2: the rollout (with any extra completions drawn for flat groups) and its task
     rewards: ``rewards`` [B] (NaN = missing), named ``dimensions`` and ``extras`` per
@@ -87,7 +87,8 @@ class Scored:
     seconds: float = 0.0  # scoring, the extra completions' included: time/reward
     extra_seconds: float = 0.0  # generating the extra completions: time/generate's, not reward's
     greedy_seconds: float = 0.0
-    filler: torch.Tensor | None = None  # [P] bool: no signal, left out of the loss (DAPO)
+    filler: torch.Tensor | None = None  # [P] bool: kept only to fill the batch (DAPO), out of
+    # the loss; None: no such group
     groups: dict = field(default_factory=dict)  # dynamic sampling's counts (groups/...)
 
     @property
@@ -103,11 +104,6 @@ class Scored:
     def flat(self) -> torch.Tensor:
         """[P] bool: the group's valid rewards are all equal (no learning signal)."""
         return group_std_zero(self.grid)
-
-    @property
-    def left_out(self) -> torch.Tensor:
-        """[P] bool: groups kept only to fill the batch, out of the loss."""
-        return torch.zeros(self.prompts, dtype=torch.bool) if self.filler is None else self.filler
 
     def select(self, idx: list[int]) -> Scored:
         """Groups ``idx`` only, renumbered 0..len(idx)-1 in that order."""
@@ -145,7 +141,7 @@ class Scored:
         )
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Targets:
     """Phase 3: what the update needs beside the rollout."""
 
@@ -154,7 +150,8 @@ class Targets:
     is_weights: torch.Tensor | None  # [B, T] truncated importance weights (other sampler)
     rewards: torch.Tensor  # [B] what the baseline saw: task reward, minus KL if so placed
     advantages: torch.Tensor  # [B]; [B, T] from a critic (PPO)
-    keep: torch.Tensor  # [B] bool: in the loss (reward present, group not dropped)
+    keep: torch.Tensor  # [B] bool: in the loss (reward present, not a filler group, not
+    # dropped as flat, not cut by the budget under mask_truncated_completions)
     seconds: float
     returns: torch.Tensor | None = None  # [B, T] the critic's targets
     values: torch.Tensor | None = None  # [B, T] the critic's values at sampling time
@@ -167,7 +164,7 @@ class Targets:
         return (self.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Updated:
     """Phase 4: the loss terms and counts of each inner iteration (summed over micro-batches
     and ranks), the gradient norm, and how many updates were skipped."""

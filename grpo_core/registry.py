@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -75,7 +74,6 @@ class Registry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[tuple[str, str], PluginInfo] = {}
-        self._dist_of: dict[str, tuple[str, str]] = {}
         for ep in installed_entry_points():
             dist = ep.dist.name if ep.dist else "unknown"
             version = ep.dist.version if ep.dist else ""
@@ -104,7 +102,6 @@ class Registry:
         if self.pm.is_registered(module) or self.pm.has_plugin(plugin_name):
             return
         self.pm.register(module, name=plugin_name)
-        self._dist_of[plugin_name] = (dist, version)
         for kind in hookspecs.KINDS:
             for impl in getattr(self.pm.hook, kind).get_hookimpls():
                 if impl.plugin_name == plugin_name:
@@ -193,11 +190,3 @@ def registry() -> Registry:
     if _registry is None:
         _registry = Registry()
     return _registry
-
-
-def reload() -> Registry:
-    """Forget loaded plugins and discover again (after installing one, or changing the env)."""
-    global _registry
-    importlib.invalidate_caches()
-    _registry = None
-    return registry()

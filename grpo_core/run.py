@@ -421,7 +421,7 @@ def finish(run: Run) -> dict:
         final = os.path.join(run.dir, "final")
         save_model(run.policy, run.tokenizer, final, run.save_dtype, whole)  # LoRA: adapter
         lora = run.config.model.lora
-        if is_peft(run.policy) and lora and lora["save_merged"]:
+        if is_peft(run.policy) and lora and lora.save_merged:
             save_model(
                 run.policy.merge_and_unload(),
                 run.tokenizer,

@@ -114,7 +114,7 @@ def resume(run: Run, target: str | bool, force: bool) -> dict | None:
     if force and then.get("optimizer", {}).get("lr") not in (None, lr):
         schedules.set_peak_lr(run.scheduler, run.optimizer, lr)  # forced with a new rate
     run.kl.load_state_dict(state["kl"])
-    targets = checkpoint.baseline_state(path, state)
+    targets = checkpoint.targets_state(path, state)
     if targets:
         run.targets.load_state_dict(targets)
     run.stream.load_state_dict(state.get("data") or {"position": state["data_position"]})

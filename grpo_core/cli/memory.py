@@ -280,7 +280,7 @@ def _from_config(path: str) -> dict:
         micro_batch=config.train.micro_batch_groups * sc.group_size,
         dtype=mc.dtype,
         strategy=(f"zero{zero}" if ds else None) if strategy in ("auto", "deepspeed") else strategy,
-        lora_rank=(mc.lora or {}).get("r", 0),
+        lora_rank=mc.lora.r if mc.lora else 0,
         gradient_checkpointing=mc.gradient_checkpointing,
         reference=kl.needs_reference() and mc.reference_device != "cpu",
         generation_batch_size=sc.generation_batch_size,

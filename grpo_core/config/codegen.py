@@ -53,7 +53,8 @@ def annotation(schema: dict) -> str:
 
 
 def class_name(section: str) -> str:
-    return section.title().replace("_", "") + "Section"
+    """``model`` -> ModelSection, ``model.lora`` -> ModelLoraSection."""
+    return section.title().replace("_", "").replace(".", "") + "Section"
 
 
 def _comment(text: str) -> list[str]:
@@ -63,7 +64,8 @@ def _comment(text: str) -> list[str]:
 
 def section_source(name: str, schema: dict) -> str:
     """One section's dataclass: its description as the docstring, then each key with its
-    description as a comment and its type."""
+    description as a comment and its type; before it, the dataclass of each key that is a
+    mapping with keys of its own (``model.lora``: ModelLoraSection)."""
     doc = textwrap.wrap(f"``{name}``: {schema.get('description', '')}".strip(), 88)
     lines = ["@dataclass(frozen=True)", f"class {class_name(name)}:"]
     if len(doc) == 1:
@@ -71,10 +73,16 @@ def section_source(name: str, schema: dict) -> str:
     else:
         lines += [f'    """{doc[0]}', *(f"    {d}" for d in doc[1:]), '    """']
     lines.append("")
+    nested = []
     for key, sub in schema["properties"].items():
         lines += _comment(sub.get("description", ""))
-        lines.append(f"    {key}: {annotation(sub)}")
-    return "\n".join(lines) + "\n"
+        if "properties" in sub:  # a mapping with keys of its own: a section of its own too
+            nested.append(section_source(f"{name}.{key}", sub))
+            kinds = [class_name(f"{name}.{key}"), *(["None"] if "null" in sub["type"] else [])]
+            lines.append(f"    {key}: {' | '.join(kinds)}")
+        else:
+            lines.append(f"    {key}: {annotation(sub)}")
+    return "\n\n".join([*nested, "\n".join(lines) + "\n"])
 
 
 def sections() -> dict[str, dict]:

@@ -10,6 +10,22 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ModelLoraSection:
+    """``model.lora``: LoRA adapters through peft; the reference is the base model"""
+
+    #: adapter rank
+    r: int
+    #: adapter scale numerator (scale alpha / r)
+    alpha: float
+    #: dropout on the adapter input
+    dropout: float
+    #: module names (or a regex) given adapters
+    target_modules: list | str
+    #: also write merged weights at the end
+    save_merged: bool
+
+
+@dataclass(frozen=True)
 class ModelSection:
     """``model``: The policy to train."""
 
@@ -26,7 +42,7 @@ class ModelSection:
     #: recompute activations in backward (less memory)
     gradient_checkpointing: bool
     #: LoRA adapters through peft; the reference is the base model
-    lora: dict | None
+    lora: ModelLoraSection | None
     #: QLoRA base weights (needs bitsandbytes and CUDA)
     quantization: str | None
     #: attention kernel from_pretrained gets (null: transformers' choice); flash_attention_2
@@ -111,6 +127,20 @@ class SamplingSection:
 
 
 @dataclass(frozen=True)
+class RewardOverlongSection:
+    """``reward.overlong``: DAPO's soft overlong punishment added to the reward: 0 up to
+    max_tokens - buffer tokens, then down to -factor at max_tokens (null: off)
+    """
+
+    #: L_cache: tokens before max_tokens over which the penalty grows
+    buffer: int
+    #: L_max (null: the completion budget, sampling.max_new_tokens)
+    max_tokens: int | None
+    #: the penalty at L_max
+    factor: float
+
+
+@dataclass(frozen=True)
 class RewardSection:
     """``reward``: Phase 2, score: the reward plugin."""
 
@@ -129,7 +159,7 @@ class RewardSection:
     memory_mb: int | None
     #: DAPO's soft overlong punishment added to the reward: 0 up to max_tokens - buffer
     #: tokens, then down to -factor at max_tokens (null: off)
-    overlong: dict | None
+    overlong: RewardOverlongSection | None
 
 
 @dataclass(frozen=True)
@@ -191,6 +221,19 @@ class KlSection:
 
 
 @dataclass(frozen=True)
+class ObjectiveTisSection:
+    """``objective.tis``: truncated importance sampling: the trainer recomputes the log-probs
+    of the policy before the update and weights the policy term by min(pi_old / pi_sampler,
+    cap) (null: off; see docs/algorithms.md)
+    """
+
+    #: C: importance weights above it are cut to it
+    cap: float
+    #: one weight per token, or one per completion (the product of its tokens' ratios)
+    level: str
+
+
+@dataclass(frozen=True)
 class ObjectiveSection:
     """``objective``: Phase 4, update: the policy objective."""
 
@@ -211,7 +254,7 @@ class ObjectiveSection:
     #: truncated importance sampling: the trainer recomputes the log-probs of the policy
     #: before the update and weights the policy term by min(pi_old / pi_sampler, cap) (null:
     #: off; see docs/algorithms.md)
-    tis: dict | None
+    tis: ObjectiveTisSection | None
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ Built by :func:`view` from the dict :func:`grpo_core.config.validate` returns (d
 every value checked against the schema). The section classes are generated from the schema
 (grpo_core/config/sections.py, by grpo_core.config.codegen), so a key is added in one place.
 Plugin references are sections too: their ``name``, the ``options`` dict the plugin's own
-schema checked, and the keys the core reads beside them. Nested objects the core hands on
-whole (``model.lora``, ``output.loggers``) stay plain values. Values derived from several keys
-are properties of :class:`Config`, computed here once.
+schema checked, and the keys the core reads beside them. A mapping with keys of its own in
+the schema (``model.lora``, ``reward.overlong``, ``objective.tis``) is a section too; lists
+the core hands on whole (``output.loggers``, ``callbacks``) stay plain values. Values derived
+from several keys are properties of :class:`Config`, computed here once.
 """
 
 from __future__ import annotations

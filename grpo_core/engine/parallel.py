@@ -6,7 +6,7 @@
 - ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``), one unit per decoder layer plus
   the root: parameters, gradients and optimizer state are split across ranks and gathered
   layer by layer when used.
-- ``deepspeed``: a DeepSpeed ZeRO engine (grpo_core.engine.update).
+- ``deepspeed``: a DeepSpeed ZeRO engine (grpo_core.engine.zero).
 
 In every case the loss of each rank already divides by the global token (or sequence) count,
 so gradients are *summed* over ranks, never averaged; and gradients are synchronised only on

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from grpo_core.config.view import RewardSection
+from grpo_core.config.sections import RewardOverlongSection, RewardSection
 from grpo_core.data.prompts import Batch, reward_inputs
 from grpo_core.errors import UserError
 from grpo_core.faults import Fault, describe
@@ -226,16 +226,16 @@ def overlong_penalty(
     return ((free - lengths.float()) / buffer).clamp(-1.0, 0.0) * factor
 
 
-def with_overlong(got: Rewards, ro: Rollout, overlong: dict | None, budget: int) -> Rewards:
+def with_overlong(
+    got: Rewards, ro: Rollout, overlong: RewardOverlongSection | None, budget: int
+) -> Rewards:
     """``got`` with the soft overlong penalty (the ``reward.overlong`` section; None: off)
     added to each reward and kept as the dimension ``overlong``; ``budget``: L_max when the
     section leaves ``max_tokens`` null (the completion budget)."""
     if not overlong:
         return got
     lengths = ro.action_mask.sum(-1).cpu()
-    pen = overlong_penalty(
-        lengths, overlong["max_tokens"] or budget, overlong["buffer"], overlong["factor"]
-    )
+    pen = overlong_penalty(lengths, overlong.max_tokens or budget, overlong.buffer, overlong.factor)
     return Rewards(
         got.rewards + pen,
         {**got.dimensions, "overlong": pen.tolist()},

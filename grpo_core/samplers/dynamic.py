@@ -84,20 +84,20 @@ class Dynamic(Sampler):
             have, generated = have + len(idx), generated + len(signal)
             filtered += len(signal) - len(idx)
             spare = (s, j, torch.nonzero(~signal).squeeze(1).tolist())
-        filler = P - have  # the last round's filtered groups, exactly as many as are missing
-        if filler:
+        n_filler = P - have  # the last round's filtered groups, exactly as many as are missing
+        if n_filler:
             assert spare is not None  # a round ran (groups.max_rounds >= 1)
             s, j, idx = spare
-            kept.append((s.select(idx[:filler]), j.select(idx[:filler])))
+            kept.append((s.select(idx[:n_filler]), j.select(idx[:n_filler])))
         scored = Scored.cat([j for _, j in kept])
-        left_out = torch.arange(scored.prompts) >= P - filler  # the filler groups come last
-        signal = scored.rewards[~left_out[scored.rollout.group.cpu()]]
+        filler = torch.arange(scored.prompts) >= P - n_filler  # the filler groups come last
+        signal = scored.rewards[~filler[scored.rollout.group.cpu()]]
         gen, judged = [s for s, _ in drawn], [j for _, j in drawn]
         counts = dist.sum_named(
             {
                 "groups/filtered": filtered,
                 "groups/generated": generated,
-                "groups/filler": filler,
+                "groups/filler": n_filler,
                 **_sums("reward", torch.cat([j.rewards for j in judged] or [torch.zeros(0)])),
                 **_sums("reward_kept", signal),
             }
@@ -111,7 +111,7 @@ class Dynamic(Sampler):
         )
         return sampled, replace(
             scored,
-            filler=left_out,
+            filler=filler,
             groups={**_means(counts), "groups/rounds": float(rounds)},
             seconds=sum(j.seconds for j in judged),
             greedy_seconds=sum(j.greedy_seconds for j in judged),

@@ -1,14 +1,15 @@
 """Atomic, verifiable checkpoints that other tools can load.
 
-A checkpoint ``step-NNNNNNNN/`` is a model directory (``save_pretrained``: config, weights in
-the save dtype, tokenizer; a LoRA run's adapter) plus the trainer's state: ``trainer.pt``
-(optimizer, scheduler, torch RNG), ``baseline.pt`` when the baseline keeps state (a running
-mean, PPO's critic), ``state.json`` (step, data position, plugin state, RNGs,
-the run's id and config, and the size and SHA-256 of every file), and, when the saved weights
-are not the trained ones bit for bit (a lower save dtype, or an adapter), ``master.safetensors``
-with the trainable parameters as trained. It is written into a temporary directory, fsynced,
-then renamed, so a crash leaves the previous checkpoints or the new one, never half of one;
-and a damaged one (truncated, bit-flipped, missing a file) is detected before it is loaded.
+A checkpoint ``step-NNNNNNNN/`` is a model directory (``save_pretrained``: config, weights
+in the save dtype, tokenizer; a LoRA run's adapter) plus the trainer's state: ``trainer.pt``
+(optimizer, scheduler, torch RNG), ``baseline.pt`` when the source of targets keeps state (a
+baseline's running mean, PPO's critic; the file keeps the name it had before critics),
+``state.json`` (step, data position, plugin state, RNGs, the run's id and config, and the
+size and SHA-256 of every file), and, when the saved weights are not the trained ones bit
+for bit (a lower save dtype, or an adapter), ``master.safetensors`` with the trainable
+parameters as trained. It is written into a temporary directory, fsynced, then renamed, so a
+crash leaves the previous checkpoints or the new one, never half of one; and a damaged one
+(truncated, bit-flipped, missing a file) is detected before it is loaded.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from grpo_core.store.models import is_peft, save_model
 PREFIX = "step-"
 FAULT_PAUSE_ENV = "GRPO_CORE_FAULT_CHECKPOINT_PAUSE"
 MASTER = "master.safetensors"
-BASELINE = "baseline.pt"  # the baseline's state, when it has any
+TARGETS = "baseline.pt"  # the source of targets' state, when it has any
 INFLIGHT = "inflight.pt"  # an asynchronous run's rollouts sampled for steps not yet trained
 #: Config keys that may change when a run is resumed (how long, what is logged or evaluated,
 #: how many threads, how the run is spread over processes); any other difference is refused
@@ -151,7 +152,7 @@ def save(
     meta: dict,
     keep_last: int,
     dtype: torch.dtype,
-    baseline: dict | None = None,
+    targets: dict | None = None,
     inflight: dict | None = None,
 ) -> str:
     """Write checkpoint ``step`` under ``root``; returns its directory. Keeps this run's last
@@ -187,7 +188,7 @@ def save(
         meta,
         keep_last,
         optimizer_state,
-        baseline,
+        targets,
         inflight,
     )
 
@@ -203,11 +204,11 @@ def finish_save(
     meta: dict,
     keep_last: int,
     optimizer_state: dict | None = None,
-    baseline: dict | None = None,
+    targets: dict | None = None,
     inflight: dict | None = None,
 ) -> str:
     """The part every checkpoint shares, once its weights are in ``tmp``: trainer state, the
-    baseline's (``baseline.pt``: a running mean, a critic's weights and optimizer), an
+    source of targets' (``baseline.pt``: a running mean, a critic's weights and optimizer), an
     asynchronous run's in-flight rollouts (``inflight.pt``), tokenizer, checksums of every
     file, then the rename that makes it exist."""
     try:
@@ -219,8 +220,8 @@ def finish_save(
             },
             os.path.join(tmp, "trainer.pt"),
         )
-        if baseline:
-            torch.save(baseline, os.path.join(tmp, BASELINE))
+        if targets:
+            torch.save(targets, os.path.join(tmp, TARGETS))
         if inflight and inflight["steps"]:
             torch.save(inflight, os.path.join(tmp, INFLIGHT))
         tokenizer.save_pretrained(tmp)
@@ -392,9 +393,9 @@ def read_weights(path: str) -> dict:
     return weights
 
 
-def baseline_state(path: str, state: dict) -> dict:
-    """The baseline's state: ``baseline.pt``, or ``state.json``'s (older checkpoints)."""
-    file = os.path.join(path, BASELINE)
+def targets_state(path: str, state: dict) -> dict:
+    """The source of targets' state: ``baseline.pt``, or ``state.json``'s (older checkpoints)."""
+    file = os.path.join(path, TARGETS)
     if os.path.isfile(file):
         return torch.load(file, weights_only=True)
     return state.get("baseline") or {}

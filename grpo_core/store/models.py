@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from grpo_core.config.view import ModelSection, SamplingSection
+from grpo_core.config.sections import ModelLoraSection, ModelSection, SamplingSection
 from grpo_core.errors import UserError
 from grpo_core.rollout import MODEL_DEFAULTED, NEUTRAL
 from grpo_core.store.gguf import model_dir
@@ -136,17 +136,17 @@ def _quantization(kind: str, device: torch.device):
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def add_lora(model, lora: dict):
+def add_lora(model, lora: ModelLoraSection):
     """Wrap ``model`` with LoRA adapters; only they train, the base stays frozen."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise UserError("model.lora: needs peft (pip install 'grpo-core[lora]')") from exc
     cfg = LoraConfig(
-        r=lora["r"],
-        lora_alpha=lora["alpha"],
-        lora_dropout=lora["dropout"],
-        target_modules=lora["target_modules"],
+        r=lora.r,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft says int; it scales by alpha / r
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
         task_type="CAUSAL_LM",
     )
     try:

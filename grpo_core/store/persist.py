@@ -51,7 +51,7 @@ def save_sharded(
     scheduler: Any,
     meta: dict,
     keep_last: int,
-    baseline: dict,
+    targets: dict,
 ) -> None:
     """Checkpoint ``step`` written by every rank (``engine.shards``), finished by rank 0."""
     assert engine.shards is not None  # called for an engine that writes shards
@@ -74,7 +74,7 @@ def save_sharded(
     dist.barrier()
     if main:
         checkpoint.finish_save(
-            root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last, baseline=baseline
+            root, tmp, final, step, run_id, tokenizer, scheduler, meta, keep_last, targets=targets
         )
 
 

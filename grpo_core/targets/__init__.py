@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from grpo_core.config.view import Config
     from grpo_core.data.prompts import Batch
     from grpo_core.records import Sampled, Scored, Targets
+    from grpo_core.reward.call import Rewards
     from grpo_core.rollout import Rollout
     from grpo_core.run import Run
 
@@ -53,8 +54,8 @@ class TargetSource:
         """Completions to sample beside the rollout, on the same gathered weights (none)."""
         return None
 
-    def greedy_rewards(self, run: Run, sampled: Sampled) -> tuple[torch.Tensor | None, float]:
-        """Their rewards and the seconds sampling and scoring them took."""
+    def greedy_rewards(self, run: Run, sampled: Sampled) -> tuple[Rewards | None, float]:
+        """Their rewards (with the first failure) and the seconds sampling and scoring them took."""
         return None, 0.0
 
     def fit(

@@ -22,6 +22,7 @@ from grpo_core.rollout import Rollout
 from grpo_core.targets import TargetSource
 
 if TYPE_CHECKING:
+    from grpo_core.reward.call import Rewards
     from grpo_core.run import Run
 
 
@@ -79,8 +80,8 @@ class GreedyBaseline(GroupBaseline):
             run.device
         )
 
-    def greedy_rewards(self, run: Run, sampled: Sampled) -> tuple[torch.Tensor | None, float]:
+    def greedy_rewards(self, run: Run, sampled: Sampled) -> tuple[Rewards | None, float]:
         t0 = time.time()
         assert sampled.greedy is not None  # drawn by :meth:`greedy`
-        got = phases.rewards(run, sampled.batch, sampled.greedy).rewards
+        got = phases.rewards(run, sampled.batch, sampled.greedy)
         return got, sampled.greedy_seconds + time.time() - t0

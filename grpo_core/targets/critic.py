@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_core.building import create
+from grpo_core.building import create, declared
 from grpo_core.config.view import Config
-from grpo_core.hookspecs import Critic, Objective
+from grpo_core.hookspecs import Critic
 from grpo_core.records import Scored, Targets
-from grpo_core.registry import registry
 from grpo_core.rollout import Rollout
 from grpo_core.targets import TargetSource
 
@@ -45,13 +44,8 @@ class CriticTargets(TargetSource):
             return [f"{name} (a critic) runs in one process only, not sharded or data parallel"]
         if lora or config.model.lora:
             return [f"{name} (a critic) is not supported with model.lora"]
-        objective = registry().find("objective", config.objective.name)
-        factory = objective.factory if objective else None
-        if (
-            isinstance(factory, type)
-            and issubclass(factory, Objective)
-            and not factory.token_advantages
-        ):
+        objective = config.objective
+        if not declared("objective", objective.name, objective.options, "token_advantages"):
             return [
                 f"{name} gives per-token advantages; objective {config.objective.name!r} "
                 f"does not take them"

@@ -254,6 +254,68 @@ def test_hanging_reward_is_cut_off(tiny_model, addition_data, tmp_path):
         release.set()
 
 
+@pytest.mark.parametrize(
+    "groups, baseline",
+    [({}, "remax"), ({"resample_zero_std_max": 2}, "grpo")],
+    ids=["greedy completions", "extra completions"],
+)
+def test_a_reward_failure_after_the_rollouts_own_is_warned(
+    groups, baseline, tiny_model, addition_data, tmp_path, capsys
+):
+    """Completions scored after the rollout's own (ReMax's greedy ones; the ones drawn for
+    flat groups) warn of a reward failure as the rollout's do, naming the policy applied."""
+    calls = []
+
+    def late(prompts, completions, **k):  # every group flat (all 0), then a failure
+        calls.append(len(completions))
+        if len(calls) > 1:
+            raise RuntimeError("the second call fails")
+        return [0.0] * len(completions)
+
+    register("reward", "late", lambda: late, "test-late")
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        reward={"name": "late", "failure": "zero"},
+        baseline={"name": baseline},
+        groups=groups,
+        train={"steps": 1, "prompts_per_step": 2},
+    )
+    assert train(config.validate(cfg))["steps"] == 1
+    assert len(calls) == 2 and calls[0] == 2 * 4  # the rollout's 8, then the later ones
+    err = capsys.readouterr().err
+    assert err.count("the second call fails") == 1, err
+    assert "applied reward.failure: zero" in err
+
+
+def test_a_declaration_is_read_from_what_a_function_factory_builds(
+    tiny_model, addition_data, tmp_path
+):
+    """A baseline registered through a function (as the built-in estimators are) still gets
+    the greedy completions its class declares it needs: the plan reads the declaration from
+    what the factory builds, not only from a registered class."""
+    seen = []
+
+    class Greedy(Baseline):
+        needs_greedy = True
+
+        def advantages(self, rewards, greedy_rewards=None):
+            seen.append(greedy_rewards)
+            return rewards - torch.nan_to_num(greedy_rewards)[:, None]
+
+    register("baseline", "greedy_by_function", lambda: Greedy(), "test-greedy-fn")
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        baseline={"name": "greedy_by_function"},
+        train={"steps": 1, "prompts_per_step": 2},
+    )
+    assert train(config.validate(cfg))["steps"] == 1
+    assert len(seen) == 1 and seen[0] is not None and seen[0].shape == (2,)
+
+
 def test_empty_completions_do_not_break_the_step(tiny_model, addition_data, tmp_path):
     class Empty(Generator):
         def setup(self, model, tokenizer, device):

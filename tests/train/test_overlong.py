@@ -12,6 +12,7 @@ from helpers import make_config
 from safetensors.torch import load_file
 
 from grpo_core import config
+from grpo_core.config.sections import RewardOverlongSection
 from grpo_core.reward.call import Rewards, overlong_penalty, with_overlong
 from grpo_core.rollout import Rollout
 from grpo_core.trainer import train
@@ -45,7 +46,7 @@ def test_with_overlong_adds_the_penalty_and_logs_it():
     )
     scored = Rewards(torch.tensor([1.0, 0.0, float("nan")]))
     assert with_overlong(scored, ro, None, 4) is scored
-    out = with_overlong(scored, ro, {"buffer": 2, "max_tokens": None, "factor": 1.0}, 4)
+    out = with_overlong(scored, ro, RewardOverlongSection(buffer=2, max_tokens=None, factor=1.0), 4)
     # lengths 2, 3, 4 with L_max 4 (the budget), L_cache 2: 0, -0.5, -1; a missing reward
     # stays missing
     assert out.rewards[:2].tolist() == [1.0, -0.5] and out.rewards[2].isnan()
