@@ -360,7 +360,6 @@ def _record(
         "time/train": updated.seconds,
         "time/step": time.time() - started,
         "data/long_prompts": run.stream.long_prompts,
-        **scored.groups,
         **_memory(run),
     }
     record["tokens_seen"] = run.progress.saw(record["step_tokens"])

@@ -89,7 +89,6 @@ class Scored:
     greedy_seconds: float = 0.0
     filler: torch.Tensor | None = None  # [P] bool: kept only to fill the batch (DAPO), out of
     # the loss; None: no such group
-    groups: dict = field(default_factory=dict)  # dynamic sampling's counts (groups/...)
 
     @property
     def prompts(self) -> int:

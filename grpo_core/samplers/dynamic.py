@@ -24,7 +24,7 @@ from grpo_core import phases
 from grpo_core.config.view import Config
 from grpo_core.engine import dist
 from grpo_core.loss.groups import group_std, group_std_zero
-from grpo_core.records import Sampled, Scored
+from grpo_core.records import Sampled, Scored, Targets
 from grpo_core.samplers import Sampler
 
 if TYPE_CHECKING:
@@ -48,6 +48,9 @@ class Dynamic(Sampler):
     @classmethod
     def chosen(cls, config: Config) -> bool:
         return config.groups.dynamic_sampling
+
+    def __init__(self) -> None:
+        self.counts: dict[str, float] = {}  # the last step's, for its metrics record
 
     def next(self, run: Run, step: int) -> tuple[Sampled, Scored]:
         """This rank's ``run.prompts`` groups, drawn over as many rounds as the batch needs
@@ -109,13 +112,17 @@ class Dynamic(Sampler):
             seconds=sum(s.seconds for s in gen),
             greedy_seconds=sum(s.greedy_seconds for s in gen),
         )
+        self.counts = {**_means(counts), "groups/rounds": float(rounds)}
         return sampled, replace(
             scored,
             filler=filler,
-            groups={**_means(counts), "groups/rounds": float(rounds)},
             seconds=sum(j.seconds for j in judged),
             greedy_seconds=sum(j.greedy_seconds for j in judged),
         )
+
+    def metrics(self, step: int, sampled: Sampled, targets: Targets) -> dict:
+        """The step's counts (see :meth:`next`); its ``reward`` replaces the record's."""
+        return self.counts
 
 
 def _sums(name: str, rewards: torch.Tensor) -> dict[str, float]:
