@@ -148,14 +148,13 @@ def targets(
             run.reference, ro, temp, chunk, run.autocast, config.runtime.packing
         )
     )
-    old_logp, is_weights, tis = ro.logprobs, None, config.objective.tis
-    if run.generator.recompute_old_logprobs or tis:  # other numerics, or an older policy
+    old_logp, is_weights = ro.logprobs, None
+    if run.weighting:  # sampled with other numerics, or by an older policy
         with torch.no_grad(), run.autocast:
             old_logp = completion_logprobs(
                 run.policy, ro, temp, chunk, packing=config.runtime.packing
             )[0]
-        cap, level = (tis.cap, tis.level) if tis else (run.generator.tis_cap, "token")
-        is_weights = truncated_is_weights(old_logp, ro.logprobs, mask, cap, level)
+        is_weights = truncated_is_weights(old_logp, ro.logprobs, mask, *run.weighting)
     rewards = scored.rewards
     if ref_logp is not None and config.kl.placement == "reward":
         kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
@@ -201,7 +200,6 @@ def _mini_batch(
         float(run.config.completion_budget[1]),
     )
     kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
-    aggregation = objective.aggregation or run.objective.aggregation
     run.engine.zero_grad()
     total = 0.0
     for i, mb in enumerate(batches):
@@ -220,7 +218,7 @@ def _mini_batch(
         loss, terms = objective_loss(
             term,
             loss_mask[mb],
-            aggregation,
+            run.aggregation,
             norm,
             logp=logp,
             ref_logp=None if targets.ref_logp is None else targets.ref_logp[mb],
@@ -333,8 +331,6 @@ def _record(
 ) -> dict:
     """What the step's records measure: the rollout, the updates, the time of each phase,
     memory, and the strategies' own metrics."""
-    health = run.config.health
-    solved = health.solved_reward if health.solved_reward is not None else run.reward.max_value
     ro = scored.rollout
     record = {
         "step": step,
@@ -345,7 +341,7 @@ def _record(
             ro,
             scored.dimensions,
             scored.extra_completions,
-            solved,
+            run.solved_reward,
             run.device,
         ),
         **update_metrics(updated.iterations),
@@ -388,8 +384,7 @@ def _samples(run: Run, step: int, sampled: Sampled, scored: Scored, targets: Tar
 def _memory(run: Run) -> dict:
     """Peak memory so far and its share of what the device has (health.memory_limit_mb, or
     the device's own)."""
-    peak = dist.all_max(torch.tensor(peak_memory_mb(run.device)))
-    limit = run.config.health.memory_limit_mb or run.memory_limit
+    peak, limit = dist.all_max(torch.tensor(peak_memory_mb(run.device))), run.memory_limit
     return {"peak_memory_mb": peak, "memory_frac": peak / limit if limit else math.nan}
 
 

@@ -101,7 +101,11 @@ class Run:
     autocast: Any
     health: HealthMonitor | None
     callbacks: Callbacks  # the config's callback plugins (built on rank 0)
-    memory_limit: float | None = None  # MiB the device has (metrics.memory_limit_mb)
+    memory_limit: float | None  # MiB: health.memory_limit_mb, else what the device has
+    solved_reward: float | None  # a group that reached it is solved: health.solved_reward,
+    # else the reward's max_value
+    aggregation: str  # objective.aggregation, else the objective plugin's own
+    weighting: tuple[float, str] | None  # truncated importance weights' (cap, level); None: off
     sampler: Sampler = field(init=False)  # phases 1-2, started last (see :func:`start`)
     metrics: MetricsWriter | None = None  # rank 0
     progress: Progress = field(default_factory=Progress)
@@ -211,6 +215,7 @@ def start(
     optimizer = build_optimizer(params, config.optimizer, how)
     scheduler = schedules.build(optimizer, config.optimizer, schedules.total_updates(config.train))
     objective = _plugin("objective", config.objective)
+    reward = build_reward(config.reward)
     if is_peft(policy):  # a LoRA policy the config did not announce (an adapter checkpoint)
         _refuse(plans.make(config, world, how, lora=True).problems)
     run = Run(
@@ -223,7 +228,7 @@ def start(
         tokenizer=tokenizer,
         policy=policy,
         reference=reference,
-        reward=build_reward(config.reward),
+        reward=reward,
         kl=kl,
         generator=generator,
         objective=objective,
@@ -237,7 +242,10 @@ def start(
         sampling=SamplingParams.from_config(config.sampling),
         autocast=numerics(device, config.model.dtype),
         health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
-        memory_limit=memory_limit_mb(device),
+        memory_limit=config.health.memory_limit_mb or memory_limit_mb(device),
+        solved_reward=_solved_reward(config, reward),
+        aggregation=config.objective.aggregation or objective.aggregation,
+        weighting=_weighting(config, generator),
         callbacks=Callbacks(config.callbacks, rank == 0),
     )
     if run.health:
@@ -256,6 +264,21 @@ def start(
         )
         run.callbacks.begin(run.dir, unresolved(config.as_dict()), run.progress.start)
     return run
+
+
+def _solved_reward(config: Config, reward: Reward) -> float | None:
+    """The reward at which a group counts as solved (None: the reward has no known maximum)."""
+    solved = config.health.solved_reward
+    return solved if solved is not None else reward.max_value
+
+
+def _weighting(config: Config, generator: Generator) -> tuple[float, str] | None:
+    """Truncated importance weights' (cap, level): ``objective.tis``'s, or the generator's
+    cap per token where it samples with other numerics; None: no weights."""
+    tis = config.objective.tis
+    if tis:
+        return tis.cap, tis.level
+    return (generator.tis_cap, "token") if generator.recompute_old_logprobs else None
 
 
 def _refuse(problems: list[str]) -> None:
