@@ -114,25 +114,33 @@ class Registry:
             schema: dict | None = None,
             description: str = "",
         ) -> None:
-            key = (kind, name)
-            if key in self.plugins:
-                other = self.plugins[key].distribution
-                raise PluginError(
-                    f"{kind} plugin {name!r} is registered twice: by distribution {other!r} "
-                    f"and by distribution {dist!r}; uninstall one or exclude it with {ALLOW_ENV}"
+            self.put(
+                PluginInfo(
+                    kind,
+                    name,
+                    factory,
+                    schema or {"type": "object"},
+                    description,
+                    dist,
+                    version,
+                    installed,
                 )
-            self.plugins[key] = PluginInfo(
-                kind,
-                name,
-                factory,
-                schema or {"type": "object"},
-                description,
-                dist,
-                version,
-                installed,
             )
 
         return register
+
+    def put(self, info: PluginInfo, replace: bool = False) -> None:
+        """Enter ``info`` in the table, the one way in (an entry point's ``register``, a plain
+        function as a reward). A name another plugin holds is refused, naming both
+        distributions, unless ``replace`` (the caller has checked what it replaces)."""
+        old = self.plugins.get((info.kind, info.name))
+        if old is not None and not replace:
+            raise PluginError(
+                f"{info.kind} plugin {info.name!r} is registered twice: by distribution "
+                f"{old.distribution!r} and by distribution {info.distribution!r}; uninstall "
+                f"one or exclude it with {ALLOW_ENV}"
+            )
+        self.plugins[(info.kind, info.name)] = info
 
     def get(self, kind: str, name: str) -> PluginInfo:
         if kind not in hookspecs.KINDS:

@@ -189,15 +189,14 @@ def register(name: str, fn: Callable[..., Any]) -> None:
     it, but an installed plugin's name is refused."""
     if not callable(fn) or isinstance(fn, type):
         raise PluginError(f"rewards[{name!r}]: expected a function, found {type(fn).__name__}")
-    reg = registry()
-    old = reg.plugins.get(("reward", name))
+    old = registry().plugins.get(("reward", name))
     if old is not None and not isinstance(old.factory, FunctionFactory):
         raise PluginError(
             f"rewards[{name!r}]: the name of the reward plugin from "
             f"{old.distribution}; give the function another name"
         )
     doc = (inspect.getdoc(fn) or "").split("\n")[0]
-    reg.plugins[("reward", name)] = PluginInfo(
+    info = PluginInfo(
         "reward",
         name,
         FunctionFactory(fn),
@@ -205,6 +204,7 @@ def register(name: str, fn: Callable[..., Any]) -> None:
         doc or f"function at {where(fn)}",
         DISTRIBUTION,
     )
+    registry().put(info, replace=True)  # a function replaces a function
 
 
 def is_reference(name: str) -> bool:
@@ -255,7 +255,7 @@ def resolve(name: str) -> PluginInfo:
         f"function at {where(fn)}",
         f"{DISTRIBUTION} {target}",
     )
-    registry().plugins[("reward", name)] = info
+    registry().put(info)
     return info
 
 
