@@ -306,7 +306,7 @@ def observe(
     record = _record(run, step, sampled, scored, targets, updated, started)
     last = step + 1 == run.config.train.steps
     if run.eval_rows is not None and ((step + 1) % run.config.eval.every_n_steps == 0 or last):
-        _validate(run, step, record, run.eval_rows)
+        record.update(_validate(run, step, run.eval_rows))
     if run.health:
         record["health"] = run.health.observe(record)
         for w in record["health"]:
@@ -388,11 +388,11 @@ def _memory(run: Run) -> dict:
     return {"peak_memory_mb": peak, "memory_frac": peak / limit if limit else math.nan}
 
 
-def _validate(run: Run, step: int, record: dict, rows: list[dict]) -> None:
-    """Validation on held-out problems (rank 0, on weights every rank helped gather) into the
-    same record; keeps the best model."""
+def _validate(run: Run, step: int, rows: list[dict]) -> dict[str, float]:
+    """Validation on held-out problems (rank 0, on weights every rank helped gather): its
+    ``eval/*`` figures (none on other ranks); keeps the best model."""
     ec = run.config.eval
-    better = 0.0
+    better, figures = 0.0, {}
     with run.engine.gathered():
         if run.main:
             report, _ = evaluate_configured(  # as grpo eval evaluates a saved model
@@ -405,14 +405,12 @@ def _validate(run: Run, step: int, record: dict, rows: list[dict]) -> None:
                 run.device,
                 episodes=run.draw.runner,
             )
-            record.update(
-                {
-                    f"eval/{k}": v
-                    for k, v in report.items()
-                    if isinstance(v, float) and k != "temperature"
-                }
-            )
-            value = record.get(f"eval/{ec.keep_best}") if ec.keep_best else None
+            figures = {
+                f"eval/{k}": v
+                for k, v in report.items()
+                if isinstance(v, float) and k != "temperature"
+            }
+            value = figures.get(f"eval/{ec.keep_best}") if ec.keep_best else None
             if value is not None and run.progress.improved(value):
                 better = 1.0
     if dist.all_sum(torch.tensor([better])).item():  # every rank takes part in gathering
@@ -423,3 +421,4 @@ def _validate(run: Run, step: int, record: dict, rows: list[dict]) -> None:
             with open(os.path.join(best, "best.json"), "w", encoding="utf-8") as f:
                 json.dump({"step": step, ec.keep_best: run.progress.best}, f)
     dist.barrier()
+    return figures

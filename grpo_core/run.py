@@ -241,15 +241,13 @@ def start(
         engine=_engine(config, policy, reference, params, optimizer, scheduler, world, how),
         sampling=SamplingParams.from_config(config.sampling),
         autocast=numerics(device, config.model.dtype),
-        health=HealthMonitor(window=config.health.window) if config.health.enabled else None,
+        health=_health(config),
         memory_limit=config.health.memory_limit_mb or memory_limit_mb(device),
         solved_reward=_solved_reward(config, reward),
         aggregation=config.objective.aggregation or objective.aggregation,
         weighting=_weighting(config, generator),
         callbacks=Callbacks(config.callbacks, rank == 0),
     )
-    if run.health:
-        run.health.settings = run_settings(config)  # its advice names them
     inflight = saving.resume(run, resume, force) if resume else None
     generator.setup(policy, tokenizer, device)  # last: an engine starts from resumed weights
     run.sampler = plan.sampler.start(run, inflight)
@@ -264,6 +262,13 @@ def start(
         )
         run.callbacks.begin(run.dir, unresolved(config.as_dict()), run.progress.start)
     return run
+
+
+def _health(config: Config) -> HealthMonitor | None:
+    """The health monitor, told the run's settings that its advice names (None: off)."""
+    if not config.health.enabled:
+        return None
+    return HealthMonitor(window=config.health.window, settings=run_settings(config))
 
 
 def _solved_reward(config: Config, reward: Reward) -> float | None:
