@@ -215,9 +215,9 @@ def start(
     optimizer = build_optimizer(params, config.optimizer, how)
     scheduler = schedules.build(optimizer, config.optimizer, schedules.total_updates(config.train))
     objective = _plugin("objective", config.objective)
-    reward = build_reward(config.reward)
     if is_peft(policy):  # a LoRA policy the config did not announce (an adapter checkpoint)
         _refuse(plans.make(config, world, how, lora=True).problems)
+    reward = build_reward(config.reward)  # after the refusals: it may start worker processes
     run = Run(
         config=config,
         run_id=run_id,
