@@ -42,10 +42,12 @@ def create(kind: str, name: str, options: dict | None = None) -> Any:
 def declared(kind: str, name: str, options: dict | None, attr: str) -> Any:
     """Declaration ``attr`` of plugin ``name`` (``needs_greedy``, ``token_advantages``), read
     before the run builds it: from the registered class, or, where the factory is a function,
-    from what it builds with these options."""
-    info = registry().get(kind, name)
-    if isinstance(info.factory, type):
-        return getattr(info.factory, attr)
+    from what it builds with these options (which also refuses one off the contract)."""
+    from grpo_core.hookspecs import CONTRACTS
+
+    factory = registry().get(kind, name).factory
+    if isinstance(factory, type) and issubclass(factory, CONTRACTS[kind]):
+        return getattr(factory, attr)
     return getattr(create(kind, name, options), attr)
 
 

@@ -316,6 +316,28 @@ def test_a_declaration_is_read_from_what_a_function_factory_builds(
     assert len(seen) == 1 and seen[0] is not None and seen[0].shape == (2,)
 
 
+def test_a_class_off_the_contract_is_refused_before_its_declarations_are_read(
+    tiny_model, addition_data, tmp_path
+):
+    """A registered class that does not derive from the kind's base has no declarations to
+    read: the run stops with the contract's one-line error, not an AttributeError."""
+
+    class NotABaseline:
+        def advantages(self, rewards, greedy_rewards=None):
+            return rewards
+
+    register("baseline", "off_contract", NotABaseline, "test-off-contract")
+    cfg = make_config(
+        tiny_model,
+        addition_data,
+        str(tmp_path / "run"),
+        baseline={"name": "off_contract"},
+        train={"steps": 1, "prompts_per_step": 2},
+    )
+    with pytest.raises(UserError, match="does not derive from grpo_core.hookspecs.Baseline"):
+        train(config.validate(cfg))
+
+
 def test_empty_completions_do_not_break_the_step(tiny_model, addition_data, tmp_path):
     class Empty(Generator):
         def setup(self, model, tokenizer, device):
