@@ -207,7 +207,7 @@ def test_the_roofline_s_gpu_mode_refuses_without_cuda():
 
 def test_gpu_step_refuses_without_cuda_and_reports_figures(tmp_path):
     """bench/gpu_step.py without a GPU: one line, exit 3 (``--device cpu`` is the smoke run);
-    its digest of a side's calls: medians after the warm-up steps."""
+    its digest of a side's calls: medians after the warm-up steps; a side out of time."""
     import importlib.util
 
     if torch.cuda.is_available():
@@ -233,6 +233,9 @@ def test_gpu_step_refuses_without_cuda_and_reports_figures(tmp_path):
     )
     assert side["step_s"] == 4 and side["generate_s"] == 2
     assert side["tokens_per_s"] == 500 and side["decode_step_ms"] == 20
+    # a side left no time by --timeout (conversion and ceilings took it all) is reported
+    out = bench.run_side("ours", ["--device", "cpu"], str(tmp_path), 0)
+    assert out == {"error": "took more than its 0 s of --timeout"}
 
 
 def test_a_part_never_measured_fails():
