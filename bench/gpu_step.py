@@ -377,10 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     result["model"] = model
     result["bound"] = shape_and_bound(model, args) if args.device == "cuda" else None
     with_trl = not args.skip_trl and _has_trl()
-    ours_s = deadline - time.monotonic() - (TRL_SHARE if with_trl else 0)
-    result["ours"] = digest(run_side("ours", passed, work, ours_s))
+
+    def left(kept: float = 0) -> float:  # of --timeout, less what is kept for later
+        return max(0.0, deadline - time.monotonic() - kept)
+
+    result["ours"] = digest(run_side("ours", passed, work, left(TRL_SHARE if with_trl else 0)))
     result["trl"] = (
-        digest(run_side("trl", passed, work, deadline - time.monotonic()))
+        digest(run_side("trl", passed, work, left()))
         if with_trl
         else {"skipped": "--skip-trl" if args.skip_trl else "trl is not installed"}
     )
