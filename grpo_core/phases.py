@@ -25,7 +25,6 @@ from grpo_core.loss.groups import mini_batches
 from grpo_core.loss.losses import (
     Normaliser,
     high_entropy_mask,
-    kl_penalty,
     objective_loss,
     truncated_is_weights,
 )
@@ -155,10 +154,7 @@ def targets(
                 run.policy, ro, temp, chunk, packing=config.runtime.packing
             )[0]
         is_weights = truncated_is_weights(old_logp, ro.logprobs, mask, *run.weighting)
-    rewards = scored.rewards
-    if ref_logp is not None and config.kl.placement == "reward":
-        kl_seq = (kl_penalty(old_logp, ref_logp, "k1") * mask).sum(-1).cpu()
-        rewards = rewards - run.kl.value * kl_seq
+    rewards = run.kl_placement.rewards(scored.rewards, old_logp, ref_logp, mask, run.kl.value)
     group = ro.group.cpu()
     keep = torch.isfinite(rewards)  # a missing reward is out of the loss
     if scored.filler is not None:  # so are DAPO's filler groups
@@ -199,7 +195,7 @@ def _mini_batch(
         float(dist.all_sum(targets.keep[rows].sum().double()).clamp(min=1)),
         float(run.config.completion_budget[1]),
     )
-    kl_coef = run.kl.value if config.kl.placement == "loss" else 0.0
+    kl_coef = run.kl_placement.loss_coef(run.kl.value)
     run.engine.zero_grad()
     total = 0.0
     for i, mb in enumerate(batches):

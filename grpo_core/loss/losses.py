@@ -1,5 +1,6 @@
-"""The loss around the policy objective, as pure tensor functions: KL estimators, the
-aggregation of per-token losses, and their sum with the KL and entropy terms.
+"""The loss around the policy objective, as pure tensor functions: KL estimators and where
+the KL enters (the loss or the reward), the aggregation of per-token losses, and their sum
+with the KL and entropy terms.
 
 Shapes: ``B`` completions, ``T`` completion positions; ``mask`` [B, T] is 1 on completion
 tokens (EOS included). The policy term itself is an objective plugin (plugins/objectives.py).
@@ -28,6 +29,43 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     if estimator == "k3":
         return torch.exp(-log_ratio) + log_ratio - 1.0
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
+
+
+class KlInLoss:
+    """``kl.placement: loss`` (the GRPO paper's): the estimator's per-token term joins the
+    loss with the controller's coefficient; the rewards are left as scored."""
+
+    def rewards(self, rewards: torch.Tensor, *_: object) -> torch.Tensor:
+        return rewards
+
+    def loss_coef(self, coef: float) -> float:
+        return coef
+
+
+class KlInReward:
+    """``kl.placement: reward`` (PPO-RLHF's): each completion's summed k1 estimate, times the
+    coefficient, is subtracted from its reward before the advantages; none in the loss."""
+
+    def rewards(
+        self,
+        rewards: torch.Tensor,
+        logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float,
+    ) -> torch.Tensor:
+        """[B] rewards less ``coef`` x sum_t k1 [B, T] over ``mask``; unchanged without a
+        reference (the coefficient can never be non-zero then)."""
+        if ref_logp is None:
+            return rewards
+        return rewards - coef * (kl_penalty(logp, ref_logp, "k1") * mask).sum(-1).cpu()
+
+    def loss_coef(self, coef: float) -> float:
+        return 0.0
+
+
+#: ``kl.placement`` -> where the KL enters, chosen once when a run starts
+KL_PLACEMENTS: dict[str, KlInLoss | KlInReward] = {"loss": KlInLoss(), "reward": KlInReward()}
 
 
 def truncated_is_weights(

@@ -8,7 +8,13 @@ import pytest
 import torch
 from grpo_core_plugins.objectives import clipped_ratio
 
-from grpo_core.loss.losses import Normaliser, aggregate, kl_penalty, objective_loss
+from grpo_core.loss.losses import (
+    KL_PLACEMENTS,
+    Normaliser,
+    aggregate,
+    kl_penalty,
+    objective_loss,
+)
 from grpo_core.model.logprobs import token_logprobs
 
 # 2 prompts x 3 completions, T = 3; lengths 3, 2, 1 | 2, 3, 1
@@ -155,6 +161,22 @@ def test_kl_estimators_by_hand():
     assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
     with pytest.raises(ValueError):
         kl_penalty(logp, ref, "k4")
+
+
+def test_kl_placements_by_hand():
+    """In the reward: each completion's reward less coef x its summed k1 over its mask, no KL
+    in the loss; in the loss: rewards as scored, the coefficient to the loss."""
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    ref = torch.tensor([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the second: two tokens
+    rewards = torch.tensor([1.0, 0.0])
+    shaped = KL_PLACEMENTS["reward"].rewards(rewards, logp, ref, mask, 0.1)
+    # k1 sums: 0.5 - 1.0 + 0.0 = -0.5; 0.5 + 0.5 = 1.0 (the masked -9 left out)
+    assert shaped.tolist() == pytest.approx([1.0 + 0.05, 0.0 - 0.1])
+    assert KL_PLACEMENTS["reward"].rewards(rewards, logp, None, mask, 0.1) is rewards
+    assert KL_PLACEMENTS["reward"].loss_coef(0.1) == 0.0
+    assert KL_PLACEMENTS["loss"].rewards(rewards, logp, ref, mask, 0.1) is rewards
+    assert KL_PLACEMENTS["loss"].loss_coef(0.1) == 0.1
 
 
 def test_microbatch_losses_sum_to_full_batch_loss():
