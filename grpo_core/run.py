@@ -38,7 +38,7 @@ from grpo_core.env.episodes import problems as episode_problems
 from grpo_core.errors import UserError
 from grpo_core.hookspecs import Generator, KLController, Objective, Reward
 from grpo_core.log import log
-from grpo_core.loss.losses import KL_PLACEMENTS, KlInLoss, KlInReward
+from grpo_core.loss.losses import KL_PLACEMENTS, KlPlacement
 from grpo_core.model.casts import stored_as_computed
 from grpo_core.observe import tracking
 from grpo_core.observe.callbacks import Callbacks
@@ -89,7 +89,7 @@ class Run:
     reference: Any  # None when the KL coefficient can never be non-zero
     reward: Reward
     kl: KLController
-    kl_placement: KlInLoss | KlInReward  # kl.placement
+    kl_placement: KlPlacement  # kl.placement
     generator: Generator
     objective: Objective
     draw: Completions  # what a rollout row is: a completion, or an episode

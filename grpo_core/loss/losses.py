@@ -64,8 +64,11 @@ class KlInReward:
         return 0.0
 
 
+#: where the KL enters: what the phases ask of it (``rewards``, ``loss_coef``)
+KlPlacement = KlInLoss | KlInReward
+
 #: ``kl.placement`` -> where the KL enters, chosen once when a run starts
-KL_PLACEMENTS: dict[str, KlInLoss | KlInReward] = {"loss": KlInLoss(), "reward": KlInReward()}
+KL_PLACEMENTS: dict[str, KlPlacement] = {"loss": KlInLoss(), "reward": KlInReward()}
 
 
 def truncated_is_weights(
