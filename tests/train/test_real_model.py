@@ -422,6 +422,7 @@ def test_the_two_step_demo_runs_its_stages_in_order(gguf, converted, tmp_path):
         assert cfg["model"]["name_or_path"] == os.path.join(out, f"stage{i - 1}", "run", "final")
         assert cfg["data"]["system_prompt"] == demo_two_step.PROMPTS[prompt]
         assert cfg["runtime"]["threads"] == 1 and cfg["sampling"]["group_size"] == 2
+        assert cfg["sampling"]["temperature"] == 1.0  # what the two-step stages were measured at
         rows = [json.loads(x) for x in open(os.path.join(stage, "data", "train.jsonl"))]
         assert [r["kind"] for r in rows[:2]] == list(kinds) and not held & {
             r["prompt"] for r in rows
@@ -492,3 +493,4 @@ def test_the_pretrained_demo_writes_its_summary_and_curve(gguf, converted, tmp_p
     assert written["sampling"]["group_size"] == 2 and written["runtime"]["threads"] == 1
     assert written["kl"] == {"name": "fixed", "options": {"coef": 0.04}}  # the recipe's own
     assert written["optimizer"]["lr"] == 1e-5  # what docs/recipes.md measured on three seeds
+    assert written["sampling"]["temperature"] == 0.8  # and on seeds 0-6 (the twelfth round)
