@@ -1,12 +1,12 @@
 """``grpo demo --task two-step``: the pretrained demo, then two stages that teach two-step word
 problems (docs/recipes.md, the ninth round).
 
-Stage 1 is ``grpo demo --task pretrained`` (one-step training problems, its recipe and
-``--set`` overrides, which every later stage keeps). Stage 2 continues from its final
-weights on two-step problems only, under a system prompt whose worked example takes two
-calculations; stage 3 continues from stage 2 on problems half one-step and half two-step,
-under a prompt with both worked examples. The order is what works: a policy trained on
-one-step problems (a GRPO run of the SmolLM2 study) and then on mixed problems answered
+Stage 1 is ``grpo demo --task pretrained`` (one-step training problems, its recipe sampled at
+``TEMPERATURE``, and ``--set`` overrides, which every later stage keeps). Stage 2 continues
+from its final weights on two-step problems only, under a system prompt whose worked example
+takes two calculations; stage 3 continues from stage 2 on problems half one-step and half
+two-step, under a prompt with both worked examples. The order is what works: a policy trained
+on one-step problems (a GRPO run of the SmolLM2 study) and then on mixed problems answered
 two-step problems with one calculation (0.00).
 Held-out greedy accuracy, overall and per kind, of the base model and of stage 3's final
 model under stage 3's prompt closes the demo (``summary.json``); each stage's directory holds
@@ -49,7 +49,7 @@ PROMPTS = {
 }
 #: the sampling temperature the three stages were measured at (docs/recipes.md, the ninth
 #: round), before the pretrained demo's recipe moved to 0.8; ``--set`` still overrides it
-TEMPERATURE = "sampling.temperature=1.0"
+TEMPERATURE = 1.0
 #: stages 2 and 3: (system prompt, training problems' templates (None: half of each kind),
 #: the problems' seed, steps)
 STAGES = (
@@ -118,7 +118,8 @@ def run(
     if os.path.exists(os.path.join(out, "summary.json")):  # an earlier run's: not this one's
         os.remove(os.path.join(out, "summary.json"))
     stages = [os.path.join(out, f"stage{i}") for i in (1, 2, 3)]
-    demo_pretrained.run(stages[0], steps, [TEMPERATURE, *(overrides or [])], heldout_n, gsm8k_n=0)
+    first_overrides = [f"sampling.temperature={TEMPERATURE}", *(overrides or [])]
+    demo_pretrained.run(stages[0], steps, first_overrides, heldout_n, gsm8k_n=0)
     with open(os.path.join(stages[0], "summary.json"), encoding="utf-8") as f:
         first = json.load(f)
     final = first["model_dir"]  # merged weights under LoRA; wherever output.dir put them
