@@ -78,7 +78,7 @@ def demo_config(out: str, steps: int, gguf: tuple[str, str]) -> dict:
             "columns": ["answer"],
             "system_prompt": SYSTEM_PROMPT,
         },
-        # 0.8 gave +28 to +34 on seeds 0-9, 1.0 +25 to +34 on 0-8 (docs/recipes.md, rounds 12-13)
+        # 0.8 gave +28 to +34 on seeds 0-10, 1.0 +25 to +34 on 0-9 (docs/recipes.md, rounds 12-13)
         "sampling": {"group_size": 16, "max_new_tokens": 40, "temperature": 0.8},
         "train": {"steps": steps, "prompts_per_step": 4, "seed": 0},
         # 2e-5 gave +30/+26/+32 on seeds 0-2, 1e-5 +33/+33/+34 (docs/recipes.md, seventh round)
